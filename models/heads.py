@@ -1,0 +1,172 @@
+"""Head scores: what kind of head an attention pattern looks like.
+
+Pure functions over attention patterns; no modules, no hooks. Record the patterns however you like
+(hook points, transformers' ``output_attentions``) and pass them in.
+
+Notation: ``B`` batch, ``H`` heads, ``T`` query positions, ``S`` key positions (``S == T`` for a
+plain forward pass), ``L`` layers. ``pattern[..., t, s]`` is how much query ``t`` attends to key
+``s``; each row sums to 1 over ``s <= t``.
+
+Every score takes ``pattern`` shaped ``(B, H, T, S)`` and returns ``(H,)``, or shaped
+``(L, B, H, T, S)`` and returns ``(L, H)``: the batch axis is always the one before the heads.
+Scores are averages of attention weights, so they lie in [0, 1]; 1 means the head puts all of its
+weight where the score looks.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = [
+    "previous_token_score",
+    "first_token_score",
+    "induction_score",
+    "duplicate_token_score",
+    "repeated_random_tokens",
+]
+
+
+def _as_pattern(pattern) -> torch.Tensor:
+    p = torch.as_tensor(pattern)
+    if p.dim() not in (4, 5):
+        raise ValueError(
+            f"pattern must be (B, H, T, S) or (L, B, H, T, S); got {p.dim()} dimensions "
+            f"{tuple(p.shape)}.")
+    if p.shape[-1] < p.shape[-2]:
+        raise ValueError(f"pattern has fewer keys ({p.shape[-1]}) than queries ({p.shape[-2]}); "
+                         "pass the full (T, S) square of a forward pass.")
+    return p.to(torch.float64)
+
+
+def _offset(p: torch.Tensor) -> int:
+    # With S > T (queries are the last T of S positions, as with a KV cache), query t sits at
+    # absolute position t + S - T.
+    return p.shape[-1] - p.shape[-2]
+
+
+def previous_token_score(pattern) -> torch.Tensor:
+    """Mean weight each head puts on the token just before the query.
+
+    Mean over batch and queries ``t >= 1`` of ``pattern[..., t, t - 1]``. ``(B, H, T, S) -> (H,)``.
+    """
+    p = _as_pattern(pattern)
+    T, off = p.shape[-2], _offset(p)
+    if T + off < 2:
+        raise ValueError("previous-token score needs a sequence of at least 2 tokens.")
+    t = torch.arange(T)
+    keep = (t + off) >= 1
+    q, k = t[keep], t[keep] + off - 1
+    vals = p[..., q, k]                       # (..., B, H, n)
+    return vals.mean(dim=-1).mean(dim=-2).to(torch.float32)
+
+
+def first_token_score(pattern) -> torch.Tensor:
+    """Mean weight each head puts on key 0 (the first token, usually BOS: an "attention sink").
+
+    Mean over batch and queries ``t >= 1`` (query 0 can only look at itself).
+    ``(B, H, T, S) -> (H,)``.
+    """
+    p = _as_pattern(pattern)
+    T, off = p.shape[-2], _offset(p)
+    t = torch.arange(T)
+    keep = (t + off) >= 1
+    if not keep.any():
+        raise ValueError("first-token score needs a sequence of at least 2 tokens.")
+    vals = p[..., t[keep], 0]                  # (..., B, H, n)
+    return vals.mean(dim=-1).mean(dim=-2).to(torch.float32)
+
+
+def induction_score(pattern, span_len: int) -> torch.Tensor:
+    """Mean weight on "the token after this token's earlier occurrence".
+
+    The input must END with a random span repeated twice: ``prefix + r + r`` with ``len(r) ==
+    span_len`` and any prefix (usually a BOS token, or nothing). With ``P = len(prefix)`` the
+    second copy occupies positions ``P + span_len .. P + 2*span_len - 1`` (the last ``span_len``
+    positions); query ``j`` there holds the token seen at ``j - span_len``, so an induction head
+    attends to ``j - span_len + 1``, the token that came next last time. The score is the mean
+    over the batch and over all ``span_len`` queries of the second copy of
+    ``pattern[..., j, j - span_len + 1]``. Because positions are counted from the end, a BOS
+    offset needs no argument: ``[BOS] + r + r`` and ``r + r`` are both scored correctly.
+    ``(B, H, T, S) -> (H,)``.
+    """
+    p = _as_pattern(pattern)
+    if span_len < 1:
+        raise ValueError(f"span_len must be at least 1; got {span_len}.")
+    T, off = p.shape[-2], _offset(p)
+    n = T + off                               # absolute sequence length
+    if n < 2 * span_len:
+        raise ValueError(f"the sequence has {n} tokens; it must end with two copies of the "
+                         f"span, so at least 2 * span_len = {2 * span_len}.")
+    if T < span_len:
+        raise ValueError(f"the pattern has {T} queries; the whole second copy ({span_len}) "
+                         "must be among them.")
+    q = torch.arange(T - span_len, T)         # query rows of the second copy
+    k = q + off - span_len + 1                # absolute key positions
+    vals = p[..., q, k]                       # (..., B, H, span_len)
+    return vals.mean(dim=-1).mean(dim=-2).to(torch.float32)
+
+
+def duplicate_token_score(pattern, tokens) -> torch.Tensor:
+    """Weight each head puts on earlier positions that hold the same token as the query.
+
+    For every query ``t`` whose token already occurred at some ``s < t``, sum the weight on all
+    such ``s``; average over those queries and the batch. ``tokens`` is ``(B, S)`` (or ``(S,)``
+    for one sequence); the last ``T`` of them are the queries. ``(B, H, T, S) -> (H,)``.
+    Heads get NaN when no token repeats anywhere in the batch (the score is undefined then).
+    """
+    p = _as_pattern(pattern)
+    tok = torch.as_tensor(tokens)
+    if tok.dim() == 1:
+        tok = tok.unsqueeze(0)
+    B, T, S = p.shape[-4], p.shape[-2], p.shape[-1]
+    if tok.shape != (B, S):
+        raise ValueError(f"tokens must be (B, S) = {(B, S)} to match the pattern; got "
+                         f"{tuple(tok.shape)}.")
+    off = S - T
+    q_tok = tok[:, off:]                                              # (B, T)
+    same = q_tok[:, :, None] == tok[:, None, :]                       # (B, T, S)
+    q_pos = torch.arange(T)[:, None] + off
+    earlier = torch.arange(S)[None, :] < q_pos                        # (T, S)
+    mask = (same & earlier).to(p.dtype)                               # (B, T, S)
+    has_dup = mask.sum(-1) > 0                                        # (B, T)
+    weight = (p * mask[:, None]).sum(-1)                              # (..., B, H, T)
+    n = has_dup.sum()
+    if n == 0:
+        shape = p.shape[:-4] + (p.shape[-3],)
+        return torch.full(shape, float("nan"))
+    total = (weight * has_dup[:, None, :].to(p.dtype)).sum(dim=(-1, -3))  # (..., H)
+    return (total / n).to(torch.float32)
+
+
+def repeated_random_tokens(vocab_size: int, span_len: int, batch: int, seed: int,
+                           bos_id: int | None = None,
+                           candidates: Sequence[int] | torch.Tensor | None = None
+                           ) -> torch.Tensor:
+    """The induction probe: ``batch`` rows of ``[bos_id] + r + r``, ``r`` random tokens.
+
+    Tokens of ``r`` are drawn without replacement (no token twice within a span, so each query of
+    the second copy has exactly one earlier occurrence) from ``candidates`` if given, else from
+    ``0 .. vocab_size - 1`` except ``bos_id``. Deterministic from ``seed``.
+    Returns LongTensor ``(batch, 2 * span_len)``, or ``(batch, 1 + 2 * span_len)`` with a BOS.
+    """
+    if candidates is None:
+        pool = torch.arange(vocab_size)
+        if bos_id is not None:
+            pool = pool[pool != bos_id]
+    else:
+        pool = torch.as_tensor(candidates, dtype=torch.long).flatten()
+    if span_len < 1 or batch < 1:
+        raise ValueError("span_len and batch must be at least 1.")
+    if len(pool) < span_len:
+        raise ValueError(f"cannot draw {span_len} distinct tokens from {len(pool)} candidates; "
+                         "use a shorter span.")
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(batch):
+        r = pool[torch.randperm(len(pool), generator=g)[:span_len]]
+        parts = [r, r]
+        if bos_id is not None:
+            parts.insert(0, torch.tensor([bos_id]))
+        rows.append(torch.cat(parts))
+    return torch.stack(rows).long()
