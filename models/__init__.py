@@ -1,0 +1,9 @@
+"""From-scratch transformer models: a Llama-style decoder and a classic encoder."""
+from .config import ModelConfig
+from .decoder import Decoder
+from .encoder import Encoder
+from .generate import generate
+from .kv_cache import KVCache
+from .loading import load_pretrained, save_pretrained
+
+__all__ = ["ModelConfig", "Decoder", "Encoder", "KVCache", "generate", "load_pretrained", "save_pretrained"]

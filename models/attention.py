@@ -1,0 +1,312 @@
+"""Scaled dot-product attention three ways, and the multi-head / grouped-query module around it.
+
+Notation (used in every shape comment):
+    B batch, T queries, S keys, H query heads, Hkv key/value heads, G = H / Hkv queries per KV head,
+    D head dim, C model dim.
+
+Masks are given as two facts, never as a materialised ``(T, S)`` matrix, so the tiled path can build
+each block's mask from indices:
+    causal       query ``t`` sits at absolute position ``S - T + t`` (the last ``T`` of ``S`` positions,
+                 which is what a KV cache holds) and sees keys at positions ``<= S - T + t``.
+    key_padding  optional bool ``(B, S)``, True where the key is a real token, False where it is padding.
+A row with no visible key (a padding query under left padding) gets uniform weights in every
+implementation instead of NaN; its output is meaningless and callers ignore it.
+
+Implementations (one dispatcher, ``attention(..., impl=...)``):
+    "naive"  softmax(Q Kᵀ / √D + mask) V written out; materialises the (B, H, T, S) weights.
+    "sdpa"   torch.nn.functional.scaled_dot_product_attention: fused flash / memory-efficient kernels.
+    "tiled"  FlashAttention's online softmax written in PyTorch: loops over key blocks keeping a running
+             max ``m``, running sum ``l`` and a rescaled output accumulator; never holds a T × S matrix.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import check_attn_impl
+from .hooks import HookPoint
+from .kv_cache import KVCache
+from .rope import apply_rope
+
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, Hkv, S, D) -> (B, Hkv * n_rep, S, D): KV head ``j`` serves query heads ``j*n_rep ... j*n_rep + n_rep - 1``."""
+    if n_rep == 1:
+        return x
+    B, Hkv, S, D = x.shape
+    x = x[:, :, None].expand(B, Hkv, n_rep, S, D)  # (B, Hkv, G, S, D), no copy yet
+    return x.reshape(B, Hkv * n_rep, S, D)  # (B, H, S, D)
+
+
+def build_mask(
+    T: int,
+    S: int,
+    *,
+    causal: bool,
+    key_padding: torch.Tensor | None = None,
+    device: torch.device | str = "cpu",
+    key_start: int = 0,
+) -> torch.Tensor | None:
+    """Which keys each query may see, as bool (B or 1, 1, T, S_block); True = visible. None = all visible.
+
+    ``key_start`` selects a block of keys starting there (the tiled path builds one block at a time).
+    """
+    mask = None
+    if causal:
+        q_pos = torch.arange(S - T, S, device=device)  # (T,) absolute positions of the queries
+        k_pos = torch.arange(key_start, S, device=device)  # (S_block,)
+        mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, T, S_block)
+    if key_padding is not None:
+        pad = key_padding[:, None, None, key_start:].bool()  # (B, 1, 1, S_block)
+        mask = pad if mask is None else mask & pad  # (B, 1, T, S_block)
+    return mask
+
+
+def _fill_value(dtype: torch.dtype) -> float:
+    # The most negative finite value, not -inf: an all-masked row then stays finite (uniform weights)
+    # and the tiled path's running max never computes -inf - (-inf).
+    return torch.finfo(dtype).min
+
+
+def attention_scores(q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
+    """Scaled scores Q Kᵀ / √D. q (B, H, T, D), k (B, Hkv, S, D) -> (B, H, T, S)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    k = repeat_kv(k, q.shape[1] // k.shape[1])  # (B, H, S, D)
+    return torch.matmul(q, k.transpose(2, 3)) * scale  # (B, H, T, S)
+
+
+def attention_weights(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    causal: bool,
+    key_padding: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """softmax(Q Kᵀ / √D + mask) in fp32, cast back to q's dtype. (B, H, T, S); rows sum to 1."""
+    scores = attention_scores(q, k, scale=scale)  # (B, H, T, S)
+    mask = build_mask(q.shape[2], k.shape[2], causal=causal, key_padding=key_padding, device=q.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, _fill_value(scores.dtype))
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+
+
+def naive_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    key_padding: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The textbook formula. Returns out (B, H, T, D) and weights (B, H, T, S)."""
+    weights = attention_weights(q, k, causal=causal, key_padding=key_padding, scale=scale)  # (B, H, T, S)
+    out = torch.matmul(weights, repeat_kv(v, q.shape[1] // v.shape[1]))  # (B, H, T, S) @ (B, H, S, D)
+    return out, weights
+
+
+def sdpa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    key_padding: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """PyTorch's fused kernels. GQA without copying K/V (``enable_gqa``). Returns (B, H, T, D)."""
+    T, S = q.shape[2], k.shape[2]
+    mask = None
+    is_causal = False
+    if key_padding is None and causal and T == S:
+        is_causal = True  # SDPA's own causal flag keeps the flash kernel; it aligns top-left, right for T == S
+    elif key_padding is not None or (causal and T > 1):
+        mask = build_mask(T, S, causal=causal, key_padding=key_padding, device=q.device)
+    # (a single query at the end of the sequence sees every key: no mask at all)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
+    )
+
+
+def tiled_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    key_padding: torch.Tensor | None = None,
+    scale: float | None = None,
+    block_size: int = 64,
+    on_block: Callable[[dict], None] | None = None,
+) -> torch.Tensor:
+    """FlashAttention's online softmax over key blocks. Returns (B, H, T, D).
+
+    Per key block ``[s0, s1)``: scores ``s`` (B, H, T, s1 - s0); new running max ``m' = max(m, rowmax s)``;
+    ``p = exp(s - m')``; the old sum and accumulator are rescaled by ``exp(m - m')`` before ``p`` is added.
+    At the end ``out = acc / l``. Peak extra memory is O(T · block_size), not O(T · S).
+    ``on_block`` (optional) receives after every block a dict with ``block``, ``start``, ``stop`` and copies
+    of ``m`` (B, H, T), ``l`` (B, H, T) and the output so far ``acc / l`` (B, H, T, D).
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be a positive integer, got {block_size}.")
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    n_rep = H // k.shape[1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    fill = _fill_value(torch.float32)
+    m = torch.full((B, H, T, 1), fill, dtype=torch.float32, device=q.device)  # running row max
+    l = torch.zeros((B, H, T, 1), dtype=torch.float32, device=q.device)  # running row sum of exp
+    acc = torch.zeros((B, H, T, D), dtype=torch.float32, device=q.device)  # unnormalised output
+    for block, s0 in enumerate(range(0, S, block_size)):
+        s1 = min(s0 + block_size, S)
+        kb = repeat_kv(k[:, :, s0:s1], n_rep)  # (B, H, s1 - s0, D)
+        vb = repeat_kv(v[:, :, s0:s1], n_rep)  # (B, H, s1 - s0, D)
+        s = torch.matmul(q, kb.transpose(2, 3)).float() * scale  # (B, H, T, s1 - s0)
+        mask = build_mask(T, S, causal=causal, key_padding=key_padding, device=q.device, key_start=s0)
+        if mask is not None:
+            s = s.masked_fill(~mask[..., : s1 - s0], fill)
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (B, H, T, 1)
+        p = torch.exp(s - m_new)  # (B, H, T, s1 - s0)
+        correction = torch.exp(m - m_new)  # (B, H, T, 1): how much the old max overstated the new one
+        l = l * correction + p.sum(dim=-1, keepdim=True)
+        acc = acc * correction + torch.matmul(p, vb.float())  # (B, H, T, D)
+        m = m_new
+        if on_block is not None:
+            on_block(
+                {"block": block, "start": s0, "stop": s1, "m": m[..., 0].clone(), "l": l[..., 0].clone(),
+                 "out": (acc / l).clone()}
+            )
+    return (acc / l).to(q.dtype)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    impl: str = "sdpa",
+    causal: bool = True,
+    key_padding: torch.Tensor | None = None,
+    scale: float | None = None,
+    block_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Dispatch to one implementation. q (B, H, T, D), k/v (B, Hkv, S, D) with H % Hkv == 0.
+
+    Returns (out (B, H, T, D), weights (B, H, T, S) for "naive", else None).
+    """
+    check_attn_impl(impl)
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]}).")
+    if impl == "naive":
+        return naive_attention(q, k, v, causal=causal, key_padding=key_padding, scale=scale)
+    if impl == "sdpa":
+        return sdpa_attention(q, k, v, causal=causal, key_padding=key_padding, scale=scale), None
+    out = tiled_attention(q, k, v, causal=causal, key_padding=key_padding, scale=scale, block_size=block_size)
+    return out, None
+
+
+class Attention(nn.Module):
+    """Multi-head attention with grouped-query heads, optional RoPE and optional cross-attention.
+
+    ``n_kv_heads`` from 1 (multi-query) to ``n_heads`` (multi-head); query head ``h`` reads KV head
+    ``h // (n_heads // n_kv_heads)``. Projections are bias-free and named like transformers' Llama.
+    Hook points (observers only): hook_q, hook_k, hook_v (B, H or Hkv, T, D) before RoPE; hook_rot_q,
+    hook_rot_k after it; hook_attn_scores (B, H, T, S) scaled scores with masked entries at -inf;
+    hook_pattern (B, H, T, S); hook_z (B, H, T, D) the heads' outputs before o_proj.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        *,
+        causal: bool = True,
+        use_rope: bool = True,
+        cross: bool = False,
+        impl: str = "sdpa",
+        block_size: int = 64,
+    ) -> None:
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads}).")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads}).")
+        check_attn_impl(impl)
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.causal, self.use_rope, self.cross = causal, use_rope, cross
+        self.impl, self.block_size = impl, block_size
+        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
+        for name in ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, T, n*D) -> (B, n, T, D)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        context: torch.Tensor | None = None,
+        key_padding: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        start_pos: int = 0,
+        causal: bool | None = None,
+        impl: str | None = None,
+    ) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C).
+
+        rope: (cos, sin) rows for these T positions, each (T, D). context: (B, S, C) for cross-attention.
+        cache + layer + start_pos: write this step's K/V at ``start_pos`` and attend to everything cached.
+        causal / impl: per-call overrides of the module's settings (the module itself is never changed).
+        """
+        impl = impl or self.impl
+        causal = self.causal if causal is None else causal
+        B, T, _ = x.shape
+        kv_in = x if context is None else context
+        q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
+        k = self._heads(self.k_proj(kv_in), self.n_kv_heads)  # (B, Hkv, S_new, D)
+        v = self._heads(self.v_proj(kv_in), self.n_kv_heads)  # (B, Hkv, S_new, D)
+        self.hook_q.observe(q)
+        self.hook_k.observe(k)
+        self.hook_v.observe(v)
+        if self.use_rope and rope is not None and context is None:
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            self.hook_rot_q.observe(q)
+            self.hook_rot_k.observe(k)
+        if cache is not None:
+            k, v = cache.update(layer, start_pos, k, v)  # (B, Hkv, start_pos + T, D) views of the cache
+        if context is not None:
+            causal = False
+        out, weights = attention(
+            q, k, v, impl=impl, causal=causal, key_padding=key_padding, block_size=self.block_size
+        )
+        if self.hook_attn_scores.active:
+            scores = attention_scores(q, k)  # (B, H, T, S)
+            mask = build_mask(T, k.shape[2], causal=causal, key_padding=key_padding, device=q.device)
+            self.hook_attn_scores(scores if mask is None else scores.masked_fill(~mask, float("-inf")))
+        if self.hook_pattern.active:
+            # SDPA and the tiled path never form the weights: recompute them with the naive math from
+            # the same rotated q and k, so the pattern shown is the one that produced this output.
+            if weights is None:
+                weights = attention_weights(q, k, causal=causal, key_padding=key_padding)
+            self.hook_pattern(weights)
+        self.hook_z.observe(out)
+        out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, H, T, D) -> (B, T, H*D)
+        return self.o_proj(out)
+

@@ -1,0 +1,115 @@
+"""A Llama-style decoder: token embedding, pre-norm blocks (RMSNorm, RoPE attention with grouped-query
+heads, SwiGLU), final RMSNorm, LM head (optionally tied to the embedding).
+
+Notation: B batch, T positions in this call, S positions attended (cache included), V vocabulary,
+C model dim, H query heads, Hkv key/value heads, D head dim.
+
+Parameter names are transformers' Llama leaf names under our module paths (``blocks.{i}.attn.q_proj``
+for ``model.layers.{i}.self_attn.q_proj``); ``models.loading`` maps the two prefixes.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import Attention
+from .block import PreNormBlock, SwitchableAttention
+from .config import ModelConfig, check_attn_impl
+from .hooks import HookPoint
+from .kv_cache import KVCache
+from .layers import RMSNorm, SwiGLU
+from .rope import rope_tables
+
+
+class DecoderBlock(PreNormBlock):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(
+            RMSNorm(config.d_model, config.norm_eps),
+            Attention(config.d_model, config.n_heads, config.n_kv_heads, causal=True, use_rope=True,
+                      impl=config.attn_impl, block_size=config.tile_size),
+            RMSNorm(config.d_model, config.norm_eps),
+            SwiGLU(config.d_model, config.d_ff),
+        )
+
+
+class Decoder(SwitchableAttention, nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(DecoderBlock(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        cos, sin = rope_tables(config.max_seq_len, config.head_dim, config.rope_theta)  # (T_max, D) each
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.hook_embed = HookPoint()
+        self.hook_logits = HookPoint()
+        self.apply(_init_weights)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        *,
+        start_pos: int = 0,
+        cache: KVCache | None = None,
+        key_padding: torch.Tensor | None = None,
+        causal: bool = True,
+        attn_impl: str | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """tokens (B, T) -> logits (B, T, V), or (B, 1, V) with ``last_only``.
+
+        start_pos: position of tokens[:, 0]; with a ``cache`` the new keys/values are written there and
+        attention covers positions 0 .. start_pos + T - 1. key_padding: bool (B, S), False on padding keys.
+        causal=False lets every token see every other (a view for teaching; the model was trained causal).
+        attn_impl: use this implementation for this call only.
+        """
+        _check_tokens(tokens, self.config, start_pos)
+        if attn_impl is not None:
+            check_attn_impl(attn_impl)
+        T = tokens.shape[1]
+        rope = (self.rope_cos[start_pos:start_pos + T], self.rope_sin[start_pos:start_pos + T])  # (T, D) each
+        x = self.embed_tokens(tokens)  # (B, T, C)
+        self.hook_embed.observe(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, rope=rope, cache=cache, layer=i, start_pos=start_pos, key_padding=key_padding,
+                      causal=causal, impl=attn_impl)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, C): generation needs only the next-token logits
+        logits = self.lm_head(self.norm(x))  # (B, T, V)
+        self.hook_logits.observe(logits)
+        return logits
+
+    def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
+        """A fresh preallocated cache in this model's dtype and device."""
+        p = self.embed_tokens.weight
+        return KVCache.for_model(self.config, batch, max_len, dtype=p.dtype, device=p.device)
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (a tied embedding counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+
+def _check_tokens(tokens: torch.Tensor, config: ModelConfig, start_pos: int = 0) -> None:
+    if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"tokens must be an integer tensor of shape (batch, length), got {tuple(tokens.shape)} "
+                         f"{tokens.dtype}.")
+    if tokens.shape[1] == 0:
+        raise ValueError("tokens is empty: give at least one token.")
+    if start_pos < 0 or start_pos + tokens.shape[1] > config.max_seq_len:
+        raise ValueError(f"positions {start_pos}..{start_pos + tokens.shape[1] - 1} exceed the model's context "
+                         f"of {config.max_seq_len}: shorten the input.")
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= config.vocab_size:
+        raise ValueError(f"token ids must lie in 0..{config.vocab_size - 1}, got {lo}..{hi}.")
+
+
+def _init_weights(module: nn.Module) -> None:
+    # Llama's initializer_range: N(0, 0.02) for every linear and embedding, norms at one.
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)

@@ -1,0 +1,111 @@
+"""Norms and feed-forwards: RMSNorm + SwiGLU for the decoder, LayerNorm + GELU for the encoder.
+
+Notation: B batch, T positions, C model dim, F feed-forward dim.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .hooks import HookPoint
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x²) + eps) * weight, computed in fp32 whatever the input dtype (as Llama does).
+
+    Hooks: hook_scale (B, T, 1) the RMS each position was divided by; hook_normalized (B, T, C) the output.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.hook_scale = HookPoint()
+        self.hook_normalized = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        variance = x.pow(2).mean(-1, keepdim=True)  # (B, T, 1)
+        if self.hook_scale.active:
+            self.hook_scale(torch.sqrt(variance + self.eps))
+        out = self.weight * (x * torch.rsqrt(variance + self.eps)).to(dtype)
+        self.hook_normalized.observe(out)
+        return out
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm with the same two hook points as RMSNorm (hook_scale is the standard deviation)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__(dim, eps=eps)
+        self.hook_scale = HookPoint()
+        self.hook_normalized = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.hook_scale.active:
+            self.hook_scale(torch.sqrt(x.float().var(-1, unbiased=False, keepdim=True) + self.eps))
+        out = super().forward(x)
+        self.hook_normalized.observe(out)
+        return out
+
+
+class SwiGLU(nn.Module):
+    """down_proj(silu(gate_proj(x)) * up_proj(x)), bias-free, Llama's names.
+
+    Hooks: hook_gate (B, T, F) gate before SiLU; hook_up (B, T, F); hook_post (B, T, F) the product fed to down_proj.
+    """
+
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=False)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=False)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=False)
+        self.hook_gate = HookPoint()
+        self.hook_up = HookPoint()
+        self.hook_post = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        self.hook_gate.observe(gate)
+        self.hook_up.observe(up)
+        h = F.silu(gate) * up
+        self.hook_post.observe(h)
+        return self.down_proj(h)
+
+
+class GeluMLP(nn.Module):
+    """The classic feed-forward: down_proj(gelu(up_proj(x))), with biases.
+
+    Hooks: hook_pre (B, T, F) before GELU; hook_post (B, T, F) after it.
+    """
+
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.up_proj = nn.Linear(d_model, d_ff)
+        self.down_proj = nn.Linear(d_ff, d_model)
+        self.hook_pre = HookPoint()
+        self.hook_post = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up_proj(x)
+        self.hook_pre.observe(h)
+        h = F.gelu(h)
+        self.hook_post.observe(h)
+        return self.down_proj(h)
+
+
+def replace_linears(model: nn.Module, targets, factory) -> list[str]:
+    """Swap every ``nn.Linear`` whose attribute name is in ``targets`` for ``factory(linear)``.
+
+    Returns the dotted paths replaced. Used by LoRA and int8 alike.
+    """
+    targets = set(targets)
+    swapped = []
+    for path, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if name in targets and type(child) is nn.Linear:
+                setattr(parent, name, factory(child))
+                swapped.append(f"{path}.{name}" if path else name)
+    return swapped

@@ -1,0 +1,129 @@
+"""Checkpoints: transformers' Llama format (``config.json`` + ``*.safetensors``) in and out.
+
+Safetensors only: no file is ever unpickled. Our parameter names are transformers' Llama names with
+three prefix changes, so no per-parameter renaming table exists:
+    model.layers.{i}.self_attn.q_proj.weight  <->  blocks.{i}.attn.q_proj.weight
+    model.embed_tokens.weight / model.norm.weight  <->  embed_tokens.weight / norm.weight
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig
+from .decoder import Decoder
+
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json",
+             "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]
+
+
+def hf_to_ours(name: str) -> str:
+    if name.startswith("model."):
+        name = name[len("model."):]
+    return name.replace("layers.", "blocks.", 1).replace(".self_attn.", ".attn.")
+
+
+def ours_to_hf(name: str) -> str:
+    if name.startswith("lm_head."):
+        return name
+    return "model." + name.replace("blocks.", "layers.", 1).replace(".attn.", ".self_attn.")
+
+
+def resolve_source(source: str | os.PathLike) -> Path:
+    """A local folder as is; a Hub repo id through huggingface_hub's cache, downloading when online."""
+    path = Path(source)
+    if path.is_dir():
+        return path
+    source = str(source)
+    if not REPO_ID.match(source) or ".." in source:
+        raise ValueError(f"{source!r} is neither a folder nor a Hugging Face repo id like 'HuggingFaceTB/SmolLM2-135M'.")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(source, allow_patterns=HUB_FILES, local_files_only=True))
+    except Exception:
+        pass
+    try:
+        return Path(snapshot_download(source, allow_patterns=HUB_FILES))
+    except Exception as exc:  # offline, unknown repo, gated repo: all end the same way for the user
+        raise ValueError(f"could not fetch {source!r} from the Hugging Face Hub ({type(exc).__name__}): check the "
+                         "repo id and the network, or load a local folder.") from exc
+
+
+def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder} holds no .safetensors weights (other formats are refused: they can run code).")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(str(f)))
+        except Exception as exc:
+            raise ValueError(f"{f.name} is not a readable safetensors file ({exc}).") from exc
+    return state
+
+
+def load_pretrained(source: str | os.PathLike, dtype: torch.dtype = torch.float32,
+                    device: str | torch.device = "cpu") -> Decoder:
+    """A Llama-family ``LlamaForCausalLM`` checkpoint (folder or Hub id) as our ``Decoder``, in eval mode."""
+    folder = resolve_source(source)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"{folder} has no config.json: it is not a transformers checkpoint folder.")
+    try:
+        hf = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{config_path} is not valid JSON ({exc}).") from exc
+    try:
+        config = ModelConfig.from_hf(hf)
+    except KeyError as exc:
+        raise ValueError(f"{config_path} lacks the field {exc.args[0]!r} of a Llama config.") from exc
+    state = {hf_to_ours(k): v for k, v in read_state_dict(folder).items()}
+    if config.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    with torch.device(device):
+        model = Decoder(config)
+    expected = model.state_dict()
+    if config.tie_embeddings:
+        expected.pop("lm_head.weight", None)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"weights do not match the config: missing {missing[:4]}, unexpected {unexpected[:4]}.")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)}, the config needs {tuple(expected[name].shape)}.")
+    model.load_state_dict(state, strict=False)
+    return model.to(dtype=dtype).eval()
+
+
+def save_pretrained(model: Decoder, folder: str | os.PathLike) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` that transformers' ``LlamaForCausalLM`` loads."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {ours_to_hf(k): v.detach().contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_embeddings:
+        state.pop("lm_head.weight")
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2) + "\n")
+    return folder
+
+
+def load_tokenizer(source: str | os.PathLike):
+    """The checkpoint's tokenizer through transformers' AutoTokenizer (no remote code)."""
+    from transformers import AutoTokenizer
+
+    folder = resolve_source(source)
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    except Exception as exc:
+        raise ValueError(f"{folder} has no tokenizer that transformers can load ({exc}).") from exc

@@ -1,0 +1,123 @@
+"""Low-rank adapters (LoRA): ``y = W0 x + (alpha / r) · B A x`` with ``W0`` frozen.
+
+Notation: ``in``/``out`` the features of the adapted linear, ``r`` the rank.
+``A`` (r, in) starts random, ``B`` (out, r) starts at zero, so a fresh adapter changes nothing, to the bit.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .layers import replace_linears
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoRALinear(nn.Module):
+    def __init__(self, base: nn.Linear, *, rank: int, alpha: float) -> None:
+        super().__init__()
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+            raise ValueError(f"LoRA rank must be a positive integer, got {rank!r}.")
+        if rank > min(base.in_features, base.out_features):
+            raise ValueError(f"LoRA rank {rank} exceeds the projection's smaller side "
+                             f"({min(base.in_features, base.out_features)}): choose a smaller rank.")
+        if not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+            raise ValueError(f"LoRA alpha must be a positive number, got {alpha!r}.")
+        self.base = base
+        base.weight.requires_grad_(False)
+        w = base.weight
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, dtype=w.dtype, device=w.device))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, dtype=w.dtype, device=w.device))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # as nn.Linear initialises its weight
+        self.rank, self.alpha = rank, float(alpha)
+        self.scale = self.alpha / rank
+        self.merged = False  # B A has been added into base.weight
+        self.disabled = False  # adapter switched off: the layer computes W0 x alone
+
+    def delta_weight(self) -> torch.Tensor:
+        """(alpha / r) · B A, shape (out, in)."""
+        return (self.lora_B @ self.lora_A) * self.scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        if self.merged or self.disabled:
+            return y
+        return y + (x @ self.lora_A.T @ self.lora_B.T) * self.scale  # (..., in) -> (..., r) -> (..., out)
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        if not self.merged:
+            if self.disabled:
+                raise ValueError("switch the adapter on before merging it.")
+            self.base.weight += self.delta_weight()
+            self.merged = True
+
+    @torch.no_grad()
+    def unmerge(self) -> None:
+        """Subtract B A again; W0 comes back up to float rounding."""
+        if self.merged:
+            self.base.weight -= self.delta_weight()
+            self.merged = False
+
+    def extra_repr(self) -> str:
+        return f"rank={self.rank}, alpha={self.alpha}, merged={self.merged}, disabled={self.disabled}"
+
+
+def lora_layers(model: nn.Module) -> list[LoRALinear]:
+    return [m for m in model.modules() if isinstance(m, LoRALinear)]
+
+
+def attach_lora(model: nn.Module, targets=("q_proj", "v_proj"), *, rank: int = 8, alpha: float = 16.0) -> list[str]:
+    """Wrap the named projections of every block in LoRA adapters; freeze everything else.
+
+    Returns the adapted module paths. Raises ValueError for unknown targets or an adapted model.
+    """
+    targets = tuple(targets)
+    unknown = [t for t in targets if t not in PROJECTIONS]
+    if not targets or unknown:
+        raise ValueError(f"LoRA targets must be a non-empty subset of {PROJECTIONS}, got {list(targets)}.")
+    if lora_layers(model):
+        raise ValueError("this model already has LoRA adapters: detach them first.")
+    LoRALinear(nn.Linear(rank, rank, bias=False), rank=rank, alpha=alpha)  # validates before any change
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return replace_linears(model, targets, lambda lin: LoRALinear(lin, rank=rank, alpha=alpha))
+
+
+def detach_lora(model: nn.Module) -> int:
+    """Put every adapted projection back as its plain ``nn.Linear`` holding W0 (unmerged). Returns how many."""
+    count = 0
+    for path, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, LoRALinear):
+                child.unmerge()
+                setattr(parent, name, child.base)
+                count += 1
+    return count
+
+
+def merge_lora(model: nn.Module) -> None:
+    for layer in lora_layers(model):
+        layer.merge()
+
+
+def unmerge_lora(model: nn.Module) -> None:
+    for layer in lora_layers(model):
+        layer.unmerge()
+
+
+def set_lora_enabled(model: nn.Module, enabled: bool) -> None:
+    """Switch adapters on or off (a merged adapter is unmerged first, so "off" really means W0)."""
+    for layer in lora_layers(model):
+        if not enabled:
+            layer.unmerge()
+        layer.disabled = not enabled
+
+
+def count_parameters(model: nn.Module) -> dict[str, int]:
+    """Trainable and frozen parameter counts (each shared tensor once)."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return {"trainable": trainable, "frozen": total - trainable, "total": total}

@@ -1,0 +1,64 @@
+"""Weight-only int8: each output row of a linear layer stored as int8 with one fp32 scale.
+
+``W ≈ scale[:, None] · Q`` with ``Q = round(W / scale)`` in [-127, 127] and ``scale = max|W_row| / 127``.
+Activations stay in floating point; the matmul runs on the dequantised weight.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import replace_linears
+from .lora import PROJECTIONS
+
+
+class Int8Linear(nn.Module):
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.register_buffer("qweight", qweight)  # (out, in) int8
+        self.register_buffer("scale", scale)  # (out,) fp32
+        self.register_buffer("bias", bias)
+        self.in_features, self.out_features = qweight.shape[1], qweight.shape[0]
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+        w = linear.weight.detach().float()  # (out, in)
+        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)  # (out,)
+        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(q, scale, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)  # per-output-channel rescale
+        return y if self.bias is None else y + self.bias
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.numel() + self.scale.numel() * self.scale.element_size()
+
+
+@torch.no_grad()
+def quantize_int8(model: nn.Module, targets=PROJECTIONS, *, tokens: torch.Tensor | None = None):
+    """A copy of ``model`` with the target projections in int8; the original is untouched.
+
+    Returns (quantized_model, report) with report: layers, bytes_before and bytes_after of those
+    weights, bytes_saved, and, when ``tokens`` (B, T) is given, max_abs_logit_error and
+    relative_logit_error (max |Δlogit| / max |logit|) on them.
+    """
+    qmodel = copy.deepcopy(model)
+    before = sum(m.weight.numel() * m.weight.element_size()
+                 for name, m in qmodel.named_modules() if type(m) is nn.Linear and name.split(".")[-1] in targets)
+    swapped = replace_linears(qmodel, targets, Int8Linear.from_linear)
+    if not swapped:
+        raise ValueError(f"no linear layer named {list(targets)} to quantize.")
+    after = sum(m.nbytes for m in qmodel.modules() if isinstance(m, Int8Linear))
+    report = {"layers": len(swapped), "bytes_before": before, "bytes_after": after, "bytes_saved": before - after}
+    if tokens is not None:
+        ref, got = model(tokens).float(), qmodel(tokens).float()
+        err = (ref - got).abs().max().item()
+        report["max_abs_logit_error"] = err
+        report["relative_logit_error"] = err / ref.abs().max().item()
+    return qmodel, report

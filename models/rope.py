@@ -1,0 +1,58 @@
+"""Positions: rotary tables for the decoder, the sinusoidal table for the encoder.
+
+Notation: ``T`` positions, ``D`` head dim, ``C`` model dim.
+
+RoPE pairs dimension ``i`` with dimension ``i + D/2`` (transformers' ``rotate_half`` layout), not the
+adjacent pairs ``(2i, 2i+1)`` of Meta's original complex-number code: transformers' Llama conversion
+permuted the q/k rows to this layout, so only this pairing loads its checkpoints unchanged.
+Pair ``i`` turns by ``angle = position * theta ** (-2i / D)`` radians.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rope_frequencies(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """Angular speed of each of the ``D/2`` pairs, radians per position. Shape (D/2,), fp32."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+
+def rope_angles(seq_len: int, head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """Rotation angle of every pair at every position, radians. Shape (T, D/2), fp32."""
+    positions = torch.arange(seq_len, dtype=torch.int64).float()
+    return torch.outer(positions, rope_frequencies(head_dim, theta))
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables in ``rotate_half`` layout. Each (T, D), fp32."""
+    angles = rope_angles(seq_len, head_dim, theta)
+    angles = torch.cat((angles, angles), dim=-1)  # (T, D/2) -> (T, D): pair i at i and i + D/2
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) on the two halves of the last dim."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (B, H, T, D) by the angles of its positions: ``cos``/``sin`` are (T, D)."""
+    return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+
+
+def sinusoidal_table(seq_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """The encoder's absolute positions ("Attention Is All You Need"). Shape (T, C), fp32.
+
+    Even channels ``2i`` hold ``sin(pos / base**(2i/C))``, odd channels ``2i+1`` the cosine.
+    """
+    if d_model % 2:
+        raise ValueError(f"d_model must be even for sinusoidal positions, got {d_model}.")
+    positions = torch.arange(seq_len, dtype=torch.float32)[:, None]  # (T, 1)
+    inv = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(base) / d_model))  # (C/2,)
+    table = torch.zeros(seq_len, d_model)
+    table[:, 0::2] = torch.sin(positions * inv)
+    table[:, 1::2] = torch.cos(positions * inv)
+    return table
