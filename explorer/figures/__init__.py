@@ -1,0 +1,1 @@
+"""Pure figure builders: arrays in, plotly Figures out (no torch modules, no gradio)."""

@@ -1,0 +1,135 @@
+"""Shared pieces of every figure: token labels, head labels, colour scales, provenance lines, heatmaps.
+
+Pure functions: lists and NumPy arrays in, plotly objects out. No torch modules, no gradio.
+
+Token labels are ``"{i}·{token}"``: the position makes every label unique, so a prompt that repeats a
+word keeps one row per token (Plotly merges equal category labels). Heatmaps put query 0 at the top.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+SEQUENTIAL = "Viridis"  # weights and probabilities, fixed range 0..1
+DIVERGING = "RdBu_r"  # signed values, centred on 0 (red positive, blue negative)
+QUALITATIVE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+               "#bcbd22", "#17becf"]
+WEIGHT_RANGE = (0.0, 1.0)
+WEIGHT_COLORBAR = "attention weight (0–1)"
+QUERY_AXIS = "query token (asking)"
+KEY_AXIS = "key token (looked at)"
+FONT = dict(family="Inter, system-ui, sans-serif", size=12)
+
+
+def display_token(s: str) -> str:
+    """A token as it should read in a label: whitespace made visible, HTML shown as text, kept short."""
+    s = str(s)
+    if s.strip() == "":
+        s = s.replace("\n", "↵").replace("\t", "⇥").replace(" ", "␣") or "∅"
+    else:
+        s = s.strip(" ").replace("\n", "↵").replace("\t", "⇥")
+    if len(s) > 16:
+        s = s[:15] + "…"
+    # Plotly renders a few HTML tags in text; entities keep "<b>" in a prompt literal.
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def token_labels(tokens: Sequence[str]) -> list[str]:
+    """Unique labels ``"{i}·{token}"``, one per token, even when tokens repeat."""
+    return [f"{i}·{display_token(t)}" for i, t in enumerate(tokens)]
+
+
+def kv_head_of(head: int, n_heads: int, n_kv_heads: int) -> int:
+    """The key/value head a query head reads under grouped-query attention."""
+    return head // (n_heads // n_kv_heads)
+
+
+def head_label(head: int, n_heads: int, n_kv_heads: int) -> str:
+    """``"head 3 (KV 1)"``; plain ``"head 3"`` when every query head has its own KV head."""
+    if n_kv_heads == n_heads:
+        return f"head {head}"
+    return f"head {head} (KV {kv_head_of(head, n_heads, n_kv_heads)})"
+
+
+def provenance_text(device: str, dtype: str, torch_version: str, kind: str = "measured") -> str:
+    """``"measured · cpu · float32 · torch 2.13.0"``: where a number came from."""
+    return f"{kind} · {device} · {dtype} · torch {torch_version}"
+
+
+def add_provenance(fig: go.Figure, text: str) -> go.Figure:
+    """Write a provenance line under the plot area (bottom-left, small grey)."""
+    fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=-0.02, xanchor="left", yanchor="top",
+                       showarrow=False, font=dict(size=10, color="#666"), yshift=-28)
+    return fig
+
+
+def base_layout(fig: go.Figure, title: str, *, height: int | None = None, width: int | None = None) -> go.Figure:
+    fig.update_layout(title=dict(text=title, x=0.01, xanchor="left"), font=FONT, template="plotly_white",
+                      margin=dict(l=70, r=20, t=60, b=70))
+    if height is not None:
+        fig.update_layout(height=height)
+    if width is not None:
+        fig.update_layout(width=width)
+    return fig
+
+
+def heatmap_trace(
+    z: np.ndarray,
+    x_labels: Sequence[str],
+    y_labels: Sequence[str],
+    *,
+    colorbar_title: str = WEIGHT_COLORBAR,
+    zmin: float | None = WEIGHT_RANGE[0],
+    zmax: float | None = WEIGHT_RANGE[1],
+    colorscale: str = SEQUENTIAL,
+    zmid: float | None = None,
+    x_name: str = "key",
+    y_name: str = "query",
+    value_name: str = "weight",
+    value_format: str = ".4f",
+    showscale: bool = True,
+    **kwargs,
+) -> go.Heatmap:
+    """One heatmap trace with exact values on hover (``query 3·the → key 1·cat: weight 0.4213``)."""
+    z = np.asarray(z, dtype=float)
+    if z.ndim != 2 or z.shape != (len(y_labels), len(x_labels)):
+        raise ValueError(f"z has shape {z.shape}, labels need ({len(y_labels)}, {len(x_labels)}).")
+    trace = go.Heatmap(
+        z=z, x=list(x_labels), y=list(y_labels), colorscale=colorscale, zmin=zmin, zmax=zmax, zmid=zmid,
+        colorbar=dict(title=dict(text=colorbar_title, side="right")) if showscale else None,
+        showscale=showscale,
+        hovertemplate=f"{y_name} %{{y}}<br>{x_name} %{{x}}<br>{value_name} %{{z:{value_format}}}<extra></extra>",
+        **kwargs,
+    )
+    return trace
+
+
+def heatmap_figure(
+    z: np.ndarray,
+    x_labels: Sequence[str],
+    y_labels: Sequence[str],
+    *,
+    title: str,
+    x_title: str = KEY_AXIS,
+    y_title: str = QUERY_AXIS,
+    height: int | None = None,
+    **trace_kwargs,
+) -> go.Figure:
+    """A single heatmap with categorical axes (one row per label, row 0 at the top)."""
+    fig = go.Figure(heatmap_trace(z, x_labels, y_labels, **trace_kwargs))
+    base_layout(fig, title, height=height)
+    fig.update_xaxes(title_text=x_title, type="category", tickangle=-45)
+    fig.update_yaxes(title_text=y_title, type="category", autorange="reversed")
+    return fig
+
+
+def auto_height(n_rows: int, *, per_row: int = 22, lo: int = 360, hi: int = 900) -> int:
+    return int(min(hi, max(lo, 140 + per_row * n_rows)))
+
+
+def symmetric_range(*arrays: np.ndarray) -> float:
+    """Largest |value| over the arrays (at least a tiny positive number), for a diverging scale centred on 0."""
+    m = max((float(np.nanmax(np.abs(a))) for a in arrays if np.size(a)), default=1.0)
+    return m if m > 0 else 1e-12

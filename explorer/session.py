@@ -1,0 +1,276 @@
+"""Which model a user is looking at: the shared default model and per-user state.
+
+The default model (``assets/default-model``, or the folder named by ``EXPLORER_DEFAULT_MODEL``) is
+loaded once per process and is read-only: nobody attaches LoRA to it, switches its attention
+implementation or leaves hooks on it. A user who loads another checkpoint, or who needs to change a
+model (LoRA), gets their own copy in their ``gr.State``; nothing they do reaches another user.
+
+Per-user state is a plain dict made by ``new_state()``:
+    source     "default", a Hub repo id or a local folder path (what the user asked for)
+    name       a short name to show on screen
+    model      None (use the shared default) or the user's own ``Decoder``
+    tokenizer  None (use the default's) or the user's own tokenizer
+"""
+from __future__ import annotations
+
+import copy
+import os
+import re
+import threading
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models import Decoder, load_pretrained
+from models.loading import REPO_ID, load_tokenizer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL_NAME = "default model (assets/default-model)"
+
+# Checkpoints larger than this are refused before their weights are read (fp32 bytes on a 2-core CPU box).
+MAX_LOAD_PARAMETERS = 600_000_000
+
+_lock = threading.Lock()
+_default: tuple[Decoder, Any] | None = None
+
+# Serialises forward passes that attach hooks to a model shared between users (hooks are per module,
+# so two requests hooking the same module at once would see each other's captures).
+MODEL_LOCK = threading.RLock()
+
+
+def default_model_dir() -> Path:
+    return Path(os.environ.get("EXPLORER_DEFAULT_MODEL", REPO_ROOT / "assets" / "default-model"))
+
+
+def model_root() -> Path:
+    """The only folder tree local checkpoints may be loaded from (``EXPLORER_MODEL_ROOT``, default assets/)."""
+    return Path(os.environ.get("EXPLORER_MODEL_ROOT", REPO_ROOT / "assets")).resolve()
+
+
+def load_default() -> tuple[Decoder, Any]:
+    """The shared default (model, tokenizer); loaded on first call, then cached for the process."""
+    global _default
+    with _lock:
+        if _default is None:
+            folder = default_model_dir()
+            if not (folder / "config.json").is_file():
+                raise RuntimeError(f"the default model is missing: {folder} has no config.json.")
+            model = load_pretrained(folder)
+            for p in model.parameters():
+                p.requires_grad_(False)
+            _default = (model, load_tokenizer(folder))
+        return _default
+
+
+def new_state() -> dict[str, Any]:
+    """A fresh per-user state: the shared default model, nothing private yet."""
+    return {"source": "default", "name": DEFAULT_MODEL_NAME, "model": None, "tokenizer": None}
+
+
+def get_model(state: dict | None) -> tuple[Decoder, Any, str]:
+    """(model, tokenizer, name) this user is looking at. The default model is shared: do not modify it."""
+    state = state or new_state()
+    if state.get("model") is not None:
+        return state["model"], state["tokenizer"], state["name"]
+    model, tokenizer = load_default()
+    return model, tokenizer, state.get("name") or DEFAULT_MODEL_NAME
+
+
+def is_shared(model: Decoder) -> bool:
+    return _default is not None and model is _default[0]
+
+
+def private_model(state: dict) -> tuple[Decoder, Any, str]:
+    """(model, tokenizer, name) the user may modify: the first call copies the shared default into ``state``."""
+    model, tokenizer, name = get_model(state)
+    if is_shared(model):
+        model = copy.deepcopy(model)
+        state["model"], state["tokenizer"] = model, tokenizer
+    return model, tokenizer, state["name"] if state.get("model") is not None else name
+
+
+def set_model(state: dict, model: Decoder | None, tokenizer: Any, name: str, source: str) -> dict:
+    """Point ``state`` at a model (None: back to the shared default). Returns the same dict."""
+    state.update(model=model, tokenizer=tokenizer, name=name, source=source)
+    return state
+
+
+def reset_to_default(state: dict) -> dict:
+    return set_model(state, None, None, DEFAULT_MODEL_NAME, "default")
+
+
+# --- loading another checkpoint ----------------------------------------------------------------
+
+def resolve_model_source(source: str) -> tuple[str, str]:
+    """Classify and validate what the user typed: ("default" | "hub" | "local", cleaned source).
+
+    Local folders must lie inside ``model_root()`` (after resolving links and ``..``); Hub ids must match
+    ``owner/name``. Raises ValueError with a sentence saying what to change.
+    """
+    source = (source or "").strip()
+    if not source or source.lower() in ("default", DEFAULT_MODEL_NAME.lower()):
+        return "default", "default"
+    if any(unicodedata.category(c).startswith("C") for c in source):
+        raise ValueError("The model source contains control characters: type a Hub id like "
+                         "'HuggingFaceTB/SmolLM2-135M' or a folder path.")
+    looks_like_path = source.startswith(("/", ".", "~")) or os.sep in source.replace("/", "", 1) \
+        or Path(source).is_absolute()
+    if not looks_like_path and REPO_ID.match(source) and ".." not in source:
+        root_candidate = model_root() / source
+        if not root_candidate.is_dir():
+            return "hub", source
+        source = str(root_candidate)
+    root = model_root()
+    path = Path(os.path.expanduser(source))
+    if not path.is_absolute():
+        path = root / path
+    path = path.resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"Local models must be inside {root} (EXPLORER_MODEL_ROOT); {source!r} is outside it. "
+                         "Copy the checkpoint folder there, or give a Hub id like 'HuggingFaceTB/SmolLM2-135M'.")
+    if not path.is_dir():
+        raise ValueError(f"{source!r} is not a folder under {root}: give a checkpoint folder there "
+                         "(config.json + model.safetensors) or a Hub id like 'HuggingFaceTB/SmolLM2-135M'.")
+    return "local", str(path)
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def estimate_parameters(hf_config: dict) -> int:
+    """Parameter count of a Llama config.json without building the model (for the size guard)."""
+    C, L, V = hf_config["hidden_size"], hf_config["num_hidden_layers"], hf_config["vocab_size"]
+    H = hf_config["num_attention_heads"]
+    Hkv = hf_config.get("num_key_value_heads") or H
+    D = hf_config.get("head_dim") or C // H
+    F = hf_config["intermediate_size"]
+    per_layer = C * H * D * 2 + C * Hkv * D * 2 + 3 * C * F + 2 * C
+    head = 0 if hf_config.get("tie_word_embeddings") else V * C
+    return V * C + L * per_layer + C + head
+
+
+def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
+    """Load what the user asked for: (model or None for the default, tokenizer, name, source).
+
+    Hub ids are fetched only when the Hub is reachable; offline (``HF_HUB_OFFLINE=1`` or no network)
+    raises ValueError and the caller keeps the model the user had.
+    """
+    kind, cleaned = resolve_model_source(source)
+    if kind == "default":
+        return None, None, DEFAULT_MODEL_NAME, "default"
+    import json
+
+    if kind == "hub":
+        folder = _fetch_hub(cleaned)
+        name = cleaned
+    else:
+        folder = Path(cleaned)
+        name = f"{folder.relative_to(model_root())} (local)" if folder != model_root() else "assets (local)"
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"{name} has no config.json: it is not a transformers checkpoint folder.")
+    try:
+        hf = json.loads(config_path.read_text())
+        n = estimate_parameters(hf)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{name}: config.json is not a readable Llama config ({exc}).") from exc
+    if n > MAX_LOAD_PARAMETERS:
+        raise ValueError(f"{name} has about {n / 1e6:.0f} M parameters; this app loads at most "
+                         f"{MAX_LOAD_PARAMETERS / 1e6:.0f} M on this machine. Choose a smaller checkpoint.")
+    model = load_pretrained(folder)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    tokenizer = load_tokenizer(folder)
+    return model, tokenizer, name, cleaned
+
+
+def _fetch_hub(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    from models.loading import HUB_FILES
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=True))
+    except Exception:
+        pass
+    if hub_offline():
+        raise ValueError(f"The app is offline (HF_HUB_OFFLINE=1) and {repo_id!r} is not in the local cache: "
+                         "the default model stays loaded. Load a local folder instead.")
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES, etag_timeout=10))
+    except Exception as exc:
+        raise ValueError(f"Could not fetch {repo_id!r} from the Hugging Face Hub ({type(exc).__name__}): the "
+                         "machine may be offline or the repo id wrong. The previous model stays loaded.") from exc
+
+
+# --- text in --------------------------------------------------------------------------------------
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def clean_text(text: Any) -> str:
+    """The prompt with control characters removed (tabs and newlines kept). Raises ValueError if empty."""
+    if text is None:
+        text = ""
+    if not isinstance(text, str):
+        raise ValueError("The prompt must be text.")
+    text = _CONTROL.sub("", text)
+    if not text.strip():
+        raise ValueError("The prompt is empty: type a sentence.")
+    return text
+
+
+def token_strings(tokenizer, ids: list[int]) -> list[str]:
+    """How each token reads on screen (one string per id; a byte piece of a longer character shows as ``�``)."""
+    out = []
+    for i in ids:
+        s = tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if not s:
+            s = str(tokenizer.convert_ids_to_tokens(i))
+        out.append(s)
+    return out
+
+
+def encode(tokenizer, text: str, max_len: int, *, truncate: bool = False) -> tuple[list[int], list[str]]:
+    """Token ids and their unique labels ``"{i}·{token}"`` for ``text``.
+
+    Longer than ``max_len`` tokens: ValueError saying so, or with ``truncate`` the first ``max_len`` tokens
+    (use ``encode_with_notice`` to get the sentence to show).
+    """
+    ids, labels, _ = encode_with_notice(tokenizer, text, max_len, truncate=truncate)
+    return ids, labels
+
+
+def encode_with_notice(tokenizer, text: str, max_len: int, *, truncate: bool = True) -> tuple[list[int], list[str], str]:
+    """Like ``encode``; also returns a notice ("" when nothing was cut) to show beside the figure."""
+    from .figures.common import token_labels
+
+    text = clean_text(text)
+    ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    if not ids:
+        raise ValueError("The prompt produced no tokens: type a sentence.")
+    notice = ""
+    if len(ids) > max_len:
+        if not truncate:
+            raise ValueError(f"The prompt is {len(ids)} tokens long; this view takes at most {max_len}: shorten it.")
+        notice = f"The prompt is {len(ids)} tokens long; only the first {max_len} are shown."
+        ids = ids[:max_len]
+    return ids, token_labels(token_strings(tokenizer, ids)), notice
+
+
+def as_tensor(ids: list[int], model: Decoder) -> torch.Tensor:
+    """(1, T) int64 on the model's device."""
+    return torch.tensor([ids], dtype=torch.int64, device=model.embed_tokens.weight.device)
+
+
+def runtime_info(model: torch.nn.Module | None = None) -> dict[str, str]:
+    """device, dtype and torch version, for provenance lines."""
+    if model is not None:
+        p = next(model.parameters())
+        device, dtype = str(p.device), str(p.dtype).replace("torch.", "")
+    else:
+        device, dtype = "cpu", "float32"
+    return {"device": device, "dtype": dtype, "torch": torch.__version__}
