@@ -1,0 +1,1 @@
+"""Transformer Explorer: the app's panels, figures, probes and measurements around models/."""
