@@ -1,0 +1,166 @@
+"""A bounded LoRA fine-tune on text a person pastes: AdamW on the adapter parameters, next-token loss.
+
+Notation: N rows, T tokens per row (the model sees T, predicts the T targets shifted by one), V vocabulary.
+
+Nothing here knows about the UI. ``iter_finetune`` is a generator yielding one ``dict`` per step (so a
+Gradio generator handler can redraw a live loss curve and be cancelled between steps); ``finetune``
+runs it to the end and calls an optional callback per step (return ``False`` from it to stop early).
+Steps and wall time are capped (``MAX_STEPS``, ``MAX_SECONDS``): the job always ends.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.lora import lora_layers
+
+MAX_STEPS = 200
+MAX_SECONDS = 60.0
+MIN_TOKENS = 4  # at least a few next-token targets, or there is nothing to learn
+LR_RANGE = (1e-5, 1e-1)
+
+
+def check_settings(steps: int, lr: float, max_seconds: float, seq_len: int, batch: int) -> None:
+    """Raise ValueError, saying what to change, for settings outside the caps."""
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"steps must be a whole number from 1 to {MAX_STEPS}, got {steps!r}.")
+    if not isinstance(lr, (int, float)) or not math.isfinite(lr) or not LR_RANGE[0] <= lr <= LR_RANGE[1]:
+        raise ValueError(f"learning rate must lie in [{LR_RANGE[0]:g}, {LR_RANGE[1]:g}], got {lr!r}.")
+    if not isinstance(max_seconds, (int, float)) or not math.isfinite(max_seconds) or not 0 < max_seconds <= MAX_SECONDS:
+        raise ValueError(f"the time limit must lie in (0, {MAX_SECONDS:g}] seconds, got {max_seconds!r}.")
+    if not isinstance(seq_len, int) or seq_len < 2:
+        raise ValueError(f"seq_len must be an integer of at least 2, got {seq_len!r}.")
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a positive integer, got {batch!r}.")
+
+
+def make_rows(ids: list[int] | torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Cut the token ids into rows of ``seq_len + 1`` (inputs plus the shifted target), (N, seq_len + 1).
+
+    Text shorter than one row gives a single row of its own length; longer text gives overlapping
+    windows (stride seq_len // 2) so that every token is a target at least once and the last window
+    ends at the last token.
+    """
+    ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+    n = ids.numel()
+    if n < MIN_TOKENS:
+        raise ValueError(f"the text gives only {n} tokens: paste at least a sentence to fine-tune on.")
+    width = seq_len + 1
+    if n <= width:
+        return ids[None]  # (1, n)
+    stride = max(1, seq_len // 2)
+    starts = list(range(0, n - width + 1, stride))
+    if starts[-1] != n - width:
+        starts.append(n - width)
+    return torch.stack([ids[s:s + width] for s in starts])  # (N, seq_len + 1)
+
+
+def next_token_loss(model: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (nats per token) of predicting rows[:, 1:] from rows[:, :-1]."""
+    logits = model(rows[:, :-1])  # (N, T, V)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), rows[:, 1:].reshape(-1))
+
+
+@torch.no_grad()
+def evaluate_loss(model: nn.Module, rows: torch.Tensor, batch: int = 16) -> float:
+    """Mean next-token loss over all rows (weighted by token count), in nats per token."""
+    total, count = 0.0, 0
+    for i in range(0, rows.shape[0], batch):
+        chunk = rows[i:i + batch]
+        n = chunk[:, 1:].numel()
+        total += float(next_token_loss(model, chunk)) * n
+        count += n
+    return total / count
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The adapters' A and B matrices that still require gradients (never a base weight)."""
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError("the model has no LoRA adapter: attach a LoRA adapter first.")
+    if any(layer.merged or layer.disabled for layer in layers):
+        raise ValueError("the adapter is merged or switched off: switch it on (unmerged) before training.")
+    return [p for layer in layers for p in (layer.lora_A, layer.lora_B) if p.requires_grad]
+
+
+def iter_finetune(
+    model: nn.Module,
+    ids: list[int] | torch.Tensor,
+    *,
+    steps: int = 50,
+    lr: float = 3e-3,
+    max_seconds: float = MAX_SECONDS,
+    seq_len: int | None = None,
+    batch: int = 8,
+    seed: int = 0,
+    weight_decay: float = 0.0,
+    grad_clip: float = 1.0,
+) -> Iterator[dict]:
+    """Train the model's trainable parameters (the LoRA adapters) on ``ids``; yield after every step.
+
+    Each yielded dict: ``step`` (1-based), ``loss`` (this step's batch, nats/token), ``seconds`` since the
+    start, ``lr``, ``rows`` (how many windows the text gave), ``tokens`` (target tokens per step) and
+    ``stopped`` (None, or "time" on the last step when the time cap ended the run). The model is
+    left in eval mode. Frozen parameters are never touched (they have no gradient and are not given to
+    the optimiser).
+    """
+    seq_len = model.config.max_seq_len - 1 if seq_len is None else min(seq_len, model.config.max_seq_len - 1)
+    check_settings(steps, lr, max_seconds, seq_len, batch)
+    params = trainable_parameters(model)
+    rows = make_rows(ids, seq_len)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    model.train()
+    t0 = time.perf_counter()
+    try:
+        for step in range(1, steps + 1):
+            if rows.shape[0] <= batch:
+                chunk = rows
+            else:
+                chunk = rows[torch.randperm(rows.shape[0], generator=gen)[:batch]]
+            loss = next_token_loss(model, chunk)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if grad_clip:
+                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            opt.step()
+            elapsed = time.perf_counter() - t0
+            out_of_time = elapsed >= max_seconds and step < steps
+            model.eval()
+            yield {"step": step, "loss": float(loss.detach()), "seconds": elapsed, "lr": lr,
+                   "rows": int(rows.shape[0]), "tokens": int(chunk[:, 1:].numel()),
+                   "stopped": "time" if out_of_time else None}
+            model.train()
+            if out_of_time:
+                break
+    finally:
+        model.eval()
+        opt.zero_grad(set_to_none=True)
+
+
+def finetune(
+    model: nn.Module,
+    ids: list[int] | torch.Tensor,
+    *,
+    on_step: Callable[[dict], bool | None] | None = None,
+    **settings,
+) -> dict:
+    """Run ``iter_finetune`` to its end; ``on_step(record)`` after each step, returning False stops.
+
+    Returns ``{"steps", "losses", "seconds", "stopped"}`` with ``stopped`` None, "time" or "callback".
+    """
+    losses: list[float] = []
+    record: dict = {"seconds": 0.0, "stopped": None}
+    stopped = None
+    for record in iter_finetune(model, ids, **settings):
+        losses.append(record["loss"])
+        stopped = record["stopped"]
+        if on_step is not None and on_step(record) is False:
+            stopped = "callback"
+            break
+    return {"steps": len(losses), "losses": losses, "seconds": record["seconds"], "stopped": stopped}

@@ -1,0 +1,125 @@
+"""The bounded LoRA fine-tune (explorer.finetune) on a tiny random model, without any UI."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from explorer import finetune as ft
+from models.config import ModelConfig
+from models.decoder import Decoder
+from models.lora import PROJECTIONS, attach_lora, count_parameters, lora_layers, merge_lora, set_lora_enabled
+
+
+def tiny_model(seed: int = 0) -> Decoder:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=64)
+    return Decoder(cfg).eval()
+
+
+def text_ids(n: int = 40, seed: int = 1) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 50, (n,), generator=g).tolist()
+
+
+@pytest.fixture()
+def adapted():
+    model = tiny_model()
+    base = copy.deepcopy(model)
+    attach_lora(model, ("q_proj", "v_proj", "o_proj"), rank=4, alpha=8.0)
+    return model, base
+
+
+def test_loss_falls_on_the_pasted_text():
+    model = tiny_model()
+    attach_lora(model, PROJECTIONS, rank=4, alpha=8.0)
+    ids = text_ids()
+    rows = ft.make_rows(ids, 63)
+    before = ft.evaluate_loss(model, rows)
+    result = ft.finetune(model, ids, steps=30, lr=1e-2)
+    after = ft.evaluate_loss(model, rows)
+    assert result["steps"] == 30 and result["stopped"] is None
+    assert after < before - 0.3, (before, after)
+    assert result["losses"][-1] < result["losses"][0]
+    assert not model.training
+
+
+def test_base_weights_are_unchanged(adapted):
+    model, base = adapted
+    ft.finetune(model, text_ids(), steps=10, lr=1e-2)
+    base_state = base.state_dict()
+    for name, tensor in model.state_dict().items():
+        if "lora_" in name:
+            continue
+        plain = name.replace(".base.", ".")
+        assert torch.equal(tensor, base_state[plain]), name
+
+
+def test_disabling_the_adapter_restores_the_original_logits_exactly(adapted):
+    model, base = adapted
+    tokens = torch.tensor([text_ids(20, seed=7)])
+    with torch.no_grad():
+        original = base(tokens)
+    ft.finetune(model, text_ids(), steps=10, lr=1e-2)
+    with torch.no_grad():
+        tuned = model(tokens)
+        assert not torch.allclose(tuned, original, atol=1e-4)  # the adapter learned something
+        set_lora_enabled(model, False)
+        assert torch.equal(model(tokens), original)
+        set_lora_enabled(model, True)
+        assert torch.allclose(model(tokens), tuned, atol=1e-6)
+        merge_lora(model)
+        assert torch.allclose(model(tokens), tuned, atol=1e-4)
+        set_lora_enabled(model, False)  # unmerges: W0 comes back up to float rounding
+        assert torch.allclose(model(tokens), original, atol=1e-5)
+
+
+def test_only_adapter_parameters_are_trained(adapted):
+    model, _ = adapted
+    counts = count_parameters(model)
+    expected = sum(layer.lora_A.numel() + layer.lora_B.numel() for layer in lora_layers(model))
+    assert counts["trainable"] == expected
+    with pytest.raises(ValueError, match="attach a LoRA"):
+        next(ft.iter_finetune(tiny_model(), text_ids(), steps=1))
+    merge_lora(model)
+    with pytest.raises(ValueError, match="merged"):
+        next(ft.iter_finetune(model, text_ids(), steps=1))
+
+
+def test_callback_stops_and_generator_can_be_closed(adapted):
+    model, _ = adapted
+    seen = []
+    result = ft.finetune(model, text_ids(), steps=50, on_step=lambda r: seen.append(r["step"]) or r["step"] < 3)
+    assert result["steps"] == 3 and result["stopped"] == "callback" and seen == [1, 2, 3]
+    gen = ft.iter_finetune(model, text_ids(), steps=50)
+    next(gen)
+    gen.close()  # what a cancelled UI job does
+    assert not model.training
+
+
+def test_time_cap_ends_the_run(adapted):
+    model, _ = adapted
+    result = ft.finetune(model, text_ids(), steps=200, max_seconds=1e-6)
+    assert result["steps"] == 1 and result["stopped"] == "time"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"steps": 0}, "steps"), ({"steps": ft.MAX_STEPS + 1}, "steps"), ({"lr": -1.0}, "learning rate"),
+    ({"lr": float("nan")}, "learning rate"), ({"max_seconds": ft.MAX_SECONDS + 1}, "time limit"),
+])
+def test_settings_outside_the_caps_are_refused(adapted, kwargs, message):
+    model, _ = adapted
+    with pytest.raises(ValueError, match=message):
+        next(ft.iter_finetune(model, text_ids(), **kwargs))
+
+
+def test_rows_cover_long_text():
+    ids = list(range(100))
+    rows = ft.make_rows(ids, 15)
+    assert rows.shape[1] == 16
+    assert rows[0, 0] == 0 and rows[-1, -1] == 99
+    covered = {int(t) for r in rows for t in r[1:]}
+    assert covered == set(range(1, 100))
+    with pytest.raises(ValueError, match="paste at least"):
+        ft.make_rows([1, 2], 15)
