@@ -15,16 +15,22 @@ from .layers import replace_linears
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def check_lora(rank: int, alpha: float, linears=()) -> None:
+    """Raise ValueError, saying what to change, unless ``rank`` and ``alpha`` fit every given linear."""
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise ValueError(f"LoRA rank must be a positive integer, got {rank!r}.")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha) or alpha <= 0:
+        raise ValueError(f"LoRA alpha must be a positive number, got {alpha!r}.")
+    smallest = min((min(lin.in_features, lin.out_features) for lin in linears), default=rank)
+    if rank > smallest:
+        raise ValueError(f"LoRA rank {rank} exceeds the smallest adapted projection side ({smallest}): "
+                         "choose a smaller rank.")
+
+
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, *, rank: int, alpha: float) -> None:
         super().__init__()
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-            raise ValueError(f"LoRA rank must be a positive integer, got {rank!r}.")
-        if rank > min(base.in_features, base.out_features):
-            raise ValueError(f"LoRA rank {rank} exceeds the projection's smaller side "
-                             f"({min(base.in_features, base.out_features)}): choose a smaller rank.")
-        if not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
-            raise ValueError(f"LoRA alpha must be a positive number, got {alpha!r}.")
+        check_lora(rank, alpha, [base])
         self.base = base
         base.weight.requires_grad_(False)
         w = base.weight
@@ -80,7 +86,8 @@ def attach_lora(model: nn.Module, targets=("q_proj", "v_proj"), *, rank: int = 8
         raise ValueError(f"LoRA targets must be a non-empty subset of {PROJECTIONS}, got {list(targets)}.")
     if lora_layers(model):
         raise ValueError("this model already has LoRA adapters: detach them first.")
-    LoRALinear(nn.Linear(rank, rank, bias=False), rank=rank, alpha=alpha)  # validates before any change
+    check_lora(rank, alpha, [m for n, m in model.named_modules()
+                             if type(m) is nn.Linear and n.rsplit(".", 1)[-1] in targets])  # before any change
     for p in model.parameters():
         p.requires_grad_(False)
     return replace_linears(model, targets, lambda lin: LoRALinear(lin, rank=rank, alpha=alpha))

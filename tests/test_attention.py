@@ -1,0 +1,113 @@
+import numpy as np
+import pytest
+import torch
+
+from models.attention import Attention, attention, build_mask, tiled_attention
+from tests.reference import numpy_attention
+
+IMPLS = ("naive", "sdpa", "tiled")
+
+
+def _qkv(B, H, Hkv, T, S, D, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, H, T, D, generator=g), torch.randn(B, Hkv, S, D, generator=g),
+            torch.randn(B, Hkv, S, D, generator=g))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("H,Hkv", [(4, 4), (4, 2), (4, 1)])
+@pytest.mark.parametrize("T,S", [(13, 13), (1, 9), (5, 19)])
+def test_implementations_match_numpy(impl, causal, H, Hkv, T, S):
+    q, k, v = _qkv(2, H, Hkv, T, S, 8)
+    out, _ = attention(q, k, v, impl=impl, causal=causal, block_size=4)
+    for b in range(2):
+        for h in range(H):
+            ref, _ = numpy_attention(q[b, h], k[b, h // (H // Hkv)], v[b, h // (H // Hkv)], causal=causal)
+            np.testing.assert_allclose(out[b, h].numpy(), ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_padding_mask_matches_numpy(impl, causal):
+    q, k, v = _qkv(2, 4, 2, 11, 11, 8, seed=1)
+    pad = torch.ones(2, 11, dtype=torch.bool)
+    pad[0, 7:] = False  # right padding on the first sequence
+    pad[1, 3] = False  # a hole in the second
+    out, _ = attention(q, k, v, impl=impl, causal=causal, key_padding=pad, block_size=3)
+    for b in range(2):
+        for h in range(4):
+            ref, w = numpy_attention(q[b, h], k[b, h // 2], v[b, h // 2], causal=causal, key_padding=pad[b].numpy())
+            np.testing.assert_allclose(out[b, h].numpy(), ref, atol=1e-5, rtol=0)
+            assert np.all(w[:, ~pad[b].numpy()] == 0)
+
+
+def test_naive_weights_match_numpy_and_rows_sum_to_one():
+    q, k, v = _qkv(1, 2, 1, 9, 9, 16, seed=2)
+    _, weights = attention(q, k, v, impl="naive", causal=True)
+    for h in range(2):
+        _, ref = numpy_attention(q[0, h], k[0, 0], v[0, 0], causal=True)
+        np.testing.assert_allclose(weights[0, h].numpy(), ref, atol=1e-6)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, 9))
+    assert torch.all(weights[0, :].triu(1) == 0)
+
+
+def test_causal_and_bidirectional_masks_differ_exactly_above_the_diagonal():
+    causal = build_mask(6, 6, causal=True)[0, 0]
+    assert build_mask(6, 6, causal=False) is None  # bidirectional: every key visible
+    diff = ~causal
+    assert torch.equal(diff, torch.ones(6, 6, dtype=torch.bool).triu(1))
+
+
+def test_tiled_block_size_does_not_change_the_result_and_reports_state():
+    q, k, v = _qkv(1, 2, 2, 17, 17, 8, seed=3)
+    ref, _ = attention(q, k, v, impl="naive", causal=True)
+    states = []
+    for bs in (1, 5, 16, 64):
+        out = tiled_attention(q, k, v, causal=True, block_size=bs, on_block=states.append if bs == 5 else None)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    assert [s["block"] for s in states] == [0, 1, 2, 3]
+    assert states[-1]["stop"] == 17
+    torch.testing.assert_close(states[-1]["out"], ref, atol=1e-5, rtol=0)
+    # the running sum only ever grows as blocks arrive (after rescaling to the final max it is the softmax denominator)
+    final_l = states[-1]["l"]
+    assert torch.all(final_l >= 1.0 - 1e-6)  # the row max contributes exp(0) = 1
+
+
+def test_attention_module_cross_attention_shapes_and_reference():
+    torch.manual_seed(0)
+    attn = Attention(32, 4, 2, causal=True, use_rope=True, cross=True, impl="naive")
+    x, ctx = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    out = attn(x, context=ctx)
+    assert out.shape == (2, 5, 32)
+    for impl in ("sdpa", "tiled"):
+        torch.testing.assert_close(attn(x, context=ctx, impl=impl), out, atol=1e-5, rtol=0)
+    # by hand: cross-attention is never causal and uses no positions
+    q = attn.q_proj(x).view(2, 5, 4, 8).transpose(1, 2)
+    k = attn.k_proj(ctx).view(2, 7, 2, 8).transpose(1, 2)
+    v = attn.v_proj(ctx).view(2, 7, 2, 8).transpose(1, 2)
+    z = np.stack([np.stack([numpy_attention(q[b, h].detach(), k[b, h // 2].detach(), v[b, h // 2].detach(),
+                                            causal=False)[0] for h in range(4)]) for b in range(2)])
+    ref = torch.from_numpy(z).float().transpose(1, 2).reshape(2, 5, 32) @ attn.o_proj.weight.T
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(d_model=30, n_heads=4), "divisible by n_heads"),
+    (dict(d_model=32, n_heads=4, n_kv_heads=3), "divisible by n_kv_heads"),
+    (dict(d_model=32, n_heads=4, impl="fast"), "must be one of"),
+])
+def test_attention_module_rejects_bad_sizes(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Attention(**kwargs)
+
+
+def test_dispatcher_rejects_unknown_impl_and_bad_head_ratio():
+    q, k, v = _qkv(1, 4, 3, 2, 2, 4)
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        attention(q, k, v, impl="naive")
+    q, k, v = _qkv(1, 4, 2, 2, 2, 4)
+    with pytest.raises(ValueError, match="must be one of"):
+        attention(q, k, v, impl="flash3")
+    with pytest.raises(ValueError, match="block_size"):
+        tiled_attention(q, k, v, causal=True, block_size=0)
