@@ -274,3 +274,59 @@ def runtime_info(model: torch.nn.Module | None = None) -> dict[str, str]:
     else:
         device, dtype = "cpu", "float32"
     return {"device": device, "dtype": dtype, "torch": torch.__version__}
+
+
+# --- views of a model (no weights copied, the shared model untouched) ----------------------------
+
+def with_rope_theta(model: Decoder, theta: float) -> Decoder:
+    """A view of ``model`` whose rotary tables are rebuilt for ``theta``; every weight is shared, not copied.
+
+    Only the ``rope_cos``/``rope_sin`` buffers and the config differ: the blocks, embeddings and head are
+    the same module objects, so nothing here changes what ``model`` computes. Raises ValueError for a bad
+    theta.
+    """
+    from dataclasses import replace
+
+    from models.rope import rope_tables
+
+    theta = float(theta)
+    if not theta > 1.0:
+        raise ValueError(f"rope_theta must be greater than 1, got {theta:g}.")
+    view = copy.copy(model)  # new Module object; its dicts below are replaced, never written through
+    view.__dict__ = dict(model.__dict__)
+    view._buffers = dict(model._buffers)
+    view.config = replace(model.config, rope_theta=theta)
+    p = model.embed_tokens.weight
+    cos, sin = rope_tables(model.config.max_seq_len, model.config.head_dim, theta)
+    view._buffers["rope_cos"] = cos.to(p.device)
+    view._buffers["rope_sin"] = sin.to(p.device)
+    return view
+
+
+ENCODER_SEED = 0
+_encoders: dict[tuple, Any] = {}
+
+
+def encoder_for(model: Decoder):
+    """The untrained companion encoder for ``model``'s vocabulary and width (random weights, seed 0).
+
+    Same vocabulary size, model width and query-head count as the decoder (so one tokenizer serves both),
+    at most 4 layers, plain multi-head attention, GELU feed-forward of 4 × width. Built once per shape.
+    """
+    from models import Encoder, ModelConfig
+
+    c = model.config
+    key = (c.vocab_size, c.d_model, c.n_heads, min(c.n_layers, 4), min(c.max_seq_len, 1024))
+    with _lock:
+        enc = _encoders.get(key)
+        if enc is None:
+            cfg = ModelConfig(vocab_size=key[0], d_model=key[1], n_heads=key[2], n_kv_heads=key[2],
+                              n_layers=key[3], d_ff=4 * key[1], max_seq_len=key[4], attn_impl="sdpa")
+            g = torch.random.fork_rng()
+            with g:
+                torch.manual_seed(ENCODER_SEED)
+                enc = Encoder(cfg).eval()
+            for p in enc.parameters():
+                p.requires_grad_(False)
+            _encoders[key] = enc
+        return enc

@@ -133,3 +133,18 @@ def symmetric_range(*arrays: np.ndarray) -> float:
     """Largest |value| over the arrays (at least a tiny positive number), for a diverging scale centred on 0."""
     m = max((float(np.nanmax(np.abs(a))) for a in arrays if np.size(a)), default=1.0)
     return m if m > 0 else 1e-12
+
+
+def parameter_bars(parts: dict[str, int], *, title: str, total: int) -> go.Figure:
+    """Parameters by component as horizontal bars with counts and shares."""
+    names = list(parts)
+    values = [parts[n] for n in names]
+    fig = go.Figure(go.Bar(
+        x=values, y=names, orientation="h", marker_color=QUALITATIVE[0],
+        text=[f"{v:,} ({100 * v / max(total, 1):.1f}%)" for v in values], textposition="auto",
+        hovertemplate="%{y}<br>%{x:,} parameters<extra></extra>",
+    ))
+    base_layout(fig, title, height=360)
+    fig.update_xaxes(title_text="parameters (count)")
+    fig.update_yaxes(title_text="component", autorange="reversed")
+    return fig

@@ -1,1 +1,45 @@
-"""One module per tab: build_<tab>(demo, state) lays out components and wires events."""
+"""One module per tab: build_<tab>(demo, state) lays out components and wires events.
+
+``user_errors`` turns the ``ValueError``s that models/ and explorer/ raise for bad input into
+``gr.Error`` with the same sentence, so the browser shows what to change instead of a traceback.
+"""
+from __future__ import annotations
+
+import functools
+
+import gradio as gr
+
+
+def user_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from exc
+    return wrapper
+
+
+def layer_choices(n_layers: int) -> list[tuple[str, int]]:
+    return [(f"layer {i}", i) for i in range(n_layers)]
+
+
+def head_choices(n_heads: int, n_kv_heads: int) -> list[tuple[str, int]]:
+    from explorer.figures.common import head_label
+
+    return [(head_label(h, n_heads, n_kv_heads), h) for h in range(n_heads)]
+
+
+def as_index(value, n: int, what: str) -> int:
+    """A layer/head index from a dropdown or an API call; ValueError naming the valid range."""
+    try:
+        i = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a whole number between 0 and {n - 1}, got {value!r}.") from None
+    if isinstance(value, float) and value != i:
+        raise ValueError(f"{what} must be a whole number between 0 and {n - 1}, got {value!r}.")
+    if not 0 <= i < n:
+        raise ValueError(f"{what} must be between 0 and {n - 1} for this model, got {i}.")
+    return i

@@ -1,0 +1,164 @@
+"""Attention figures: one head's weights, every layer × head at once, head scores, GQA groups.
+
+Inputs are NumPy arrays of attention weights (rows: queries, columns: keys; each row sums to 1) and the
+token labels from ``common.token_labels``. Colour range fixed at 0..1 so heads compare.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .common import (KEY_AXIS, QUALITATIVE, QUERY_AXIS, SEQUENTIAL, WEIGHT_COLORBAR, WEIGHT_RANGE, auto_height,
+                     base_layout, head_label, heatmap_figure, kv_head_of)
+
+SCORE_TITLES = {
+    "previous_token": "previous-token",
+    "induction": "induction",
+    "first_token": "sink (first token)",
+    "duplicate_token": "duplicate-token",
+}
+
+
+def attention_title(layer: int, head: int, n_heads: int, n_kv_heads: int, *, causal: bool = True) -> str:
+    view = "" if causal else " · bidirectional view (mask removed)"
+    return f"Layer {layer} · {head_label(head, n_heads, n_kv_heads)} · attention weights{view}"
+
+
+def attention_heatmap(
+    weights: np.ndarray,
+    labels: Sequence[str],
+    *,
+    layer: int,
+    head: int,
+    n_heads: int,
+    n_kv_heads: int,
+    causal: bool = True,
+) -> go.Figure:
+    """One head's (T, T) weights: row t is token t looking at the tokens it may see."""
+    weights = np.asarray(weights, dtype=float)
+    fig = heatmap_figure(
+        weights, labels, labels,
+        title=attention_title(layer, head, n_heads, n_kv_heads, causal=causal),
+        x_title=KEY_AXIS, y_title=QUERY_AXIS, height=auto_height(len(labels)),
+    )
+    return fig
+
+
+def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: int,
+                   causal: bool = True) -> go.Figure:
+    """Every layer × head as small maps in one heatmap. ``patterns`` (L, H, T, T).
+
+    The maps are tiled into a single matrix with a blank line between them (one trace, so 30 layers ×
+    9 heads still draws quickly); hover names the layer, head, query and key.
+    """
+    p = np.asarray(patterns, dtype=float)
+    if p.ndim != 4 or p.shape[2] != len(labels) or p.shape[3] != len(labels):
+        raise ValueError(f"patterns must be (layers, heads, {len(labels)}, {len(labels)}), got {p.shape}.")
+    L, H, T, _ = p.shape
+    gap = 1
+    step = T + gap
+    big = np.full((L * step - gap, H * step - gap), np.nan)
+    custom = np.empty(big.shape, dtype=object)
+    custom[:] = ""
+    for layer in range(L):
+        for head in range(H):
+            r0, c0 = layer * step, head * step
+            big[r0:r0 + T, c0:c0 + T] = p[layer, head]
+            hl = head_label(head, H, n_kv_heads)
+            for t in range(T):
+                for s in range(T):
+                    custom[r0 + t, c0 + s] = f"layer {layer} · {hl}<br>query {labels[t]}<br>key {labels[s]}"
+    fig = go.Figure(go.Heatmap(
+        z=big, customdata=custom, colorscale=SEQUENTIAL, zmin=WEIGHT_RANGE[0], zmax=WEIGHT_RANGE[1],
+        colorbar=dict(title=dict(text=WEIGHT_COLORBAR, side="right")), hoverongaps=False,
+        hovertemplate="%{customdata}<br>weight %{z:.4f}<extra></extra>", xgap=0, ygap=0,
+    ))
+    view = "causal" if causal else "bidirectional view"
+    base_layout(fig, f"All {L} layers × {H} heads · attention weights ({view})",
+                height=int(min(1100, max(360, 120 + L * max(60, min(120, 6 * T))))))
+    centres_x = [h * step + (T - 1) / 2 for h in range(H)]
+    centres_y = [layer * step + (T - 1) / 2 for layer in range(L)]
+    fig.update_xaxes(title_text="head (each small map: key →)", tickvals=centres_x,
+                     ticktext=[head_label(h, H, n_kv_heads) for h in range(H)], showgrid=False, zeroline=False)
+    fig.update_yaxes(title_text="layer (each small map: query ↓)", tickvals=centres_y,
+                     ticktext=[f"layer {layer}" for layer in range(L)], autorange="reversed", showgrid=False,
+                     zeroline=False)
+    return fig
+
+
+def head_scores_figure(
+    scores: Mapping[str, np.ndarray],
+    *,
+    n_kv_heads: int,
+    selected: tuple[int, int] | None = None,
+    subtitle: str = "",
+) -> go.Figure:
+    """One (layers, heads) heatmap per score side by side, 0..1, the selected head outlined."""
+    names = list(scores)
+    if not names:
+        raise ValueError("no head scores to draw.")
+    L, H = np.asarray(scores[names[0]]).shape
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[SCORE_TITLES.get(n, n) for n in names],
+                        horizontal_spacing=0.06, shared_yaxes=True)
+    heads = [head_label(h, H, n_kv_heads) for h in range(H)]
+    layers = [f"layer {layer}" for layer in range(L)]
+    for i, name in enumerate(names):
+        z = np.asarray(scores[name], dtype=float)
+        if z.shape != (L, H):
+            raise ValueError(f"score {name!r} has shape {z.shape}, expected {(L, H)}.")
+        fig.add_trace(go.Heatmap(
+            z=z, x=heads, y=layers, coloraxis="coloraxis",
+            hovertemplate=f"{SCORE_TITLES.get(name, name)} score<br>%{{y}} · %{{x}}<br>%{{z:.3f}}<extra></extra>",
+        ), row=1, col=i + 1)
+        if selected is not None:
+            layer, head = selected
+            fig.add_trace(go.Scatter(
+                x=[heads[head]], y=[layers[layer]], mode="markers", showlegend=False, hoverinfo="skip",
+                marker=dict(symbol="square-open", size=22, color="#e4572e", line=dict(width=3)),
+            ), row=1, col=i + 1)
+        fig.update_xaxes(type="category", tickangle=-45, row=1, col=i + 1)
+    fig.update_yaxes(type="category", autorange="reversed")
+    fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=1,
+                                     colorbar=dict(title=dict(text="score (0–1)", side="right"))))
+    title = "Head scores · mean attention weight where each head type looks"
+    if subtitle:
+        title += f"<br><sup>{subtitle}</sup>"
+    base_layout(fig, title, height=auto_height(L, per_row=34, lo=300, hi=900))
+    fig.update_layout(margin=dict(t=90))
+    return fig
+
+
+def gqa_figure(n_heads: int, n_kv_heads: int) -> go.Figure:
+    """Query heads (top) joined to the key/value head each reads (bottom), one colour per KV group."""
+    fig = go.Figure()
+    group = n_heads // n_kv_heads
+    qx = np.arange(n_heads, dtype=float)
+    kvx = np.array([j * group + (group - 1) / 2 for j in range(n_kv_heads)])
+    for h in range(n_heads):
+        j = kv_head_of(h, n_heads, n_kv_heads)
+        fig.add_trace(go.Scatter(x=[qx[h], kvx[j]], y=[1, 0], mode="lines", showlegend=False, hoverinfo="skip",
+                                 line=dict(color=QUALITATIVE[j % len(QUALITATIVE)], width=2)))
+    fig.add_trace(go.Scatter(
+        x=qx, y=np.ones(n_heads), mode="markers+text", text=[f"Q{h}" for h in range(n_heads)],
+        textposition="top center", name="query heads",
+        marker=dict(size=18, symbol="square", color=[QUALITATIVE[kv_head_of(h, n_heads, n_kv_heads) % 10]
+                                                     for h in range(n_heads)]),
+        hovertemplate="query head %{text}<extra></extra>",
+    ))
+    fig.add_trace(go.Scatter(
+        x=kvx, y=np.zeros(n_kv_heads), mode="markers+text", text=[f"KV{j}" for j in range(n_kv_heads)],
+        textposition="bottom center", name="key/value heads",
+        marker=dict(size=24, symbol="diamond", color=[QUALITATIVE[j % 10] for j in range(n_kv_heads)]),
+        hovertemplate="key/value head %{text}<extra></extra>",
+    ))
+    kind = ("multi-head (every query head has its own K/V)" if n_kv_heads == n_heads else
+            "multi-query (one K/V for all)" if n_kv_heads == 1 else
+            f"grouped-query: {group} query heads share each K/V head")
+    base_layout(fig, f"{n_heads} query heads → {n_kv_heads} key/value heads · {kind}", height=260)
+    fig.update_xaxes(visible=False, range=[-0.8, n_heads - 0.2])
+    fig.update_yaxes(visible=False, range=[-0.6, 1.6])
+    fig.update_layout(showlegend=False, margin=dict(l=20, r=20, t=60, b=20))
+    return fig

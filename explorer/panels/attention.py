@@ -1,0 +1,146 @@
+"""Attention tab: a prompt's tokens, one head's weights, every head at once, head scores, GQA groups,
+the causal mask switched off, and naive vs fused attention compared live."""
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+import numpy as np
+
+from explorer import probes, session
+from explorer.figures import attention as figs
+from explorer.figures.common import head_label, kv_head_of
+
+from . import as_index, head_choices, layer_choices, user_errors
+
+MAX_TOKENS = 64
+DEFAULT_PROMPT = "Tom gave the red ball to Anna. Anna gave the red ball to Tom."
+VIEWS = ["causal (as trained)", "bidirectional (mask removed)"]
+SCORES_SHOWN = ("previous_token", "induction", "first_token")
+
+INTRO = """### Attention: which earlier tokens each token reads
+Each row of the heatmap is one token (the query) looking back at the tokens before it (the keys); a row's
+weights sum to 1. Pick a layer and head, or jump to the head that scores highest as a *previous-token*,
+*induction* or *sink* head. Heads labelled "(KV 1)" share key/value head 1 with the other heads of their group.
+Clicking a cell of a chart does not select anything (Gradio's plot sends no click events): use the menus."""
+
+
+def _score_choices(scores: dict, H: int, Hkv: int) -> list[tuple[str, str]]:
+    out = []
+    for name in SCORES_SHOWN:
+        z = np.nan_to_num(np.asarray(scores[name], dtype=float), nan=-1.0)
+        order = np.argsort(z, axis=None)[::-1][:3]
+        for flat in order:
+            layer, head = divmod(int(flat), H)
+            label = (f"{figs.SCORE_TITLES[name]} · layer {layer} · {head_label(head, H, Hkv)} · "
+                     f"{z[layer, head]:.2f}")
+            out.append((label, f"{layer},{head}"))
+    return out
+
+
+@user_errors
+def attention_view(prompt, layer, head, view, state):
+    """Everything the tab shows for one prompt, layer, head and mask view."""
+    t0 = time.perf_counter()
+    model, tokenizer, name = session.get_model(state)
+    c = model.config
+    L, H, Hkv = c.n_layers, c.n_heads, c.n_kv_heads
+    layer = as_index(layer, L, "layer")
+    head = as_index(head, H, "head")
+    if view not in VIEWS:
+        raise ValueError(f"view must be one of {VIEWS}, got {view!r}.")
+    causal = view == VIEWS[0]
+    ids, labels, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_TOKENS, c.max_seq_len))
+
+    _, cache = probes.run_with_cache(model, ids, lambda n: n.endswith("attn.hook_pattern"), causal=causal)
+    patterns = cache.stack("attn.hook_pattern")[:, 0].float().cpu().numpy()  # (L, H, T, T)
+    heat = figs.attention_heatmap(patterns[layer, head], labels, layer=layer, head=head, n_heads=H,
+                                  n_kv_heads=Hkv, causal=causal)
+    grid = figs.attention_grid(patterns, labels, n_kv_heads=Hkv, causal=causal)
+
+    scores = probes.head_scores(model, tokens=ids)
+    scores_fig = figs.head_scores_figure(
+        {k: scores[k] for k in SCORES_SHOWN}, n_kv_heads=Hkv, selected=(layer, head),
+        subtitle="previous-token and sink on your prompt (causal); induction on repeated random tokens",
+    )
+    gqa = figs.gqa_figure(H, Hkv)
+    diffs = probes.compare_impls(model, ids, causal=causal)
+
+    shown = session.token_strings(tokenizer, ids)
+    table = [[i, tok, int(t)] for i, (tok, t) in enumerate(zip(shown, ids))]
+    group = c.n_kv_groups
+    gqa_rows = "\n".join(
+        f"| KV {j} | {', '.join(str(h) for h in range(j * group, (j + 1) * group))} |" for j in range(Hkv))
+    gqa_md = (f"**{H} query heads, {Hkv} key/value heads**: each KV head is read by {group} query head(s); "
+              f"the KV cache stores {Hkv} heads per layer instead of {H}.\n\n| KV head | query heads |\n|---|---|\n"
+              f"{gqa_rows}\n\nSelected: {head_label(head, H, Hkv)} reads KV head {kv_head_of(head, H, Hkv)}.")
+    info = [f"**Model:** {name} · **{len(ids)} tokens** · layer {layer} · {head_label(head, H, Hkv)} · "
+            f"{'causal' if causal else 'bidirectional view (the model was trained causal)'}"]
+    if notice:
+        info.append(f"⚠️ {notice}")
+    info.append(f"Weights shown: {cache.pattern_source}.")
+    elapsed = time.perf_counter() - t0
+    info.append(f"Computed in {elapsed * 1000:.0f} ms on {session.runtime_info(model)['device']}.")
+    impl_md = (f"**Naive vs fused attention, computed now on this prompt** "
+               f"({'causal' if causal else 'bidirectional'}): max |Δlogit| SDPA − naive = "
+               f"**{diffs['sdpa']:.3g}**, tiled (flash) − naive = **{diffs['tiled']:.3g}** "
+               f"({session.runtime_info(model)['dtype']}; differences at rounding level mean the three paths "
+               f"compute the same function).")
+    picks = _score_choices(scores, H, Hkv)
+    return (heat, table, "\n\n".join(info), grid, scores_fig, gqa, gqa_md, impl_md,
+            gr.Dropdown(choices=layer_choices(L), value=layer),
+            gr.Dropdown(choices=head_choices(H, Hkv), value=head),
+            gr.Dropdown(choices=picks, value=None))
+
+
+@user_errors
+def jump_to_head(pick):
+    if not pick:
+        raise ValueError("Choose a head from the list.")
+    layer, head = (int(x) for x in str(pick).split(","))
+    return layer, head
+
+
+def build_attention(demo: gr.Blocks, state: gr.State) -> None:
+    model, _, _ = session.get_model(None)
+    c = model.config
+    gr.Markdown(INTRO)
+    with gr.Row():
+        with gr.Column(scale=3):
+            prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, max_lines=6,
+                                info=f"Up to {MAX_TOKENS} tokens are shown; longer prompts are cut with a notice.")
+        with gr.Column(scale=2):
+            with gr.Row():
+                layer = gr.Dropdown(label="Layer", choices=layer_choices(c.n_layers), value=0,
+                                    allow_custom_value=True)
+                head = gr.Dropdown(label="Head (its KV head)", choices=head_choices(c.n_heads, c.n_kv_heads),
+                                   value=0, allow_custom_value=True)
+            view = gr.Radio(VIEWS, value=VIEWS[0], label="Mask")
+            run = gr.Button("Show attention", variant="primary")
+    info = gr.Markdown()
+    with gr.Row():
+        with gr.Column(scale=3):
+            heat = gr.Plot(label="Attention weights of the chosen head")
+        with gr.Column(scale=2):
+            tokens = gr.Dataframe(headers=["position", "token", "id"], label="Tokens and their ids",
+                                  interactive=False, max_height=520)
+    impl_md = gr.Markdown()
+    grid = gr.Plot(label="All layers × all heads")
+    with gr.Row():
+        with gr.Column(scale=3):
+            pick = gr.Dropdown(label="Jump to a head by its score", choices=[], value=None)
+            scores = gr.Plot(label="Head scores")
+        with gr.Column(scale=2):
+            gqa = gr.Plot(label="Grouped-query attention: which query heads share a KV head")
+            gqa_md = gr.Markdown()
+
+    inputs = [prompt, layer, head, view, state]
+    outputs = [heat, tokens, info, grid, scores, gqa, gqa_md, impl_md, layer, head, pick]
+    run.click(attention_view, inputs, outputs, api_name="attention")
+    prompt.submit(attention_view, inputs, outputs, api_name="attention_submit", api_visibility="undocumented")
+    for control in (layer, head, view):
+        control.input(attention_view, inputs, outputs, api_name=f"attention_{control.label.split()[0].lower()}",
+                      api_visibility="private")
+    pick.input(jump_to_head, [pick], [layer, head], api_name="attention_jump", api_visibility="private").success(
+        attention_view, inputs, outputs, api_name="attention_after_jump", api_visibility="private")
+    demo.load(attention_view, inputs, outputs, api_name="attention_example", api_visibility="undocumented")
