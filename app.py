@@ -9,19 +9,36 @@ import gradio as gr
 
 from explorer import session
 from explorer.panels.attention import build_attention
+from explorer.panels.encoder_decoder import build_encoder_decoder
+from explorer.panels.generation import build_generation
+from explorer.panels.lora import build_lora
+from explorer.panels.memory import build_memory
+from explorer.panels.model import build_model
+from explorer.panels.positions import build_positions
 
 TITLE = "Transformer Explorer"
+TABS = [
+    ("Attention", "attention", build_attention),
+    ("Positions", "positions", build_positions),
+    ("Memory lab", "memory", build_memory),
+    ("KV cache & generation", "generation", build_generation),
+    ("LoRA", "lora", build_lora),
+    ("Encoder vs decoder", "encoder_decoder", build_encoder_decoder),
+    ("Model", "model", build_model),
+]
 
 
 def build_demo() -> gr.Blocks:
-    session.load_default()  # the shipped model, loaded once at start-up (no network)
+    session.load_default()  # the shipped model, loaded once at start-up from assets/ (no network)
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(f"# {TITLE}\nA Llama-style decoder written from scratch, and what happens inside it. "
-                    "Every number on screen is computed now, by the code that is running.")
-        state = gr.State(session.new_state())
-        with gr.Tab("Attention", id="attention"):
-            build_attention(demo, state)
-    # One event at a time: 2 CPU cores, and hooked runs on the shared model are serialised anyway.
+                    "Every number on screen is computed now, on this machine, by the code that is running.")
+        state = gr.State(session.new_state())  # per browser session: the model this user looks at
+        with gr.Tabs():
+            for label, tab_id, build in TABS:
+                with gr.Tab(label, id=tab_id, elem_id=f"tab-{tab_id}"):
+                    build(demo, state)
+    # One event at a time: the machine has 2 CPU cores, and runs that hook the shared model are serialised.
     demo.queue(default_concurrency_limit=1)
     return demo
 

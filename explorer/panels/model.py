@@ -1,0 +1,122 @@
+"""Model tab: pick the model this browser session looks at (the shipped default, a Hub id, or a local
+folder under EXPLORER_MODEL_ROOT) and read its card: parameters by component, dtype, memory, config."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import gradio as gr
+
+from explorer import session
+from explorer.figures.common import parameter_bars
+
+from . import user_errors
+
+INTRO = """### Model: what you are looking at
+Every tab runs the model chosen here, for your browser session only (other visitors keep theirs). The shipped
+default is a small Llama-style decoder trained on simple stories. You can also type a Hugging Face repo id such as
+`HuggingFaceTB/SmolLM2-135M` (fetched only when this machine is online) or a checkpoint folder under
+`{root}` (Llama-family, safetensors only: pickled weights are never loaded)."""
+
+COMPONENTS = ("embedding", "attention", "MLP", "norms", "LM head")
+
+
+def parameters_by_component(model) -> dict[str, int]:
+    """Distinct parameters (a tied head counts once, under the embedding) grouped by what they belong to."""
+    parts = dict.fromkeys(COMPONENTS, 0)
+    for name, p in model.named_parameters():  # named_parameters yields a shared tensor once
+        if name.startswith("embed_tokens"):
+            key = "embedding"
+        elif name.startswith("lm_head"):
+            key = "LM head"
+        elif ".attn." in name:
+            key = "attention"
+        elif ".mlp." in name:
+            key = "MLP"
+        elif "norm" in name:
+            key = "norms"
+        else:
+            key = "other"
+            parts.setdefault(key, 0)
+        parts[key] += p.numel()
+    return parts
+
+
+def _card_text(folder: Path | None) -> str:
+    if folder is None or not (folder / "README.md").is_file():
+        return ""
+    text = (folder / "README.md").read_text(errors="replace")
+    text = re.sub(r"\A---\n.*?\n---\n", "", text, flags=re.S)  # drop YAML front matter
+    return text[:20000]
+
+
+def _folder(state: dict) -> Path | None:
+    src = (state or {}).get("source", "default")
+    if src == "default":
+        return session.default_model_dir()
+    path = Path(src)
+    return path if path.is_dir() else None
+
+
+def model_card(state):
+    """(summary markdown, parameter figure, config rows, model card markdown) for the user's model."""
+    model, _, name = session.get_model(state)
+    c = model.config
+    parts = parameters_by_component(model)
+    total = sum(parts.values())
+    info = session.runtime_info(model)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
+    tied = " (LM head tied to the embedding: counted once)" if c.tie_embeddings else ""
+    fig = parameter_bars(parts, total=total, title=f"{name} · {total:,} parameters by component{tied}")
+    summary = (f"**{name}** · {total:,} parameters · dtype **{info['dtype']}** · device {info['device']} · "
+               f"weights **{param_bytes / 2**20:,.1f} MiB** in memory (+ {buffer_bytes / 2**20:,.1f} MiB of RoPE "
+               f"tables) · torch {info['torch']} · {'shared default (read-only)' if session.is_shared(model) else 'your own copy'}")
+    rows = [[k, str(v)] for k, v in c.to_dict().items()]
+    rows += [["head_dim (derived)", str(c.head_dim)], ["n_kv_groups (derived)", str(c.n_kv_groups)]]
+    card = _card_text(_folder(state))
+    return summary, fig, rows, card
+
+
+@user_errors
+def load_model(source, state, progress=gr.Progress()):
+    """Load ``source`` for this user; on any failure the model they had stays loaded."""
+    state = state if state is not None else session.new_state()
+    progress(0.1, desc="checking the source")
+    model, tokenizer, name, cleaned = session.load_checkpoint(source)
+    progress(0.9, desc="reading the card")
+    if model is None:
+        session.reset_to_default(state)
+        status = "✅ Back to the shipped default model."
+    else:
+        session.set_model(state, model, tokenizer, name, cleaned)
+        status = (f"✅ Loaded **{name}** for your session. The other tabs use it from their next update "
+                  "(press their button).")
+    summary, fig, rows, card = model_card(state)
+    return f"{status}\n\n{summary}", fig, rows, card, state
+
+
+def show_card(state):
+    summary, fig, rows, card = model_card(state)
+    return summary, fig, rows, card
+
+
+def build_model(demo: gr.Blocks, state: gr.State) -> None:
+    gr.Markdown(INTRO.format(root=session.model_root()))
+    with gr.Row():
+        source = gr.Textbox(label="Model", value="default", scale=4,
+                            placeholder="default · HuggingFaceTB/SmolLM2-135M · default-model",
+                            info="'default', a Hub repo id (owner/name), or a folder under the allowed root")
+        load = gr.Button("Load", variant="primary", scale=1)
+        reset = gr.Button("Back to default", scale=1)
+    status = gr.Markdown()
+    bars = gr.Plot(label="Parameters by component")
+    config = gr.Dataframe(headers=["setting", "value"], label="Config", interactive=False)
+    with gr.Accordion("Model card (README.md of the checkpoint)", open=False):
+        card = gr.Markdown()
+    outputs = [status, bars, config, card, state]
+    load.click(load_model, [source, state], outputs, api_name="load_model")
+    source.submit(load_model, [source, state], outputs, api_name="load_model_submit", api_visibility="private")
+    reset.click(lambda: "default", None, [source], api_name="model_reset_text", api_visibility="private").then(
+        load_model, [source, state], outputs, api_name="model_reset", api_visibility="private")
+    demo.load(show_card, [state], [status, bars, config, card], api_name="model_card", api_visibility="undocumented")

@@ -1,0 +1,155 @@
+"""Positions tab: RoPE as turning 2-D pairs, the angle table, score against relative distance, another
+rope_theta applied to the same weights, and the encoder's sinusoidal table beside it."""
+from __future__ import annotations
+
+import gradio as gr
+
+from explorer import probes, session
+from explorer.figures import positions as figs
+from explorer.figures.common import head_label
+
+from . import as_index, head_choices, layer_choices, user_errors
+
+POSITIONS = 64
+MAX_TOKENS = 48
+MAX_THETA = 1e9
+DEFAULT_PROMPT = "Tom gave the red ball to Anna. Anna gave the red ball to Tom."
+
+INTRO = """### Positions: how the decoder knows where a token is
+RoPE splits each query and key head into 2-D pairs and turns pair *i* by *position × θ^(−2i/D)*: the first
+pairs spin fast, the last ones barely move. Because both q and k are turned, their dot product depends only on
+how far apart they are. Change **rope_theta** to see how the attention of the same trained weights changes;
+the encoder instead *adds* a fixed sinusoidal table to its embeddings (right)."""
+
+
+def _pairs(value, half: int) -> list[int]:
+    if value is None or value == [] or value == "":
+        raise ValueError(f"Choose at least one pair (0 to {half - 1}).")
+    items = value if isinstance(value, (list, tuple)) else str(value).replace(";", ",").split(",")
+    out = []
+    for item in items:
+        out.append(as_index(item if not isinstance(item, str) else item.strip(), half, "pair"))
+    if len(out) > 8:
+        raise ValueError("Choose at most 8 pairs to follow.")
+    return sorted(set(out))
+
+
+def _theta(value) -> float:
+    try:
+        theta = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"rope_theta must be a number greater than 1, got {value!r}.") from None
+    if not 1.0 < theta <= MAX_THETA:
+        raise ValueError(f"rope_theta must lie between 1 (exclusive) and {MAX_THETA:.0e}, got {value!r}.")
+    return theta
+
+
+@user_errors
+def rope_view(prompt, theta, position, pairs, layer, head, state):
+    model, tokenizer, name = session.get_model(state)
+    c = model.config
+    half = c.head_dim // 2
+    theta = _theta(theta)
+    pairs = _pairs(pairs, half)
+    position = as_index(position, POSITIONS, "position")
+    layer = as_index(layer, c.n_layers, "layer")
+    head = as_index(head, c.n_heads, "head")
+    ids, labels, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_TOKENS, c.max_seq_len))
+
+    trained = float(c.rope_theta)
+    thetas = sorted({trained, theta, 100.0, 1e6})
+    probe = probes.rope_probe(model, theta=theta, thetas=thetas, positions=POSITIONS, pairs=pairs, tokens=ids,
+                              layer=layer, head=head)
+    circle = figs.rope_circle_figure(probe["angles"], pairs, position, head_dim=c.head_dim, theta=theta,
+                                     wavelengths=probe["wavelengths"])
+    angles = figs.rope_angle_heatmap(probe["angles"], theta=theta, wavelengths=probe["wavelengths"])
+
+    def curve_name(t: float) -> str:
+        tags = [x for x, ok in (("trained", t == trained), ("chosen", t == theta)) if ok]
+        return f"θ = {t:,.0f}" + (f" ({', '.join(tags)})" if tags else "")
+
+    curves = {curve_name(t): v["by_distance"] for t, v in probe["theta_sweep"].items()}
+    rel = probe["relative"]
+    distance = figs.rope_distance_figure(
+        curves, highlight=curve_name(theta),
+        subtitle=f"{rel['vectors']}; at θ = {theta:,.0f} the score depends only on m − n "
+                 f"(largest gap from that: {rel['max_deviation']:.1e})")
+
+    before = probes.attention_pattern(model, ids, layer, head)
+    view = session.with_rope_theta(model, theta)
+    after = probes.attention_pattern(view, ids, layer, head)
+    hl = head_label(head, c.n_heads, c.n_kv_heads)
+    compare = figs.theta_attention_figure(before, after, labels, theta_before=trained, theta_after=theta,
+                                          layer=layer, head_text=hl)
+    sin = probes.sinusoidal_probe(POSITIONS, session.encoder_for(model).config.d_model)
+    sinus = figs.sinusoidal_heatmap(sin["table"])
+
+    changed = abs(after - before).max()
+    md = [f"**What changed:** the same weights of {name} ran with rotary tables rebuilt for θ = {theta:,.0f} "
+          f"(trained with θ = {trained:,.0f}); every layer saw the new rotations. The shared model was not "
+          f"modified. Largest change of an attention weight in layer {layer} · {hl}: **{changed:.3f}**.",
+          f"head_dim {c.head_dim} → {half} pairs; the slowest pair turns once every "
+          f"{probe['wavelengths'][-1]:,.0f} positions, the fastest every {probe['wavelengths'][0]:.1f}."]
+    if notice:
+        md.append(f"⚠️ {notice}")
+    return (circle, angles, distance, compare, sinus, "\n\n".join(md),
+            gr.Dropdown(choices=layer_choices(c.n_layers), value=layer),
+            gr.Dropdown(choices=head_choices(c.n_heads, c.n_kv_heads), value=head),
+            gr.Dropdown(choices=list(range(half)), value=pairs))
+
+
+@user_errors
+def circle_only(theta, position, pairs, state):
+    """The unit-circle plot alone (cheap: moves with the position slider)."""
+    model, _, _ = session.get_model(state)
+    c = model.config
+    theta = _theta(theta)
+    pairs = _pairs(pairs, c.head_dim // 2)
+    position = as_index(position, POSITIONS, "position")
+    probe = probes.rope_probe(c, theta=theta, positions=POSITIONS, pairs=pairs)
+    return figs.rope_circle_figure(probe["angles"], pairs, position, head_dim=c.head_dim, theta=theta,
+                                   wavelengths=probe["wavelengths"])
+
+
+def build_positions(demo: gr.Blocks, state: gr.State) -> None:
+    model, _, _ = session.get_model(None)
+    c = model.config
+    half = c.head_dim // 2
+    gr.Markdown(INTRO)
+    with gr.Row():
+        with gr.Column(scale=2):
+            position = gr.Slider(0, POSITIONS - 1, value=5, step=1, label="Position")
+            pairs = gr.Dropdown(choices=list(range(half)), value=sorted({0, half // 4, half // 2, half - 1}),
+                                multiselect=True, label=f"Pairs to follow (0 = fastest, {half - 1} = slowest)")
+            theta = gr.Number(value=float(c.rope_theta), label="rope_theta (θ)", minimum=1.0001, maximum=MAX_THETA,
+                              info=f"trained with {c.rope_theta:,.0f}; try 100 or 1,000,000")
+        with gr.Column(scale=3):
+            circle = gr.Plot(label="RoPE pairs on the unit circle")
+    with gr.Row():
+        angles = gr.Plot(label="Angle of every pair at every position")
+        distance = gr.Plot(label="Score against relative distance")
+    md = gr.Markdown()
+    with gr.Row():
+        prompt = gr.Textbox(label="Prompt for the attention map", value=DEFAULT_PROMPT, lines=1, scale=3)
+        layer = gr.Dropdown(label="Layer", choices=layer_choices(c.n_layers), value=0, allow_custom_value=True,
+                            scale=1)
+        head = gr.Dropdown(label="Head", choices=head_choices(c.n_heads, c.n_kv_heads), value=0,
+                           allow_custom_value=True, scale=1)
+        run = gr.Button("Apply θ", variant="primary", scale=1)
+    with gr.Row():
+        compare = gr.Plot(label="The same head with the trained θ and the chosen θ")
+    sinus = gr.Plot(label="Encoder: sinusoidal position table")
+
+    inputs = [prompt, theta, position, pairs, layer, head, state]
+    outputs = [circle, angles, distance, compare, sinus, md, layer, head, pairs]
+    run.click(rope_view, inputs, outputs, api_name="rope")
+    for control in (theta, prompt):
+        control.submit(rope_view, inputs, outputs, api_name=f"rope_{control.label.split()[0].lower()}",
+                       api_visibility="private")
+    for control in (layer, head):
+        control.input(rope_view, inputs, outputs, api_name=f"rope_{control.label.lower()}", api_visibility="private")
+    position.change(circle_only, [theta, position, pairs, state], [circle], api_name="rope_circle",
+                    api_visibility="undocumented", show_progress="hidden")
+    pairs.input(circle_only, [theta, position, pairs, state], [circle], api_name="rope_pairs",
+                api_visibility="private", show_progress="hidden")
+    demo.load(rope_view, inputs, outputs, api_name="rope_example", api_visibility="undocumented")
