@@ -17,6 +17,7 @@ from explorer.panels.model import build_model
 from explorer.panels.positions import build_positions
 
 TITLE = "Transformer Explorer"
+CSS = ".gradio-container {max-width: 1400px !important}"
 TABS = [
     ("Attention", "attention", build_attention),
     ("Positions", "positions", build_positions),
@@ -26,6 +27,13 @@ TABS = [
     ("Encoder vs decoder", "encoder_decoder", build_encoder_decoder),
     ("Model", "model", build_model),
 ]
+
+
+def launch_kwargs() -> dict:
+    """Theme and CSS (Gradio 6 takes them in launch()). System fonts only: nothing is fetched from a CDN."""
+    theme = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"],
+                           font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
+    return {"theme": theme, "css": CSS}
 
 
 def build_demo() -> gr.Blocks:
@@ -44,4 +52,4 @@ def build_demo() -> gr.Blocks:
 
 
 if __name__ == "__main__":
-    build_demo().launch(server_name="0.0.0.0", theme=gr.themes.Soft())
+    build_demo().launch(server_name="0.0.0.0", **launch_kwargs())

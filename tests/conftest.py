@@ -1,0 +1,112 @@
+"""Shared fixtures: offline Hub, the app launched in-process, a gradio_client for it, a tiny local checkpoint.
+
+The app serves the shipped default model (assets/default-model). When that folder is absent (a fresh
+checkout before the model is trained), or with ``EXPLORER_TEST_FIXTURE_MODEL=1``, the app tests serve a tiny
+random checkpoint built here instead (a byte-level BPE tokenizer trained on a few sentences, so any text,
+emoji included, encodes).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SHIPPED = ROOT / "assets" / "default-model"
+FIXTURE_SENTENCES = [
+    "The cat sat on the mat. The dog sat on the log.",
+    "Tom gave the red ball to Anna. Anna gave the red ball to Tom.",
+    "Once upon a time there was a little girl who liked to play in the garden.",
+]
+
+
+def make_tiny_checkpoint(folder: Path, *, seed: int = 0, n_layers: int = 2, d_model: int = 32, n_heads: int = 4,
+                         n_kv_heads: int = 2) -> Path:
+    """A random Llama-format checkpoint with a working tokenizer, written to ``folder``."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from models import Decoder, ModelConfig, save_pretrained
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(FIXTURE_SENTENCES * 4, trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    config = ModelConfig(vocab_size=tok.get_vocab_size(), d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                         n_kv_heads=n_kv_heads, d_ff=64, max_seq_len=128, bos_token_id=bos,
+                         eos_token_id=tok.token_to_id("</s>"), pad_token_id=tok.token_to_id("<pad>"))
+    torch.manual_seed(seed)
+    model = Decoder(config)
+    with torch.no_grad():  # larger weights than the 0.02 init, so attention patterns are not uniform
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0.0, 0.3)
+    save_pretrained(model, folder)
+    fast.save_pretrained(str(folder))
+    return folder
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def model_root(tmp_path_factory) -> Path:
+    """The allowed root for local checkpoints in the app tests, holding ``tiny-local`` (3 layers)."""
+    root = tmp_path_factory.mktemp("model-root")
+    make_tiny_checkpoint(root / "tiny-local", seed=1, n_layers=3)
+    return root
+
+
+@pytest.fixture(scope="session")
+def served_model_dir(tmp_path_factory) -> Path:
+    """The folder the app serves as its default model."""
+    if SHIPPED.joinpath("config.json").is_file() and os.environ.get("EXPLORER_TEST_FIXTURE_MODEL") != "1":
+        return SHIPPED
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("default-model"))
+
+
+@pytest.fixture(scope="session")
+def app_url(served_model_dir, model_root):
+    """The whole app, launched in this process on a free port."""
+    os.environ["EXPLORER_DEFAULT_MODEL"] = str(served_model_dir)
+    os.environ["EXPLORER_MODEL_ROOT"] = str(model_root)
+    import app
+
+    demo = app.build_demo()
+    port = _free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True,
+                **app.launch_kwargs())
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="session")
+def client(app_url):
+    from gradio_client import Client
+
+    return Client(app_url, verbose=False)
+
+
+@pytest.fixture()
+def fresh_client(app_url):
+    """A client with its own session (its own per-user state)."""
+    from gradio_client import Client
+
+    return Client(app_url, verbose=False)

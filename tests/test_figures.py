@@ -1,0 +1,199 @@
+"""Figure builders on their own: arrays in, plotly figures out (no model, no app)."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from explorer.figures import attention as fa
+from explorer.figures import encoder_decoder as fe
+from explorer.figures import positions as fp
+from explorer.figures.common import (display_token, head_label, heatmap_trace, kv_head_of, parameter_bars,
+                                     provenance_text, token_labels)
+
+REPEATED = ["<s>", "the", " the", "the", "cat", "the"]
+
+
+def _rows(T, seed=0):
+    rng = np.random.default_rng(seed)
+    w = np.tril(rng.random((T, T)))
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def _serialises(fig):
+    json.loads(fig.to_json())
+
+
+# --- labels -----------------------------------------------------------------------------------------
+
+def test_token_labels_are_unique_for_repeated_tokens():
+    labels = token_labels(REPEATED)
+    assert len(set(labels)) == len(REPEATED)
+    assert labels[1] == "1·the" and labels[3] == "3·the" and labels[0] == "0·&lt;s&gt;"
+
+
+def test_display_token_shows_whitespace_and_html_as_text():
+    assert display_token(" ") == "␣"
+    assert display_token("\n") == "↵"
+    assert display_token("<b>x</b>") == "&lt;b&gt;x&lt;/b&gt;"
+    assert display_token("héllo 🙂") == "héllo 🙂"
+    assert len(display_token("x" * 40)) == 16
+
+
+def test_head_labels_name_the_kv_head():
+    assert head_label(3, 8, 2) == "head 3 (KV 0)"
+    assert head_label(4, 8, 2) == "head 4 (KV 1)"
+    assert head_label(3, 4, 4) == "head 3"
+    assert [kv_head_of(h, 6, 3) for h in range(6)] == [0, 0, 1, 1, 2, 2]
+
+
+def test_provenance_text():
+    assert provenance_text("cpu", "float32", "2.13.0", "measured") == "measured · cpu · float32 · torch 2.13.0"
+
+
+def test_heatmap_trace_rejects_mismatched_labels():
+    with pytest.raises(ValueError, match="labels need"):
+        heatmap_trace(np.zeros((3, 3)), ["a", "b"], ["a", "b", "c"])
+
+
+# --- attention ----------------------------------------------------------------------------------------
+
+def test_attention_heatmap_keeps_every_row_of_a_repeated_prompt():
+    T = len(REPEATED)
+    w = _rows(T)
+    labels = token_labels(REPEATED)
+    fig = fa.attention_heatmap(w, labels, layer=2, head=3, n_heads=4, n_kv_heads=2)
+    tr = fig.data[0]
+    assert list(tr.y) == labels and list(tr.x) == labels
+    assert np.asarray(tr.z).shape == (T, T)
+    np.testing.assert_allclose(np.asarray(tr.z), w)
+    assert fig.layout.yaxis.autorange == "reversed"  # query 0 on top
+    assert fig.layout.xaxis.type == "category" and fig.layout.yaxis.type == "category"
+    assert (tr.zmin, tr.zmax) == (0.0, 1.0)
+    assert fig.layout.title.text == "Layer 2 · head 3 (KV 1) · attention weights"
+    assert "query" in fig.layout.yaxis.title.text and "key" in fig.layout.xaxis.title.text
+    assert tr.colorbar.title.text == "attention weight (0–1)"
+    assert "%{z" in tr.hovertemplate and "%{y}" in tr.hovertemplate and "%{x}" in tr.hovertemplate
+    _serialises(fig)
+
+
+def test_attention_heatmap_bidirectional_title():
+    fig = fa.attention_heatmap(np.full((2, 2), 0.5), token_labels(["a", "a"]), layer=0, head=0, n_heads=2,
+                               n_kv_heads=2, causal=False)
+    assert fig.layout.title.text.startswith("Layer 0 · head 0 · attention weights · bidirectional")
+
+
+def test_attention_grid_tiles_every_layer_and_head():
+    L, H, T = 3, 4, 5
+    p = np.stack([np.stack([_rows(T, seed=10 * l + h) for h in range(H)]) for l in range(L)])
+    labels = token_labels(["a", "b", "a", "c", "a"])
+    fig = fa.attention_grid(p, labels, n_kv_heads=2)
+    tr = fig.data[0]
+    z = np.asarray(tr.z, dtype=float)
+    step = T + 1
+    assert z.shape == (L * step - 1, H * step - 1)
+    for l in range(L):
+        for h in range(H):
+            np.testing.assert_allclose(z[l * step:l * step + T, h * step:h * step + T], p[l, h])
+    assert np.isnan(z[T, 0]) and np.isnan(z[0, T])  # blank gaps between maps
+    assert (tr.zmin, tr.zmax) == (0.0, 1.0)
+    assert list(fig.layout.xaxis.ticktext) == [head_label(h, H, 2) for h in range(H)]
+    assert list(fig.layout.yaxis.ticktext) == [f"layer {l}" for l in range(L)]
+    assert fig.layout.yaxis.autorange == "reversed"
+    assert "layer 1 · head 2 (KV 1)" in tr.customdata[1 * step][2 * step]
+    _serialises(fig)
+
+
+def test_attention_grid_rejects_wrong_shapes():
+    with pytest.raises(ValueError):
+        fa.attention_grid(np.zeros((2, 2, 3, 3)), ["a", "b"], n_kv_heads=2)
+
+
+def test_head_scores_figure_fixed_range_and_selection():
+    scores = {"previous_token": np.array([[0.1, 0.9], [0.2, 0.3]]), "induction": np.zeros((2, 2)),
+              "first_token": np.ones((2, 2))}
+    fig = fa.head_scores_figure(scores, n_kv_heads=1, selected=(1, 0))
+    heat = [t for t in fig.data if t.type == "heatmap"]
+    marks = [t for t in fig.data if t.type == "scatter"]
+    assert len(heat) == 3 and len(marks) == 3
+    np.testing.assert_allclose(np.asarray(heat[0].z), scores["previous_token"])
+    assert (fig.layout.coloraxis.cmin, fig.layout.coloraxis.cmax) == (0, 1)
+    assert list(heat[0].x) == ["head 0 (KV 0)", "head 1 (KV 0)"]
+    assert marks[0].x == ("head 0 (KV 0)",) and marks[0].y == ("layer 1",)
+    assert [a.text for a in fig.layout.annotations][:3] == ["previous-token", "induction", "sink (first token)"]
+    _serialises(fig)
+
+
+def test_gqa_figure_links_each_query_head_to_its_kv_head():
+    fig = fa.gqa_figure(8, 2)
+    lines = [t for t in fig.data if t.mode == "lines"]
+    assert len(lines) == 8
+    assert lines[3].x[1] == lines[0].x[1] != lines[4].x[1]  # heads 0-3 meet at KV 0, head 4 at KV 1
+    assert "4 query heads share each K/V head" in fig.layout.title.text
+
+
+# --- positions ------------------------------------------------------------------------------------------
+
+def test_rope_circle_points_sit_on_the_unit_circle_at_the_angle():
+    angles = np.outer(np.arange(10), [1.0, 0.1])
+    fig = fp.rope_circle_figure(angles, [0, 1], 7, head_dim=4, theta=100.0)
+    arrows = [t for t in fig.data if t.mode == "lines+markers" and len(t.x) == 2]
+    assert len(arrows) == 2
+    assert math.isclose(arrows[0].x[1], math.cos(7.0)) and math.isclose(arrows[0].y[1], math.sin(7.0))
+    assert math.isclose(arrows[1].x[1], math.cos(0.7))
+    assert fig.layout.yaxis.scaleanchor == "x"
+    with pytest.raises(ValueError):
+        fp.rope_circle_figure(angles, [0], 10, head_dim=4, theta=100.0)
+
+
+def test_rope_angle_heatmap_wraps_to_two_pi():
+    angles = np.outer(np.arange(8), [3.0, 0.01])
+    fig = fp.rope_angle_heatmap(angles, theta=10000.0)
+    z = np.asarray(fig.data[0].z)
+    assert z.min() >= 0 and z.max() < 2 * math.pi
+    assert (fig.data[0].zmin, fig.data[0].zmax) == (0, 2 * math.pi)
+    assert fig.layout.yaxis.autorange == "reversed"
+    assert "angle" in fig.data[0].colorbar.title.text
+
+
+def test_rope_distance_and_sinusoidal_figures():
+    fig = fp.rope_distance_figure({"θ = 100": np.ones(5), "θ = 10,000 (trained)": np.zeros(5)},
+                                  highlight="θ = 10,000 (trained)")
+    assert len(fig.data) == 2 and fig.data[1].line.width == 3
+    assert "distance" in fig.layout.xaxis.title.text
+    table = np.sin(np.arange(12).reshape(4, 3))
+    fig = fp.sinusoidal_heatmap(table)
+    assert (fig.data[0].zmin, fig.data[0].zmax, fig.data[0].zmid) == (-1, 1, 0)
+    assert fig.layout.yaxis.autorange == "reversed"
+
+
+# --- encoder vs decoder ---------------------------------------------------------------------------------
+
+def test_side_by_side_maps_share_one_colour_range():
+    labels = token_labels(["a", "a", "b"])
+    fig = fe.side_by_side_maps(_rows(3), np.full((3, 3), 1 / 3), labels, left_title="L", right_title="R",
+                               title="t")
+    assert [t.coloraxis for t in fig.data] == ["coloraxis", "coloraxis"]
+    assert (fig.layout.coloraxis.cmin, fig.layout.coloraxis.cmax) == (0, 1)
+    assert list(fig.data[0].y) == labels and list(fig.data[1].y) == labels
+    assert fig.layout.yaxis.autorange == "reversed" and fig.layout.yaxis2.autorange == "reversed"
+    _serialises(fig)
+
+
+def test_norm_and_activation_figures():
+    x = np.linspace(-2, 3, 16)
+    rms = x / np.sqrt((x ** 2).mean())
+    ln = (x - x.mean()) / x.std()
+    fig = fe.norm_figure(x, rms, ln, token="3·cat", eps=1e-5)
+    assert "RMSNorm" in fig.data[2].name and "LayerNorm" in fig.data[4].name
+    np.testing.assert_allclose(fig.data[2].y, rms)
+    g = np.linspace(-6, 6, 11)
+    u = np.array([-1.0, 0.5])
+    fig = fe.activation_figure(g, g, g, u, u, u, u, token="3·cat")
+    assert len(fig.data) == 6
+    _serialises(fig)
+
+
+def test_parameter_bars():
+    fig = parameter_bars({"embedding": 30, "attention": 70}, title="t", total=100)
+    assert list(fig.data[0].x) == [30, 70] and fig.data[0].text[1] == "70 (70.0%)"
