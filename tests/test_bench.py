@@ -1,0 +1,94 @@
+"""explorer.bench: the command runs end to end on a toy model and writes both reports; targets are judged
+from the numbers given. No timing assertions (speed is what the benchmark reports, not what tests check)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from explorer import bench
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_quick_bench_on_a_tiny_config_writes_markdown_and_json(tmp_path):
+    out = tmp_path / "report"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # one thread: on a shared 2-core machine two OpenMP threads can stall each other for milliseconds per op
+    proc = subprocess.run([sys.executable, "-m", "explorer.bench", "--quick", "--tiny", "--threads", "1",
+                           "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "bench.json").read_text())
+    md = (out / "bench.md").read_text()
+    for key in ("machine", "attention", "cache", "vs_transformers", "targets", "settings"):
+        assert key in report
+    assert report["cache"]["tokens_identical"] is True
+    assert report["vs_transformers"]["max_abs_logit_diff"] < 1e-4  # same weights, same logits
+    assert report["vs_transformers"]["decode"]["tokens_identical"] is True
+    assert {r["impl"] for r in report["attention"]} == {"naive", "sdpa", "tiled"}
+    assert all(r["max_abs_diff"] < 1e-4 for r in report["attention"])
+    assert len(report["targets"]) == 9
+    assert "| target | measured | result |" in md and "tiny" in md
+    for needle in ("Prefill T=128", "Decode 64 tokens", "Cached vs uncached", "naive vs sdpa at T=4096"):
+        assert needle in md
+    for key in ("cpu", "cores", "torch", "device", "dtype", "date"):
+        assert report["machine"][key]
+
+
+def test_bench_refuses_cuda_without_a_gpu(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    try:
+        bench.main(["--out", str(tmp_path), "--device", "cuda"])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError("expected the command to stop with an error")
+    assert not (tmp_path / "bench.md").exists()
+
+
+def _report(**over):
+    attention = []
+    for impl, peak, pred, sec, diff in (("naive", 1.1e9, 1.1e9, 1.4, 0.0), ("sdpa", 9e6, 9e6, 0.1, 1e-6),
+                                        ("tiled", 7e7, 7e7, 2.0, 1e-6)):
+        attention.append({"seq_len": 4096, "impl": impl, "peak_bytes": peak, "predicted_bytes": pred,
+                          "seconds": sec, "max_abs_diff": diff, "refused": None})
+    report = {
+        "attention": attention,
+        "cache": {"speedup": 7.0, "tokens_identical": True},
+        "vs_transformers": {
+            "prefill": {"128": {"ours_over_transformers": 0.9}, "512": {"ours_over_transformers": 1.2}},
+            "decode": {"ours_over_transformers": 1.6, "ours_tokens_per_s": 16.0, "transformers_tokens_per_s": 10.0},
+        },
+    }
+    report.update(over)
+    return report
+
+
+def test_targets_are_judged_from_the_numbers():
+    t = {x["target"].split(":")[0]: x for x in bench.evaluate_targets(_report())}
+    assert t["Prefill T=128"]["pass"] is True
+    assert t["Prefill T=512"]["pass"] is False
+    assert t["Decode 64 tokens"]["pass"] is True
+    assert t["Cached vs uncached greedy decoding of 128 tokens"]["pass"] is True
+    naive_sdpa = [x for x in bench.evaluate_targets(_report()) if x["target"].startswith("naive vs sdpa")]
+    assert [x["pass"] for x in naive_sdpa] == [True, True]  # 122x memory, 14x time
+    rest = {x["target"]: x["pass"] for x in bench.evaluate_targets(_report())}
+    assert rest["tiled peak at least 10x under naive at T=4096"] is True
+    assert rest["naive measured peak within 25% of its prediction at T=4096"] is True
+
+
+def test_targets_not_measured_are_neither_pass_nor_fail():
+    targets = bench.evaluate_targets(_report(attention=[], cache=None))
+    by = {x["target"]: x for x in targets}
+    assert by["tiled peak at least 10x under naive at T=4096"]["pass"] is None
+    assert by["tiled peak at least 10x under naive at T=4096"]["measured"] == "not measured"
+    assert by["Cached vs uncached greedy decoding of 128 tokens: >= 5x faster, identical tokens"]["pass"] is None
+
+
+def test_different_tokens_fail_the_cache_target():
+    targets = bench.evaluate_targets(_report(cache={"speedup": 50.0, "tokens_identical": False}))
+    cache = [x for x in targets if x["target"].startswith("Cached")][0]
+    assert cache["pass"] is False and "DIFFERENT" in cache["measured"]
