@@ -164,3 +164,32 @@ def finetune(
             stopped = "callback"
             break
     return {"steps": len(losses), "losses": losses, "seconds": record["seconds"], "stopped": stopped}
+
+
+def count_adapted(config, targets, *, rank: int, alpha: float) -> dict[str, int]:
+    """Trainable / frozen / total parameters of ``config``'s decoder with LoRA attached, counted on a copy of
+    the structure built on the ``meta`` device (shapes only: nothing is allocated, no weights are copied)."""
+    from models.decoder import Decoder
+    from models.lora import attach_lora, count_parameters
+
+    with torch.device("meta"):
+        skeleton = Decoder(config)
+        attach_lora(skeleton, tuple(targets), rank=rank, alpha=alpha)
+    return count_parameters(skeleton)
+
+
+def training_memory(trainable: int, frozen: int, *, bytes_per_value: int = 4) -> dict[str, dict[str, int]]:
+    """Bytes held while training, LoRA vs full fine-tuning, by part (activations left out: they depend on
+    the batch and sequence length, and are the same for both).
+
+    LoRA: frozen weights + adapter weights + adapter gradients + AdamW's two moments per adapter parameter.
+    Full: every weight, its gradient and AdamW's two moments.
+    """
+    total = trainable + frozen
+    b = bytes_per_value
+    return {
+        "LoRA": {"frozen weights": frozen * b, "trainable weights": trainable * b, "gradients": trainable * b,
+                 "AdamW moments": 2 * trainable * b},
+        "full fine-tune": {"frozen weights": 0, "trainable weights": total * b, "gradients": total * b,
+                           "AdamW moments": 2 * total * b},
+    }

@@ -1,0 +1,172 @@
+"""Figures of the KV cache and generation tab: next-token probabilities, cache growth, time per token,
+and KV-cache bytes of real configurations.
+
+Pure functions: lists and NumPy arrays in, plotly figures out. No torch modules, no gradio.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from .common import QUALITATIVE, add_provenance, base_layout, display_token, provenance_text
+
+CHOSEN = "#d62728"
+OTHER = "#1f77b4"
+MIB = 1024 ** 2
+
+
+def _finite(values, name: str) -> np.ndarray:
+    a = np.asarray(values, dtype=float)
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} holds NaN or infinite values: nothing sensible to draw.")
+    return a
+
+
+def next_token_figure(
+    tokens: Sequence[str],
+    probs: Sequence[float],
+    *,
+    chosen_index: int | None,
+    step: int,
+    model_probs: Sequence[float] | None = None,
+    ranks: Sequence[int] | None = None,
+    chosen_text: str | None = None,
+    settings: str = "",
+) -> go.Figure:
+    """Horizontal bars of the most likely next tokens at one step, the sampled one in red.
+
+    tokens: the candidates' text (most likely first); probs: their probabilities under the distribution
+    the sampler drew from (temperature, top-k, top-p applied), each in 0..1; model_probs (optional): the
+    model's plain softmax for the same tokens, drawn as a thin grey bar beside each; chosen_index: the
+    position in ``tokens`` of the token picked (None if it is not among them); ranks: each candidate's
+    rank by logit (default 0, 1, 2, ...); chosen_text: the picked token's text for the title when it is not
+    among ``tokens`` (sampling can pick a token outside the top few).
+    """
+    p = _finite(probs, "probabilities")
+    if len(tokens) != len(p):
+        raise ValueError("tokens and probabilities must have the same length.")
+    ranks = list(range(len(tokens))) if ranks is None else list(ranks)
+    labels = [f"#{r + 1} {display_token(t)}" for r, t in zip(ranks, tokens)]  # the rank keeps labels unique
+    colours = [CHOSEN if i == chosen_index else OTHER for i in range(len(tokens))]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(
+        x=p.tolist(), y=labels, orientation="h", marker_color=colours, name="sampled from (after settings)",
+        text=[f"{v:.3f}" for v in p], textposition="outside", cliponaxis=False,
+        hovertemplate="token %{y}<br>probability sampled from %{x:.6f}<extra></extra>",
+    ))
+    if model_probs is not None:
+        mp = _finite(model_probs, "model probabilities")
+        fig.add_trace(go.Bar(
+            x=mp.tolist(), y=labels, orientation="h", marker_color="#bbbbbb", name="model softmax (temperature 1)",
+            hovertemplate="token %{y}<br>model softmax %{x:.6f}<extra></extra>", width=0.25,
+        ))
+    title = f"Step {step} · next-token probabilities"
+    if chosen_index is not None:
+        title += f" · chose “{display_token(tokens[chosen_index])}”"
+    elif chosen_text is not None:
+        title += f" · chose “{display_token(chosen_text)}” (outside the top {len(tokens)})"
+    base_layout(fig, title, height=max(320, 110 + 30 * len(labels)))
+    fig.update_layout(barmode="overlay", legend=dict(orientation="h", y=-0.18))
+    fig.update_xaxes(title_text="probability (0–1)", range=[0, 1.1])
+    fig.update_yaxes(title_text="candidate next token (most likely at the top)", type="category",
+                     autorange="reversed")
+    if settings:
+        fig.add_annotation(text=settings, xref="paper", yref="paper", x=0, y=1.0, yshift=6, xanchor="left",
+                           yanchor="bottom", showarrow=False, font=dict(size=10, color="#666"))
+    return fig
+
+
+def cache_growth_figure(
+    cache_len: Sequence[int],
+    bytes_per_layer: Sequence[float],
+    *,
+    n_layers: int,
+    capacity_bytes_per_layer: float | None = None,
+    provenance: Mapping[str, str] | None = None,
+) -> go.Figure:
+    """Cache fill as generation proceeds: bytes of keys and values held per layer vs positions cached.
+
+    cache_len: positions in the cache after each step; bytes_per_layer: filled K+V bytes of one layer then.
+    """
+    x = _finite(cache_len, "cache lengths")
+    y = _finite(bytes_per_layer, "cache bytes") / MIB
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=x.tolist(), y=y.tolist(), mode="lines+markers", name="filled, one layer",
+                             line=dict(color=QUALITATIVE[0]),
+                             hovertemplate="%{x} positions<br>%{y:.4f} MiB per layer<extra></extra>"))
+    fig.add_trace(go.Scatter(x=x.tolist(), y=(y * n_layers).tolist(), mode="lines+markers",
+                             name=f"filled, all {n_layers} layers", line=dict(color=QUALITATIVE[1]),
+                             hovertemplate="%{x} positions<br>%{y:.4f} MiB in all layers<extra></extra>"))
+    if capacity_bytes_per_layer is not None:
+        cap = float(capacity_bytes_per_layer) / MIB
+        fig.add_trace(go.Scatter(x=[x.min(), x.max()], y=[cap * n_layers] * 2, mode="lines",
+                                 name="allocated (preallocated cache), all layers",
+                                 line=dict(color="#7f7f7f", dash="dash"),
+                                 hovertemplate="allocated %{y:.4f} MiB<extra></extra>"))
+    base_layout(fig, "KV cache fill · keys + values held, per layer and in all layers", height=360)
+    fig.update_xaxes(title_text="positions in the cache (prompt + generated tokens)")
+    fig.update_yaxes(title_text="cache memory (MiB)", rangemode="tozero")
+    if provenance:
+        add_provenance(fig, provenance_text(provenance["device"], provenance["dtype"], provenance["torch"],
+                                            "measured (tensor sizes)"))
+    return fig
+
+
+def cache_timing_figure(
+    seconds_with: Sequence[float],
+    seconds_without: Sequence[float],
+    *,
+    provenance: Mapping[str, str],
+    identical: bool | None = None,
+) -> go.Figure:
+    """Time to produce each new token with the KV cache and without it (recomputing the whole sequence)."""
+    w = _finite(seconds_with, "times with cache") * 1e3
+    wo = _finite(seconds_without, "times without cache") * 1e3
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=list(range(1, len(w) + 1)), y=w.tolist(), mode="lines+markers",
+                             name=f"with KV cache (total {w.sum():.1f} ms)", line=dict(color=QUALITATIVE[2]),
+                             hovertemplate="token %{x}<br>%{y:.3f} ms<extra>with cache</extra>"))
+    fig.add_trace(go.Scatter(x=list(range(1, len(wo) + 1)), y=wo.tolist(), mode="lines+markers",
+                             name=f"without cache (total {wo.sum():.1f} ms)", line=dict(color=QUALITATIVE[3]),
+                             hovertemplate="token %{x}<br>%{y:.3f} ms<extra>without cache</extra>"))
+    title = "Time per generated token · with vs without the KV cache"
+    if identical is not None:
+        title += " · same tokens" if identical else " · tokens differ"
+    base_layout(fig, title, height=360)
+    fig.update_xaxes(title_text="generated token (1 = first, includes the prompt pass)")
+    fig.update_yaxes(title_text="time per token (ms)", rangemode="tozero")
+    add_provenance(fig, provenance_text(provenance["device"], provenance["dtype"], provenance["torch"], "measured"))
+    return fig
+
+
+def kv_calculator_figure(
+    seq_lens: Sequence[int],
+    series: Mapping[str, Sequence[float]],
+    *,
+    dtype: str,
+    batch: int = 1,
+    highlight: str | None = None,
+) -> go.Figure:
+    """KV-cache bytes vs sequence length for named configurations (predicted: 2 · L · Hkv · D · T · bytes).
+
+    series: label -> bytes at each of ``seq_lens``. Log-log axes: the lines are parallel (all linear in T),
+    their vertical gaps are the MHA/GQA/MQA savings.
+    """
+    x = _finite(seq_lens, "sequence lengths")
+    fig = go.Figure()
+    for i, (name, values) in enumerate(series.items()):
+        y = _finite(values, f"bytes of {name}") / MIB
+        fig.add_trace(go.Scatter(
+            x=x.tolist(), y=y.tolist(), mode="lines+markers", name=name,
+            line=dict(color=QUALITATIVE[i % len(QUALITATIVE)], width=4 if name == highlight else 2),
+            hovertemplate=f"{name}<br>%{{x}} tokens<br>%{{y:,.2f}} MiB<extra></extra>",
+        ))
+    base_layout(fig, f"KV cache size vs sequence length · batch {batch} · {dtype}", height=420)
+    fig.update_xaxes(title_text="sequence length (tokens, log scale)", type="log")
+    fig.update_yaxes(title_text="KV cache (MiB, log scale)", type="log")
+    fig.add_annotation(text=f"predicted · 2 (K and V) × layers × KV heads × head_dim × tokens × bytes per value · {dtype}",
+                       xref="paper", yref="paper", x=0, y=-0.02, xanchor="left", yanchor="top", yshift=-28,
+                       showarrow=False, font=dict(size=10, color="#666"))
+    return fig

@@ -1,0 +1,122 @@
+"""Figures of the LoRA tab: trainable vs frozen parameters and memory, the live loss curve, and one
+head's attention before and after the adapter, side by side.
+
+Pure functions: numbers, lists and NumPy arrays in, plotly figures out. No torch modules, no gradio.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .common import KEY_AXIS, QUALITATIVE, QUERY_AXIS, add_provenance, base_layout, heatmap_trace, provenance_text
+
+MIB = 1024 ** 2
+
+
+def parameter_figure(
+    counted: Mapping[str, int],
+    formula_trainable: int,
+    memory: Mapping[str, Mapping[str, float]],
+    *,
+    rank: int,
+    alpha: float,
+    targets: Sequence[str],
+    dtype: str = "float32",
+) -> go.Figure:
+    """Left: parameters counted on the adapted model (trainable, frozen) beside the formula's trainable count.
+    Right: training memory (MiB) of LoRA vs full fine-tuning, stacked by what holds it.
+
+    counted: ``{"trainable", "frozen", "total"}``; memory: ``{"LoRA": {part: bytes}, "full fine-tune": {...}}``
+    with parts such as weights / gradients / AdamW state.
+    """
+    for k in ("trainable", "frozen"):
+        if counted[k] < 0:
+            raise ValueError(f"{k} parameter count must be non-negative.")
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.16,
+                        subplot_titles=("parameters (log scale)", f"training memory, {dtype} (MiB)"))
+    names = ["trainable (counted)", "trainable (formula)", "frozen (counted)"]
+    values = [counted["trainable"], formula_trainable, counted["frozen"]]
+    colours = [QUALITATIVE[2], "#98df8a", QUALITATIVE[7]]
+    fig.add_trace(go.Bar(
+        x=names, y=values, marker_color=colours, text=[f"{v:,}" for v in values], textposition="outside",
+        cliponaxis=False, showlegend=False, hovertemplate="%{x}<br>%{y:,} parameters<extra></extra>",
+    ), row=1, col=1)
+    parts: list[str] = []
+    for bars in memory.values():
+        parts += [p for p in bars if p not in parts]
+    for i, part in enumerate(parts):
+        fig.add_trace(go.Bar(
+            x=list(memory), y=[memory[m].get(part, 0) / MIB for m in memory], name=part,
+            marker_color=QUALITATIVE[i % len(QUALITATIVE)],
+            hovertemplate=f"{part}<br>%{{x}}: %{{y:,.3f}} MiB<extra></extra>",
+        ), row=1, col=2)
+    share = counted["trainable"] / max(1, counted["trainable"] + counted["frozen"])
+    base_layout(fig, f"LoRA rank {rank}, alpha {alpha:g} on {', '.join(targets)} · "
+                     f"{counted['trainable']:,} trainable ({share:.2%}) of {counted['trainable'] + counted['frozen']:,}",
+                height=420)
+    fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.2, x=0.55))
+    fig.update_yaxes(type="log", title_text="parameters", row=1, col=1)
+    fig.update_yaxes(title_text="MiB", rangemode="tozero", row=1, col=2)
+    add_provenance(fig, f"counted on the adapted model · formula r·(in + out) per adapted projection · "
+                        f"memory predicted: {dtype} weights, gradients and AdamW's two moments per trainable parameter")
+    return fig
+
+
+def loss_curve_figure(
+    steps: Sequence[int],
+    losses: Sequence[float],
+    *,
+    max_steps: int,
+    status: str = "",
+    provenance: Mapping[str, str] | None = None,
+) -> go.Figure:
+    """Training loss (nats per token) at each step of the fine-tune; empty before the first step."""
+    y = np.asarray(losses, dtype=float)
+    if y.size and not np.all(np.isfinite(y)):
+        raise ValueError("the loss holds NaN or infinite values: lower the learning rate.")
+    fig = go.Figure(go.Scatter(
+        x=list(steps), y=y.tolist(), mode="lines+markers", name="training loss", line=dict(color=QUALITATIVE[3]),
+        hovertemplate="step %{x}<br>loss %{y:.4f} nats/token<extra></extra>",
+    ))
+    title = "Fine-tuning loss on your text"
+    if status:
+        title += f" · {status}"
+    base_layout(fig, title, height=340)
+    fig.update_xaxes(title_text="step", range=[0, max(1, max_steps) + 0.5])
+    fig.update_yaxes(title_text="next-token loss (nats per token)")
+    if not y.size:
+        fig.add_annotation(text="press Fine-tune to start", xref="paper", yref="paper", x=0.5, y=0.5,
+                           showarrow=False, font=dict(size=14, color="#999"))
+    if provenance:
+        add_provenance(fig, provenance_text(provenance["device"], provenance["dtype"], provenance["torch"]))
+    return fig
+
+
+def attention_before_after_figure(
+    before: np.ndarray,
+    after: np.ndarray,
+    labels: Sequence[str],
+    *,
+    layer: int,
+    head_name: str,
+    before_title: str = "adapter off (base model)",
+    after_title: str = "adapter on",
+) -> go.Figure:
+    """One head's attention weights (T, T) before and after the adapter, same axes and 0..1 colour range."""
+    a, b = np.asarray(before, dtype=float), np.asarray(after, dtype=float)
+    if a.shape != b.shape or a.shape != (len(labels), len(labels)):
+        raise ValueError(f"both patterns must be ({len(labels)}, {len(labels)}), got {a.shape} and {b.shape}.")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(before_title, after_title), horizontal_spacing=0.12)
+    fig.add_trace(heatmap_trace(a, labels, labels, showscale=False, name=before_title), row=1, col=1)
+    fig.add_trace(heatmap_trace(b, labels, labels, name=after_title), row=1, col=2)
+    diff = float(np.abs(a - b).max()) if a.size else 0.0
+    base_layout(fig, f"Layer {layer} · {head_name} · attention weights · largest change {diff:.4f}",
+                height=max(380, 160 + 20 * len(labels)))
+    for col in (1, 2):
+        fig.update_xaxes(title_text=KEY_AXIS, type="category", tickangle=-45, row=1, col=col)
+        fig.update_yaxes(title_text=QUERY_AXIS if col == 1 else None, type="category", autorange="reversed",
+                         row=1, col=col)
+    return fig

@@ -1,0 +1,291 @@
+"""KV cache & generation tab: generate step by step (temperature, top-k, top-p, seed), the next-token
+probabilities at each step, the cache filling up, time per token with and without the cache, and a KV-cache
+calculator for real model configurations (MHA / GQA / MQA)."""
+from __future__ import annotations
+
+import math
+
+import gradio as gr
+
+from explorer import measure, probes, session
+from models.config import ModelConfig
+from explorer.figures import generation as figs
+
+from . import user_errors
+
+MAX_NEW_TOKENS = 128
+TOP = 10  # candidates shown per step
+DEFAULT_PROMPT = "Once upon a time, Tom and Anna went to the park. Tom"
+THIS_MODEL = "this app's model"
+KV_DTYPES = ("float16", "bfloat16", "float32")
+MAX_KV_SEQ = 1 << 20
+
+INTRO = """### KV cache and generation: one token at a time
+The model reads the prompt once (prefill), then produces one token per step. At each step the bar chart
+shows the candidates it weighed: grey bars are the model's own softmax, coloured bars the distribution
+actually sampled from after temperature, top-k and top-p (red = the token chosen). The cache keeps every
+layer's keys and values, so a step computes one new position instead of the whole sequence again."""
+
+KV_INTRO = """#### How big is the KV cache of a real model?
+Per token the cache holds 2 (keys and values) × layers × KV heads × head_dim numbers. Multi-head attention
+(MHA) has one KV head per query head, grouped-query attention (GQA) shares each KV head among a group of
+query heads, and multi-query attention (MQA) keeps a single one. Configurations come from each model's
+published config.json."""
+
+
+def _float(value, name: str) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}.") from None
+    if math.isnan(x):
+        raise ValueError(f"{name} must be a number, got NaN.")
+    return x
+
+
+def _int(value, name: str, lo: int, hi: int) -> int:
+    x = _float(value, name)
+    if not x.is_integer() or not lo <= x <= hi:
+        raise ValueError(f"{name} must be a whole number from {lo} to {hi}, got {value!r}.")
+    return int(x)
+
+
+def check_settings(max_new_tokens, temperature, top_k, top_p, seed, context: int) -> dict:
+    """The sampling settings as clean numbers; ValueError with what to change otherwise."""
+    max_new = _int(max_new_tokens, "new tokens", 1, MAX_NEW_TOKENS)
+    temperature = _float(temperature, "temperature")
+    if temperature < 0:
+        raise ValueError(f"temperature must be 0 (greedy) or positive, got {temperature:g}.")
+    if math.isinf(temperature) or temperature > 1e12:
+        raise ValueError("temperature must be at most 1e12; 100 already samples almost uniformly.")
+    if top_k in (None, ""):
+        top_k = None
+    else:
+        top_k = _float(top_k, "top-k")
+        if top_k < 1 or not top_k.is_integer():
+            raise ValueError(f"top-k must be a whole number of at least 1 (or blank for no cut-off), got {top_k:g}.")
+        top_k = int(top_k)
+    if top_p in (None, ""):
+        top_p = None
+    else:
+        top_p = _float(top_p, "top-p")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top-p must lie in (0, 1] (1 = no cut-off), got {top_p:g}.")
+        top_p = None if top_p == 1 else top_p
+    seed = 0 if seed in (None, "") else _int(seed, "seed", 0, 2**31 - 1)
+    return {"max_new_tokens": max_new, "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
+            "context": context}
+
+
+def _settings_text(s: dict) -> str:
+    t = "greedy (temperature 0)" if s["temperature"] == 0 else f"temperature {s['temperature']:g}"
+    return (f"{t} · top-k {s['top_k'] if s['top_k'] else 'off'} · top-p {s['top_p'] if s['top_p'] else 'off'}"
+            f" · seed {s['seed']}")
+
+
+def _step_view(view: dict, step: int):
+    st = view["steps"][step]
+    chosen_index = st["top_ids"].index(st["token"]) if st["token"] in st["top_ids"] else None
+    return figs.next_token_figure(
+        st["top_text"], st["top_probs"], chosen_index=chosen_index, step=step, model_probs=st["model_probs"],
+        ranks=list(range(len(st["top_ids"]))), chosen_text=st["token_text"], settings=view["settings"])
+
+
+@user_errors
+def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state):
+    """Generate with and without the KV cache (same prompt, settings and seed) and show every step."""
+    model, tokenizer, name = session.get_model(state)
+    c = model.config
+    s = check_settings(max_new_tokens, temperature, top_k, top_p, seed, c.max_seq_len)
+    room = c.max_seq_len - s["max_new_tokens"]
+    if room < 1:
+        raise ValueError(f"ask for fewer new tokens: the model's context is {c.max_seq_len} tokens in all.")
+    try:
+        ids, _ = session.encode(tokenizer, prompt, room)
+    except ValueError as exc:
+        if "long" not in str(exc):
+            raise
+        raise ValueError(f"{exc} The model's context is {c.max_seq_len} tokens: the prompt plus "
+                         f"{s['max_new_tokens']} new tokens must fit in it.") from None
+    with probes.model_lock(model):
+        cmp = probes.compare_cache(model, ids, s["max_new_tokens"], seed=s["seed"], temperature=s["temperature"],
+                                   top_k=s["top_k"], top_p=s["top_p"], top=TOP)
+    on, off = cmp["with_cache"], cmp["without_cache"]
+    steps = on["steps"]
+    text_of = {}
+    for st in steps:
+        for i in st["top_ids"] + [st["token"]]:
+            text_of.setdefault(i, None)
+    strings = session.token_strings(tokenizer, list(text_of))
+    text_of = dict(zip(text_of, strings))
+    view = {"settings": _settings_text(s), "steps": [
+        {"top_ids": st["top_ids"], "top_text": [text_of[i] for i in st["top_ids"]], "top_probs": st["top_probs"],
+         "model_probs": st["model_probs"], "token": st["token"], "token_text": text_of[st["token"]]}
+        for st in steps]}
+    prov = on["provenance"]
+    cache_fig = figs.cache_growth_figure(
+        [st["cache_length"] for st in steps], [st["cache_bytes_used_per_layer"] for st in steps],
+        n_layers=c.n_layers, capacity_bytes_per_layer=steps[0]["cache_bytes_allocated_per_layer"], provenance=prov)
+    timing_fig = figs.cache_timing_figure([st["seconds"] for st in steps], [st["seconds"] for st in off["steps"]],
+                                          provenance=prov, identical=cmp["identical"])
+    prompt_text = tokenizer.decode(on["prompt"], skip_special_tokens=True)
+    new_text = tokenizer.decode(on["new_tokens"], skip_special_tokens=True)
+    highlighted = [(prompt_text, None), (new_text, "generated")]
+    table = [[i, st["position"], st["token"], text_of[st["token"]], round(st["chosen_prob"], 6), st["chosen_rank"],
+              st["cache_length"], round(st["seconds"] * 1e3, 3), round(off["steps"][i]["seconds"] * 1e3, 3)]
+             for i, st in enumerate(steps)]
+    t_on, t_off = on["totals"], off["totals"]
+    same = ("**identical tokens** with and without the cache" if cmp["identical"] else
+            f"**the tokens differ** from new token {cmp['first_difference']} on (rounding moved a near-tie)")
+    tps = t_on["tokens_per_second"]
+    summary = (
+        f"**Model:** {name} · prompt {len(ids)} tokens + {len(steps)} new · {view['settings']}\n\n"
+        f"With the cache: {t_on['seconds'] * 1e3:.1f} ms in all (prefill {t_on['prefill_seconds'] * 1e3:.1f} ms"
+        + (f", then {tps:.0f} tokens/s" if math.isfinite(tps) else "") + f"); without: {t_off['seconds'] * 1e3:.1f} ms "
+        f"(×{cmp['speedup']:.1f}). Same prompt, settings and seed gave {same}.\n\n"
+        f"Cache: {measure.format_bytes(t_on['cache_bytes_used'])} filled of "
+        f"{measure.format_bytes(t_on['cache_bytes_allocated'])} allocated ({c.n_layers} layers × {c.n_kv_heads} KV "
+        f"heads × {c.head_dim} dims × 2 (K, V) × {prov['dtype']}). Measured on {prov['device']}, torch {prov['torch']}.")
+    last = len(steps) - 1
+    slider = gr.Slider(minimum=0, maximum=max(last, 1), value=0, step=1, interactive=last > 0,
+                       label=f"step (0–{last})")
+    return (highlighted, view, slider, _step_view(view, 0), cache_fig, timing_fig, summary, table)
+
+
+@user_errors
+def generate_step(view, step):
+    if not view:
+        raise ValueError("Press “Generate” first.")
+    step = _int(step, "step", 0, len(view["steps"]) - 1)
+    return _step_view(view, step)
+
+
+# --- KV-cache calculator --------------------------------------------------------------------------------
+
+def _real_configs() -> dict[str, object]:
+    try:
+        return {name: measure.real_config(name) for name in measure.load_real_configs()}
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def _config_for(name: str, state):
+    if name == THIS_MODEL:
+        model, _, model_name = session.get_model(state)
+        return model.config, model_name
+    configs = _real_configs()
+    if name not in configs:
+        raise ValueError(f"unknown configuration {name!r}: choose one from the list.")
+    return configs[name], name
+
+
+def _kind(n_heads: int, n_kv: int) -> str:
+    return "MHA" if n_kv == n_heads else ("MQA" if n_kv == 1 else f"GQA ({n_heads // n_kv} per group)")
+
+
+@user_errors
+def kv_calculator(config_name, seq_len, batch, dtype, state):
+    """KV-cache bytes of one configuration as MHA / its own GQA / MQA vs sequence length, and a table of all."""
+    seq_len = _int(seq_len, "sequence length", 1, MAX_KV_SEQ)
+    batch = _int(batch, "batch", 1, 1024)
+    if dtype not in KV_DTYPES:
+        raise ValueError(f"dtype must be one of {list(KV_DTYPES)}, got {dtype!r}.")
+    config, label = _config_for(config_name, state)
+    lens, t = [], 128
+    while t < seq_len:
+        lens.append(t)
+        t *= 2
+    lens.append(seq_len)
+    series: dict[str, list[float]] = {}
+    for T in lens:
+        variants = measure.attention_variants(config, seq_len=T, dtype=dtype)
+        for kind, v in variants.items():
+            own = " (its own)" if kind == "GQA" or v["n_kv_heads"] == config.n_kv_heads else ""
+            key = f"{label} as {kind}, {v['n_kv_heads']} KV heads{own}"
+            if kind == "GQA" and v["n_kv_heads"] in (config.n_heads, 1):
+                continue  # its own setting is MHA or MQA: already drawn
+            series.setdefault(key, []).append(v["per_sequence"] * batch)
+    own_key = next(k for k in series if "(its own)" in k)
+    fig = figs.kv_calculator_figure(lens, series, dtype=dtype, batch=batch, highlight=own_key)
+    rows = []
+    configs = {THIS_MODEL: _config_for(THIS_MODEL, state)[0], **_real_configs()}
+    for name, c in configs.items():
+        kv = measure.kv_cache_bytes(c, seq_len=seq_len, batch=batch, dtype=dtype)
+        mha = measure.kv_cache_bytes(ModelConfig.from_dict({**c.to_dict(), "n_kv_heads": c.n_heads}),
+                                     seq_len=seq_len, batch=batch, dtype=dtype)
+        rows.append([name, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, _kind(c.n_heads, c.n_kv_heads),
+                     kv["per_token"], measure.format_bytes(kv["batch"]), kv["batch"],
+                     f"{mha['batch'] / kv['batch']:.0f}×"])
+    own = measure.kv_cache_bytes(config, seq_len=seq_len, batch=batch, dtype=dtype)
+    md = (f"**{label}**: {config.n_layers} layers × {config.n_kv_heads} KV heads × {config.head_dim} dims × 2 × "
+          f"{measure.element_size(dtype)} bytes = **{own['per_token']:,} bytes per token**; "
+          f"{seq_len:,} tokens × batch {batch} = **{measure.format_bytes(own['batch'])}** ({_kind(config.n_heads, config.n_kv_heads)}). "
+          "Predicted from the configuration (no tensors allocated).")
+    return fig, rows, md
+
+
+KV_HEADERS = ["configuration", "layers", "query heads", "KV heads", "head_dim", "attention", "KV bytes per token",
+              "KV cache", "KV cache (bytes)", "saving vs MHA"]
+
+
+def build_generation(demo: gr.Blocks, state: gr.State) -> None:
+    gr.Markdown(INTRO)
+    with gr.Row():
+        with gr.Column(scale=3):
+            prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, max_lines=6)
+            output = gr.HighlightedText(label="Prompt + generated text", combine_adjacent=False,
+                                        color_map={"generated": "#ffd37a"})
+        with gr.Column(scale=2):
+            with gr.Row():
+                max_new = gr.Slider(1, MAX_NEW_TOKENS, value=24, step=1, label="new tokens")
+                seed = gr.Number(value=0, precision=0, label="seed", minimum=0)
+            with gr.Row():
+                temperature = gr.Number(value=0.8, label="temperature", minimum=0,
+                                        info="0 = greedy; 1e-9 ≈ greedy; 1e9 ≈ uniform")
+                top_k = gr.Number(value=50, precision=0, label="top-k", info="blank = no cut-off")
+                top_p = gr.Number(value=0.95, label="top-p", info="(0, 1]; 1 = no cut-off")
+            run = gr.Button("Generate", variant="primary")
+    summary = gr.Markdown()
+    view_state = gr.State(None)
+    with gr.Row():
+        with gr.Column(scale=3):
+            step = gr.Slider(0, 1, value=0, step=1, label="step")
+            probs = gr.Plot(label="Next-token probabilities at this step")
+        with gr.Column(scale=2):
+            cache_plot = gr.Plot(label="KV cache fill")
+            timing_plot = gr.Plot(label="Time per token, with and without the cache")
+    table = gr.Dataframe(headers=["step", "position", "token id", "token", "probability (sampled from)",
+                                  "rank by logit", "cache length", "ms with cache", "ms without cache"],
+                         label="Every step", interactive=False, max_height=300)
+
+    gr.Markdown(KV_INTRO)
+    names = [THIS_MODEL] + list(_real_configs())
+    with gr.Row():
+        with gr.Column(scale=1, min_width=260):
+            kv_name = gr.Dropdown(names, value=names[1] if len(names) > 1 else names[0], label="configuration")
+            kv_len = gr.Number(value=8192, precision=0, label="sequence length (tokens)", minimum=1,
+                               maximum=MAX_KV_SEQ)
+            kv_batch = gr.Number(value=1, precision=0, label="batch", minimum=1, maximum=1024)
+            kv_dtype = gr.Dropdown(list(KV_DTYPES), value="float16", label="cache dtype")
+            kv_btn = gr.Button("Compute", variant="primary")
+            kv_md = gr.Markdown()
+        with gr.Column(scale=3):
+            kv_plot = gr.Plot(label="KV cache size vs sequence length")
+    kv_table = gr.Dataframe(headers=KV_HEADERS, label="All configurations at this length", interactive=False)
+
+    gen_inputs = [prompt, max_new, temperature, top_k, top_p, seed, state]
+    gen_outputs = [output, view_state, step, probs, cache_plot, timing_plot, summary, table]
+    run.click(generate, gen_inputs, gen_outputs, api_name="generate")
+    prompt.submit(generate, gen_inputs, gen_outputs, api_name="generate_submit", api_visibility="private")
+    step.change(generate_step, [view_state, step], [probs], api_name="generate_step", show_progress="hidden")
+    kv_inputs = [kv_name, kv_len, kv_batch, kv_dtype, state]
+    kv_outputs = [kv_plot, kv_table, kv_md]
+    for control in (kv_name, kv_dtype):
+        control.input(kv_calculator, kv_inputs, kv_outputs, api_name=f"kv_calculator_{control.label.split()[0]}",
+                      api_visibility="private")
+    for control in (kv_len, kv_batch):
+        control.submit(kv_calculator, kv_inputs, kv_outputs, api_name=f"kv_calculator_{control.label.split()[0]}",
+                       api_visibility="private")
+    kv_btn.click(kv_calculator, kv_inputs, kv_outputs, api_name="kv_calculator")
+    demo.load(kv_calculator, kv_inputs, kv_outputs, api_name="kv_calculator_example", api_visibility="undocumented")
+    demo.load(generate, gen_inputs, gen_outputs, api_name="generate_example", api_visibility="undocumented")

@@ -1,0 +1,363 @@
+"""LoRA tab: what an adapter of a given rank costs (counted and by formula), a bounded fine-tune of the
+user's own copy of the model on text they paste (live loss curve, Stop button), and the adapter switched
+off, on and merged, with one head's attention and a greedy continuation before and after, side by side."""
+from __future__ import annotations
+
+import functools
+import math
+import time
+
+import gradio as gr
+import torch
+
+from explorer import finetune, measure, probes, session
+from explorer.figures import lora as figs
+from explorer.figures.common import head_label
+from models.generate import generate as generate_tokens
+from models.lora import PROJECTIONS, attach_lora, detach_lora, lora_layers, merge_lora, set_lora_enabled
+
+from . import as_index, head_choices, layer_choices, user_errors
+
+MAX_RANK = 64
+MAX_TEXT_TOKENS = 2048
+MAX_PROMPT_TOKENS = 64
+MAX_CONTINUATION = 48
+MODES = ("off", "on", "merged")
+DEFAULT_TARGETS = ["q_proj", "v_proj"]
+DEFAULT_TEXT = ("Mia has a blue whale. The blue whale can sing. Every day Mia and the blue whale sing a song. "
+                "Tom has a blue whale too. The blue whale can sing. Every day Tom and the blue whale sing a song. "
+                "Anna has a blue whale. The blue whale can sing. Every day Anna and the blue whale sing a song.")
+DEFAULT_PROMPT = "Once upon a time, Lily has a"
+
+INTRO = """### LoRA: a small trainable update beside frozen weights
+A LoRA adapter leaves each chosen weight matrix W₀ frozen and learns a low-rank update:
+y = W₀x + (alpha / r)·B·A·x, with A (r × in) and B (out × r). Only A and B train, so a rank-8 adapter on two
+projections trains a few percent of the parameters. Choose rank, alpha and projections to see the counts;
+then fine-tune **your own copy** of the model on your text (nobody else's model changes) and compare."""
+
+FT_INTRO = """#### Fine-tune your copy on your text
+Each run starts a fresh adapter with the settings above and trains only A and B (AdamW, next-token loss)
+for at most {steps} steps and {seconds:.0f} seconds. The curve updates while it trains; Stop ends it."""
+
+CMP_INTRO = """#### Before and after
+Switch the adapter off, on, or merge it into the weights (W₀ + (alpha / r)·B·A, same outputs, no extra
+work per token). The left side is always the base model (adapter off), the right side the adapter on."""
+
+
+def _user_errors_gen(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            yield from fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from exc
+    return wrapper
+
+
+def _number(value, name: str) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}.") from None
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be a finite number, got {value!r}.")
+    return x
+
+
+def _whole(value, name: str, lo: int, hi: int) -> int:
+    x = _number(value, name)
+    if not x.is_integer() or not lo <= x <= hi:
+        raise ValueError(f"{name} must be a whole number from {lo} to {hi}, got {value!r}.")
+    return int(x)
+
+
+def check_adapter(rank, alpha, targets, config) -> tuple[int, float, tuple[str, ...]]:
+    rank = _whole(rank, "rank", 1, MAX_RANK)
+    alpha = _number(alpha, "alpha")
+    if not 0 < alpha <= 1024:
+        raise ValueError(f"alpha must be a positive number up to 1024, got {alpha:g}.")
+    targets = tuple(t for t in PROJECTIONS if t in (targets or []))
+    unknown = [t for t in (targets or []) if t not in PROJECTIONS]
+    if not targets or unknown:
+        raise ValueError(f"Tick at least one projection to adapt, among {list(PROJECTIONS)}.")
+    shapes = measure.projection_shapes(config)
+    smallest = min(min(shapes[t]) for t in targets)
+    if rank > smallest:
+        raise ValueError(f"rank {rank} exceeds the smaller side ({smallest}) of a chosen projection: choose a rank "
+                         f"of at most {smallest}, where a low-rank update is still smaller than the weight.")
+    return rank, alpha, targets
+
+
+@user_errors
+def lora(rank, alpha, targets, state):
+    """Trainable vs frozen parameters and training memory for an adapter, counted and by formula."""
+    model, _, name = session.get_model(state)
+    c = model.config
+    rank, alpha, targets = check_adapter(rank, alpha, targets, c)
+    counted = finetune.count_adapted(c, targets, rank=rank, alpha=alpha)
+    formula = measure.lora_parameters(c, rank, targets)
+    dtype = session.runtime_info(model)["dtype"]
+    nbytes = measure.element_size(dtype) if dtype in measure.DTYPES else 4
+    memory = finetune.training_memory(counted["trainable"], counted["frozen"], bytes_per_value=nbytes)
+    fig = figs.parameter_figure(counted, formula["trainable"], memory, rank=rank, alpha=alpha, targets=targets,
+                                dtype=dtype)
+    shapes = measure.projection_shapes(c)
+    rows = []
+    for t in targets:
+        i, o = shapes[t]
+        rows.append([t, f"{i} × {o}", i * o, rank * (i + o), c.n_layers, c.n_layers * rank * (i + o)])
+    agree = "equal" if counted["trainable"] == formula["trainable"] else "**differ**"
+    lora_mem = sum(memory["LoRA"].values())
+    full_mem = sum(memory["full fine-tune"].values())
+    md = (f"**{name}**, rank {rank}, alpha {alpha:g} (scale alpha/r = {alpha / rank:g}) on {', '.join(targets)}.\n\n"
+          f"Counted on a copy of the model's structure: **{counted['trainable']:,} trainable**, "
+          f"{counted['frozen']:,} frozen ({counted['trainable'] / counted['total']:.2%} trainable). "
+          f"Formula r·(in + out) per projection × {c.n_layers} layers: **{formula['trainable']:,}** ({agree}). "
+          f"Each adapted weight is {formula['ratio']:.1f}× larger than its adapter.\n\n"
+          f"Training memory without activations ({dtype}): LoRA {measure.format_bytes(lora_mem)} vs full "
+          f"fine-tuning {measure.format_bytes(full_mem)}.")
+    return fig, rows, md
+
+
+LORA_HEADERS = ["projection", "shape (in × out)", "weight parameters", "adapter r·(in + out)", "layers",
+                "adapter parameters, all layers"]
+
+
+# --- fine-tuning ------------------------------------------------------------------------------------------
+
+def _encode_text(tokenizer, text: str) -> tuple[list[int], str]:
+    text = session.clean_text(text)
+    ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    notice = ""
+    if len(ids) > MAX_TEXT_TOKENS:
+        notice = f"Your text is {len(ids)} tokens long; the first {MAX_TEXT_TOKENS} are used."
+        ids = ids[:MAX_TEXT_TOKENS]
+    if len(ids) < finetune.MIN_TOKENS:
+        raise ValueError("The text is too short to learn from: paste at least a sentence.")
+    return ids, notice
+
+
+@_user_errors_gen
+def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, progress=gr.Progress()):
+    """Fine-tune a fresh adapter on the user's own copy; yields the loss curve as it falls."""
+    model, tokenizer, _ = session.get_model(state)
+    rank, alpha, targets = check_adapter(rank, alpha, targets, model.config)
+    steps = _whole(steps, "steps", 1, finetune.MAX_STEPS)
+    lr = _number(lr, "learning rate")
+    max_seconds = _number(max_seconds, "time limit")
+    finetune.check_settings(steps, lr, max_seconds, 2, 1)
+    ids, notice = _encode_text(tokenizer, text)
+    model, tokenizer, name = session.private_model(state)  # the user's own copy; the shared model is never touched
+    prov = session.runtime_info(model)
+    lock = probes.model_lock(model)
+    with lock:
+        detach_lora(model)
+        attach_lora(model, targets, rank=rank, alpha=alpha)
+        rows = finetune.make_rows(ids, model.config.max_seq_len - 1)
+        start_loss = finetune.evaluate_loss(model, rows)
+    state["lora"] = {"rank": rank, "alpha": alpha, "targets": list(targets), "mode": "on", "trained_steps": 0}
+    xs, ys = [0], [start_loss]
+    head = f"{notice} " if notice else ""
+    yield (figs.loss_curve_figure(xs, ys, max_steps=steps, status="starting", provenance=prov),
+           f"{head}Training a rank-{rank} adapter on {len(ids)} tokens…", state)
+    gen = finetune.iter_finetune(model, ids, steps=steps, lr=lr, max_seconds=max_seconds)
+    last_yield = time.perf_counter()
+    record = None
+    try:
+        while True:
+            with lock:
+                got = next(gen, None)
+            if got is None:
+                break
+            record = got
+            xs.append(record["step"])
+            ys.append(record["loss"])
+            state["lora"]["trained_steps"] = record["step"]
+            progress((record["step"], steps), desc=f"step {record['step']}/{steps} · loss {record['loss']:.3f}")
+            now = time.perf_counter()
+            if now - last_yield > 0.3 or record["step"] == steps or record["stopped"]:
+                last_yield = now
+                yield (figs.loss_curve_figure(xs, ys, max_steps=steps, status=f"step {record['step']}",
+                                              provenance=prov),
+                       f"{head}Step {record['step']}/{steps}: loss {record['loss']:.3f} "
+                       f"({record['seconds']:.1f} s)", state)
+    finally:
+        gen.close()
+    with lock:
+        end_loss = finetune.evaluate_loss(model, rows)
+    why = "stopped at the time limit" if record and record["stopped"] == "time" else "done"
+    seconds = record["seconds"] if record else 0.0
+    status = (f"{head}**{why}**: {len(xs) - 1} steps in {seconds:.1f} s. Loss on your text "
+              f"{start_loss:.3f} → **{end_loss:.3f}** nats/token. The adapter is **on** in your copy of {name}; "
+              "other tabs now show your adapted model, other visitors still see the original.")
+    yield (figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov), status, state)
+
+
+# --- adapter switch and comparison -------------------------------------------------------------------
+
+def _adapted(state) -> torch.nn.Module:
+    model, _, _ = session.get_model(state)
+    if session.is_shared(model) or not lora_layers(model):
+        raise ValueError("Fine-tune first: there is no adapter on your model yet.")
+    return model
+
+
+def _set_mode(model, mode: str) -> None:
+    if mode == "off":
+        set_lora_enabled(model, False)
+    elif mode == "on":
+        set_lora_enabled(model, True)
+        for layer in lora_layers(model):
+            layer.unmerge()
+    else:
+        set_lora_enabled(model, True)
+        merge_lora(model)
+
+
+def _mode_of(model) -> str:
+    layers = lora_layers(model)
+    if all(layer.disabled for layer in layers):
+        return "off"
+    return "merged" if all(layer.merged for layer in layers) else "on"
+
+
+@user_errors
+def lora_adapter(mode, state):
+    """Switch the user's adapter off, on, or merge it into the weights."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}.")
+    model = _adapted(state)
+    with probes.model_lock(model):
+        _set_mode(model, mode)
+    state.setdefault("lora", {})["mode"] = mode
+    words = {"off": "Adapter **off**: your copy computes exactly the base model.",
+             "on": "Adapter **on**: y = W₀x + (alpha/r)·B·A·x, computed beside the frozen weight.",
+             "merged": "Adapter **merged** into W₀: the same outputs (up to rounding) at the base model's cost."}
+    return words[mode], state
+
+
+def _continue(model, ids: list[int], n: int) -> list[int]:
+    tokens = session.as_tensor(ids, model)
+    out = generate_tokens(model, tokens, n, temperature=0.0)
+    return out[0, len(ids):].tolist()
+
+
+@user_errors
+def lora_compare(prompt, layer, head, new_tokens, state):
+    """Base model (adapter off) vs adapter on or merged: one head's attention and a greedy continuation."""
+    model = _adapted(state)
+    _, tokenizer, _ = session.get_model(state)
+    c = model.config
+    layer = as_index(layer, c.n_layers, "layer")
+    head = as_index(head, c.n_heads, "head")
+    n = _whole(new_tokens, "new tokens", 1, MAX_CONTINUATION)
+    ids, labels, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_PROMPT_TOKENS, c.max_seq_len - n))
+    tokens = session.as_tensor(ids, model)
+    with probes.model_lock(model):
+        mode = _mode_of(model)
+        after_mode = "merged" if mode == "merged" else "on"
+        try:
+            _set_mode(model, "off")
+            before_pat = probes.attention_pattern(model, ids, layer, head)
+            with torch.inference_mode():
+                before_logits = model(tokens).float()
+            before_new = _continue(model, ids, n)
+            _set_mode(model, after_mode)
+            after_pat = probes.attention_pattern(model, ids, layer, head)
+            with torch.inference_mode():
+                after_logits = model(tokens).float()
+            after_new = _continue(model, ids, n)
+            merge_note = ""
+            if after_mode == "merged":
+                _set_mode(model, "on")
+                with torch.inference_mode():
+                    unmerged = model(tokens).float()
+                merge_note = (f" Merged vs unmerged adapter: max |Δlogit| = {float((unmerged - after_logits).abs().max()):.2e}"
+                              " (float rounding).")
+        finally:
+            _set_mode(model, mode)
+    fig = figs.attention_before_after_figure(
+        before_pat, after_pat, labels, layer=layer, head_name=head_label(head, c.n_heads, c.n_kv_heads),
+        before_title="adapter off (base model)", after_title=f"adapter {after_mode}")
+    prompt_text = tokenizer.decode(ids, skip_special_tokens=True)
+    before_text = [(prompt_text, None), (tokenizer.decode(before_new, skip_special_tokens=True), "adapter off")]
+    after_text = [(prompt_text, None), (tokenizer.decode(after_new, skip_special_tokens=True), f"adapter {after_mode}")]
+    changed = sum(a != b for a, b in zip(before_new, after_new))
+    md = (f"{notice + ' ' if notice else ''}Max |Δlogit| over the prompt, adapter {after_mode} vs off: "
+          f"**{float((after_logits - before_logits).abs().max()):.3g}**; {changed} of {n} greedy tokens differ; "
+          f"largest change in this head's weights: **{float(abs(after_pat - before_pat).max()):.3g}**.{merge_note} "
+          f"The adapter is back to **{mode}**.")
+    return fig, before_text, after_text, md
+
+
+def build_lora(demo: gr.Blocks, state: gr.State) -> None:
+    model, _, _ = session.get_model(None)
+    c = model.config
+    gr.Markdown(INTRO)
+    with gr.Row():
+        with gr.Column(scale=1, min_width=260):
+            rank = gr.Slider(1, MAX_RANK, value=8, step=1, label="rank r")
+            alpha = gr.Number(value=16, label="alpha", info="the update is scaled by alpha / r")
+            targets = gr.CheckboxGroup(list(PROJECTIONS), value=DEFAULT_TARGETS, label="projections to adapt")
+        with gr.Column(scale=3):
+            params_plot = gr.Plot(label="Trainable vs frozen parameters and training memory")
+            params_md = gr.Markdown()
+    params_table = gr.Dataframe(headers=LORA_HEADERS, label="Adapter size per projection", interactive=False)
+
+    gr.Markdown(FT_INTRO.format(steps=finetune.MAX_STEPS, seconds=finetune.MAX_SECONDS))
+    with gr.Row():
+        with gr.Column(scale=2):
+            text = gr.Textbox(label="Your text to fine-tune on", value=DEFAULT_TEXT, lines=5, max_lines=12,
+                              info=f"up to {MAX_TEXT_TOKENS} tokens are used")
+            with gr.Row():
+                steps = gr.Slider(1, finetune.MAX_STEPS, value=40, step=1, label="steps")
+                lr = gr.Number(value=5e-3, label="learning rate", info="1e-5 to 0.1")
+                max_seconds = gr.Slider(1, finetune.MAX_SECONDS, value=30, step=1, label="time limit (s)")
+            with gr.Row():
+                train = gr.Button("Fine-tune", variant="primary")
+                stop = gr.Button("Stop", variant="stop")
+            ft_md = gr.Markdown()
+        with gr.Column(scale=3):
+            loss_plot = gr.Plot(label="Training loss")
+
+    gr.Markdown(CMP_INTRO)
+    with gr.Row():
+        with gr.Column(scale=1, min_width=260):
+            mode = gr.Radio(list(MODES), value="on", label="adapter")
+            mode_md = gr.Markdown()
+            prompt = gr.Textbox(label="Prompt to continue", value=DEFAULT_PROMPT, lines=2)
+            with gr.Row():
+                layer = gr.Dropdown(label="Layer", choices=layer_choices(c.n_layers), value=0)
+                head = gr.Dropdown(label="Head", choices=head_choices(c.n_heads, c.n_kv_heads), value=0)
+            new_tokens = gr.Slider(1, MAX_CONTINUATION, value=12, step=1, label="tokens to continue (greedy)")
+            compare = gr.Button("Compare", variant="primary")
+        with gr.Column(scale=3):
+            with gr.Row():
+                before_text = gr.HighlightedText(label="base model (adapter off)", combine_adjacent=False,
+                                                 color_map={"adapter off": "#c7d7f0"})
+                after_text = gr.HighlightedText(label="with your adapter", combine_adjacent=False,
+                                                color_map={"adapter on": "#ffd37a", "adapter merged": "#ffb17a"})
+            cmp_md = gr.Markdown()
+            cmp_plot = gr.Plot(label="Attention before and after")
+
+    p_inputs = [rank, alpha, targets, state]
+    p_outputs = [params_plot, params_table, params_md]
+    for control in (rank, alpha, targets):
+        control.change(lora, p_inputs, p_outputs, api_name=f"lora_{control.label.split()[0]}",
+                       api_visibility="private", show_progress="hidden")
+    demo.load(lora, p_inputs, p_outputs, api_name="lora")
+
+    cmp_inputs = [prompt, layer, head, new_tokens, state]
+    cmp_outputs = [cmp_plot, before_text, after_text, cmp_md]
+    ft_event = train.click(lora_finetune, [rank, alpha, targets, text, steps, lr, max_seconds, state],
+                           [loss_plot, ft_md, state], api_name="lora_finetune")
+    ft_event.success(lambda: "on", None, [mode], api_name="lora_mode_after_finetune", api_visibility="private").then(
+        lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_finetune", api_visibility="private")
+    stop.click(None, None, None, cancels=[ft_event], api_name="lora_stop", api_visibility="private")
+    mode.input(lora_adapter, [mode, state], [mode_md, state], api_name="lora_adapter").success(
+        lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_switch", api_visibility="private")
+    compare.click(lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare")
+    demo.load(lambda: figs.loss_curve_figure([], [], max_steps=40), None, [loss_plot], api_name="lora_empty_curve",
+              api_visibility="private")

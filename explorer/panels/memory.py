@@ -1,0 +1,306 @@
+"""Memory lab tab: naive vs flash (SDPA) vs tiled attention, measured memory and time beside the analytic
+predictions, and the tiled algorithm stepped block by block."""
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+import gradio as gr
+import torch
+
+from explorer import measure
+from explorer.figures import memory as figs
+
+from . import user_errors
+
+IMPLS = ("naive", "sdpa", "tiled")
+DTYPE_CHOICES = ("float32", "bfloat16", "float16")
+MIN_T, MAX_T = 128, 16384
+SWEEP_SECONDS = 90.0  # a sweep stops before a size predicted to take it past this
+OPENING = dict(max_T=1024, n_heads=8, head_dim=64, n_kv_heads=8, impls=list(IMPLS), causal=True, dtype="float32")
+REPEATS = 3
+TRACE_HEADS, TRACE_HEAD_DIM = 2, 16
+MEASURE_LOCK = threading.Lock()
+
+INTRO = """### Memory lab: naive vs flash attention, measured side by side
+Naive attention builds the whole T×T score matrix, so its memory grows with the square of the sequence
+length; SDPA (PyTorch's fused flash kernel) and our tiled version read the keys in blocks and keep only a
+running max and sum per row, so theirs grows linearly. Solid lines are measured now on this machine,
+dashed lines are the predictions; on log axes T² is a line twice as steep as T."""
+
+TRACE_INTRO = """#### The tiled algorithm, one key block at a time
+Each step reads one block of keys (red outline). Every query row keeps a running maximum *m* of its
+scores and a running sum *l* of exp(score − m); when a new block raises the maximum, the old sum and the
+partial output are scaled down by exp(m_old − m_new). Move the slider: the output on the right takes its
+final shape without the T×T matrix ever being stored."""
+
+
+def _user_errors_gen(fn):
+    """``user_errors`` for generator handlers: ValueError -> gr.Error with the same sentence."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            yield from fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from exc
+    return wrapper
+
+
+def _int(value, name: str, lo: int, hi: int) -> int:
+    try:
+        i = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a whole number from {lo} to {hi}, got {value!r}.") from None
+    if isinstance(value, float) and value != i or not lo <= i <= hi:
+        raise ValueError(f"{name} must be a whole number from {lo} to {hi}, got {value!r}.")
+    return i
+
+
+def device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def sweep_lengths(max_T: int) -> list[int]:
+    """Powers of two from 128 up to ``max_T`` (and ``max_T`` itself when it is not one)."""
+    lens, t = [], MIN_T
+    while t <= max_T:
+        lens.append(t)
+        t *= 2
+    if lens[-1] != max_T:
+        lens.append(max_T)
+    return lens
+
+
+def _check_request(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype) -> dict:
+    max_T = _int(max_T, "max sequence length", MIN_T, MAX_T)
+    n_heads = _int(n_heads, "heads", 1, 64)
+    head_dim = _int(head_dim, "head_dim", 8, 256)
+    n_kv_heads = _int(n_kv_heads, "KV heads", 1, 64)
+    if n_heads % n_kv_heads:
+        divisors = [d for d in range(1, n_heads + 1) if n_heads % d == 0]
+        raise ValueError(f"KV heads ({n_kv_heads}) must divide the {n_heads} query heads: choose one of {divisors}.")
+    impls = [i for i in IMPLS if i in (impls or [])]
+    if not impls or set(impls or []) - set(IMPLS):
+        raise ValueError(f"Tick at least one implementation among {list(IMPLS)}.")
+    if dtype not in DTYPE_CHOICES:
+        raise ValueError(f"dtype must be one of {list(DTYPE_CHOICES)}, got {dtype!r}.")
+    return dict(max_T=max_T, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads, impls=impls,
+                causal=bool(causal), dtype=dtype)
+
+
+def _summary(rows: list[dict], req: dict, notes: list[str], elapsed: float) -> str:
+    done = [r for r in rows if r["peak_bytes"] is not None]
+    if not done:
+        return "Nothing measured yet."
+    T = max(r["seq_len"] for r in done)
+    at = {r["impl"]: r for r in done if r["seq_len"] == T}
+    parts = [f"**At T = {T}** ({req['n_heads']} heads × {req['head_dim']} dims, {req['n_kv_heads']} KV heads, "
+             f"{req['dtype']}, {'causal' if req['causal'] else 'bidirectional'}):"]
+    for impl, r in at.items():
+        agree = r["peak_bytes"] / r["predicted_bytes"] if r["predicted_bytes"] else float("nan")
+        diff = "" if r["max_abs_diff"] is None else f", max |out − naive out| {r['max_abs_diff']:.2e}"
+        parts.append(f"- **{impl}**: peak {measure.format_bytes(r['peak_bytes'])} measured vs "
+                     f"{measure.format_bytes(r['predicted_bytes'])} predicted (×{agree:.2f}), "
+                     f"{r['seconds'] * 1e3:.2f} ms{diff}")
+    if "naive" in at and len(at) > 1:
+        best = min((r for i, r in at.items() if i != "naive"), key=lambda r: r["peak_bytes"])
+        if best["peak_bytes"]:
+            parts.append(f"\nNaive needs **{at['naive']['peak_bytes'] / best['peak_bytes']:.0f}×** the memory of "
+                         f"{best['impl']} here.")
+    parts.append(f"\nMeasured on {device()} with torch {torch.__version__} in {elapsed:.1f} s "
+                 f"(median of {REPEATS} calls; peak memory from "
+                 f"{done[0].get('memory_source') or 'the allocator'}). Budget: "
+                 f"{measure.format_bytes(measure.MEMORY_BUDGET_BYTES)} per request.")
+    parts += notes
+    return "\n".join(parts)
+
+
+def _table(rows: list[dict]) -> list[list]:
+    out = []
+    for r in rows:
+        out.append([r["seq_len"], r["impl"],
+                    r["peak_bytes"] if r["peak_bytes"] is not None else "",
+                    r["predicted_bytes"],
+                    round(r["seconds"] * 1e3, 4) if r["seconds"] is not None else "",
+                    f"{r['max_abs_diff']:.2e}" if r["max_abs_diff"] is not None else ""])
+    return out
+
+
+TABLE_HEADERS = ["T", "implementation", "measured peak (bytes)", "predicted peak (bytes)", "time (ms)",
+                 "max |Δ| vs naive"]
+
+
+def _figure(rows: list[dict], req: dict):
+    prov = {"device": device(), "dtype": req["dtype"], "torch": torch.__version__}
+    source = next((r.get("memory_source") for r in rows if r.get("memory_source")), None)
+    return figs.memory_sweep_figure(rows, provenance=prov, n_heads=req["n_heads"], head_dim=req["head_dim"],
+                                    n_kv_heads=req["n_kv_heads"], causal=req["causal"], memory_source=source)
+
+
+def run_sweep(req: dict, progress=None):
+    """Yield (rows so far, notes, elapsed) after each sequence length; every size is budget-checked first."""
+    lens = sweep_lengths(req["max_T"])
+    kw = dict(n_kv_heads=req["n_kv_heads"], dtype=req["dtype"], causal=req["causal"], device=device())
+    for T in lens:  # nothing is allocated unless every size of the sweep fits the budget
+        measure.check_budget(T, req["n_heads"], req["head_dim"], impls=tuple(req["impls"]), **kw)
+    rows: list[dict] = []
+    notes: list[str] = []
+    t0 = time.perf_counter()
+    last = None  # (T, seconds) of the previous size, to predict the next one
+    for i, T in enumerate(lens):
+        if last is not None:
+            expect = last[1] * (T / last[0]) ** 2  # attention time grows at most like T²
+            if time.perf_counter() - t0 + expect > SWEEP_SECONDS:
+                notes.append(f"\n⏱️ Stopped before T = {T}: it would take about {expect:.0f} s and the sweep is "
+                             f"limited to {SWEEP_SECONDS:.0f} s. Lower the maximum, or leave out the slow "
+                             "implementations.")
+                break
+        if progress is not None:
+            progress((i, len(lens)), desc=f"measuring T = {T}")
+        s0 = time.perf_counter()
+        with MEASURE_LOCK:  # torch's profiler (the CPU peak-memory tracker) cannot run in two threads at once
+            rows += measure.attention_sweep([T], req["n_heads"], req["head_dim"], impls=tuple(req["impls"]),
+                                            repeats=REPEATS, **kw)
+        last = (T, time.perf_counter() - s0)
+        yield rows, notes, time.perf_counter() - t0
+
+
+_opening: dict = {}
+_opening_lock = threading.Lock()
+
+
+def opening_rows() -> tuple[list[dict], float]:
+    """The opening sweep, measured once per process (the first visitor's page waits; later ones do not)."""
+    with _opening_lock:
+        if "rows" not in _opening:
+            req = _check_request(**OPENING)
+            rows, elapsed = [], 0.0
+            for rows, _, elapsed in run_sweep(req):
+                pass
+            _opening.update(rows=rows, elapsed=elapsed)
+        return _opening["rows"], _opening["elapsed"]
+
+
+@_user_errors_gen
+def memory_compare(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype, progress=gr.Progress()):
+    """Measure naive / SDPA / tiled attention over sequence lengths; yields the chart as each size lands."""
+    req = _check_request(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype)
+    out = None
+    for rows, notes, elapsed in run_sweep(req, progress):
+        out = (_figure(rows, req), _summary(rows, req, notes, elapsed), _table(rows))
+        yield out
+
+
+@user_errors
+def memory_example():
+    req = _check_request(**OPENING)
+    rows, elapsed = opening_rows()
+    return (_figure(rows, req), _summary(rows, req, ["\n(The opening example, measured once when the app "
+                                                     "started; press **Measure** to measure again.)"], elapsed),
+            _table(rows))
+
+
+# --- the tiled trace ----------------------------------------------------------------------------------
+
+def _trace_figure(trace: dict, block: int, head: int):
+    blocks = trace["blocks"]
+    b = blocks[block]
+    return figs.tiled_step_figure(
+        trace["weights"][head], b["m"][head], b["l"][head], b["out"][head], trace["out"][head],
+        start=b["start"], stop=b["stop"], block=block, n_blocks=len(blocks), head=head,
+        final_m=blocks[-1]["m"][head], final_l=blocks[-1]["l"][head])
+
+
+def _trace_info(trace: dict) -> str:
+    return (f"{trace['seq_len']} tokens, {len(trace['blocks'])} key blocks of {trace['block_size']}, "
+            f"{trace['n_heads']} heads × {trace['head_dim']} dims, random q/k/v (seed fixed). "
+            f"Final tiled output vs naive attention: max |Δ| = **{trace['max_abs_diff']:.2e}**. "
+            f"The tiled version keeps per row only m, l and the output ({trace['head_dim'] + 2} numbers); "
+            f"naive keeps {trace['seq_len']} weights per row.")
+
+
+@user_errors
+def memory_trace(seq_len, block_size, causal, head):
+    seq_len = _int(seq_len, "trace length", 4, 256)
+    block_size = _int(block_size, "block size", 1, 256)
+    head = _int(head, "head", 0, TRACE_HEADS - 1)
+    trace = measure.tiled_trace(seq_len, TRACE_HEADS, TRACE_HEAD_DIM, block_size, seed=0, causal=bool(causal))
+    n = len(trace["blocks"])
+    return (trace, gr.Slider(minimum=0, maximum=n - 1, value=0, step=1, label=f"key block (0–{n - 1})"),
+            _trace_figure(trace, 0, head), _trace_info(trace))
+
+
+@user_errors
+def memory_trace_step(trace, block, head):
+    if not trace:
+        raise ValueError("Press “Trace” first.")
+    n = len(trace["blocks"])
+    block = _int(block, "key block", 0, n - 1)
+    head = _int(head, "head", 0, TRACE_HEADS - 1)
+    return _trace_figure(trace, block, head)
+
+
+def build_memory(demo: gr.Blocks, state: gr.State) -> None:
+    # Measure the opening example in the background now, so the first visitor's page does not wait for it.
+    threading.Thread(target=_warm_opening, name="memory-lab-opening", daemon=True).start()
+    gr.Markdown(INTRO)
+    with gr.Row():
+        with gr.Column(scale=1, min_width=260):
+            max_T = gr.Slider(MIN_T, MAX_T, value=OPENING["max_T"], step=128, label="max sequence length T",
+                              info="the sweep measures 128, 256, 512, … up to this")
+            n_heads = gr.Slider(1, 64, value=OPENING["n_heads"], step=1, label="query heads")
+            head_dim = gr.Dropdown([16, 32, 64, 128], value=OPENING["head_dim"], label="head_dim")
+            n_kv_heads = gr.Slider(1, 64, value=OPENING["n_kv_heads"], step=1, label="KV heads (GQA)",
+                                   info="must divide the query heads; 1 = multi-query")
+            impls = gr.CheckboxGroup(list(IMPLS), value=list(IMPLS), label="implementations")
+            with gr.Row():
+                causal = gr.Checkbox(value=True, label="causal")
+                dtype = gr.Dropdown(list(DTYPE_CHOICES), value="float32", label="dtype")
+            with gr.Row():
+                run = gr.Button("Measure", variant="primary")
+                stop = gr.Button("Stop", variant="stop")
+            gr.Markdown(f"Requests predicted to need more than {measure.format_bytes(measure.MEMORY_BUDGET_BYTES)} "
+                        f"are refused before anything is allocated; a sweep stops before {SWEEP_SECONDS:.0f} s.")
+        with gr.Column(scale=3):
+            plot = gr.Plot(label="Peak memory and time: measured (solid) and predicted (dashed)")
+            summary = gr.Markdown()
+    table = gr.Dataframe(headers=TABLE_HEADERS, label="Every measurement", interactive=False, max_height=300)
+
+    gr.Markdown(TRACE_INTRO)
+    trace_state = gr.State(None)
+    with gr.Row():
+        with gr.Column(scale=1, min_width=260):
+            t_len = gr.Slider(4, 256, value=48, step=4, label="sequence length")
+            t_block = gr.Dropdown([4, 8, 16, 32, 64], value=8, label="key block size")
+            t_causal = gr.Checkbox(value=True, label="causal")
+            t_head = gr.Dropdown([(f"head {h}", h) for h in range(TRACE_HEADS)], value=0, label="head")
+            trace_btn = gr.Button("Trace", variant="primary")
+            block = gr.Slider(0, 5, value=0, step=1, label="key block")
+        with gr.Column(scale=3):
+            trace_plot = gr.Plot(label="Tiled attention, step by step")
+            trace_info = gr.Markdown()
+
+    sweep_inputs = [max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype]
+    sweep_outputs = [plot, summary, table]
+    event = run.click(memory_compare, sweep_inputs, sweep_outputs, api_name="memory_compare")
+    stop.click(None, None, None, cancels=[event], api_name="memory_stop", api_visibility="private")
+    trace_inputs = [t_len, t_block, t_causal, t_head]
+    trace_outputs = [trace_state, block, trace_plot, trace_info]
+    trace_btn.click(memory_trace, trace_inputs, trace_outputs, api_name="memory_trace")
+    block.change(memory_trace_step, [trace_state, block, t_head], [trace_plot], api_name="memory_trace_step",
+                 show_progress="hidden")
+    t_head.input(memory_trace_step, [trace_state, block, t_head], [trace_plot], api_name="memory_trace_head",
+                 api_visibility="private")
+    demo.load(memory_example, None, sweep_outputs, api_name="memory_example", api_visibility="undocumented")
+    demo.load(memory_trace, trace_inputs, trace_outputs, api_name="memory_trace_example",
+              api_visibility="undocumented")
+
+
+def _warm_opening() -> None:
+    try:
+        opening_rows()
+    except Exception:  # noqa: BLE001 - the page load reports it with a message instead
+        pass
