@@ -121,7 +121,7 @@ def build_positions(demo: gr.Blocks, state: gr.State) -> None:
             position = gr.Slider(0, POSITIONS - 1, value=5, step=1, label="Position")
             pairs = gr.Dropdown(choices=list(range(half)), value=sorted({0, half // 4, half // 2, half - 1}),
                                 multiselect=True, label=f"Pairs to follow (0 = fastest, {half - 1} = slowest)")
-            theta = gr.Number(value=float(c.rope_theta), label="rope_theta (θ)", minimum=1.0001, maximum=MAX_THETA,
+            theta = gr.Number(value=float(c.rope_theta), label="rope_theta (θ)",
                               info=f"trained with {c.rope_theta:,.0f}; try 100 or 1,000,000")
         with gr.Column(scale=3):
             circle = gr.Plot(label="RoPE pairs on the unit circle")
