@@ -240,7 +240,7 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
                 max_new = gr.Slider(1, MAX_NEW_TOKENS, value=24, step=1, label="new tokens")
                 seed = gr.Number(value=0, precision=0, label="seed", minimum=0)
             with gr.Row():
-                temperature = gr.Number(value=0.8, label="temperature", minimum=0,
+                temperature = gr.Number(value=0.8, label="temperature",
                                         info="0 = greedy; 1e-9 ≈ greedy; 1e9 ≈ uniform")
                 top_k = gr.Number(value=50, precision=0, label="top-k", info="blank = no cut-off")
                 top_p = gr.Number(value=0.95, label="top-p", info="(0, 1]; 1 = no cut-off")
