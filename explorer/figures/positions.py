@@ -54,8 +54,7 @@ def rope_circle_figure(
             hovertemplate=f"pair {i} at position {position}<br>angle {ang:.3f} rad "
                           f"({math.degrees(ang) % 360:.1f}° mod 360)<extra></extra>",
         ))
-    base_layout(fig, f"RoPE · each pair is a 2-D vector turned by position × θ^(−2i/D) · position {position} "
-                     f"· θ = {theta:,.0f}", height=520)
+    base_layout(fig, f"RoPE pairs turned to position {position} · θ = {theta:,.0f}", height=520)
     fig.update_xaxes(title_text="first dim of the pair (i)", range=[-1.25, 1.25], zeroline=True)
     fig.update_yaxes(title_text="second dim of the pair (i + D/2)", range=[-1.25, 1.25], zeroline=True,
                      scaleanchor="x", scaleratio=1)
@@ -100,7 +99,7 @@ def rope_distance_figure(curves: Mapping[str, np.ndarray], *, highlight: str | N
                       dash=None if bold else "dot"),
             hovertemplate=f"{label}<br>distance %{{x}}<br>q·k/√D %{{y:.4f}}<extra></extra>",
         ))
-    title = "Rotated q·k/√D against relative distance (query m, key n, distance m − n)"
+    title = "Rotated q·k/√D against relative distance m − n"
     if subtitle:
         title += f"<br><sup>{subtitle}</sup>"
     base_layout(fig, title, height=420)

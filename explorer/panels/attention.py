@@ -106,10 +106,9 @@ def build_attention(demo: gr.Blocks, state: gr.State) -> None:
     c = model.config
     gr.Markdown(INTRO)
     with gr.Row():
-        with gr.Column(scale=3):
+        with gr.Column(scale=2):
             prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, max_lines=6,
                                 info=f"Up to {MAX_TOKENS} tokens are shown; longer prompts are cut with a notice.")
-        with gr.Column(scale=2):
             with gr.Row():
                 layer = gr.Dropdown(label="Layer", choices=layer_choices(c.n_layers), value=0,
                                     allow_custom_value=True)
@@ -117,13 +116,11 @@ def build_attention(demo: gr.Blocks, state: gr.State) -> None:
                                    value=0, allow_custom_value=True)
             view = gr.Radio(VIEWS, value=VIEWS[0], label="Mask")
             run = gr.Button("Show attention", variant="primary")
-    info = gr.Markdown()
-    with gr.Row():
+            tokens = gr.Dataframe(headers=["position", "token", "id"], label="Tokens and their ids",
+                                  interactive=False, max_height=360)
         with gr.Column(scale=3):
             heat = gr.Plot(label="Attention weights of the chosen head")
-        with gr.Column(scale=2):
-            tokens = gr.Dataframe(headers=["position", "token", "id"], label="Tokens and their ids",
-                                  interactive=False, max_height=520)
+    info = gr.Markdown()
     impl_md = gr.Markdown()
     grid = gr.Plot(label="All layers × all heads")
     with gr.Row():
