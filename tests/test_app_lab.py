@@ -76,7 +76,7 @@ def test_memory_compare_measured_beside_predicted(client):
     sdpa = [r for r in rows if r[1] == "sdpa"]
     assert naive[-1][2] / naive[0][2] > 3  # O(T²): doubling T roughly quadruples the peak
     assert sdpa[-1][2] < naive[-1][2]
-    text = " ".join(a["text"] for a in f["layout"]["annotations"])
+    text = f["layout"]["title"]["text"]
     assert f"torch {torch.__version__}" in text and "float32" in text and "measured" in text and "predicted" in text
     assert "At T = 256" in summary
 
@@ -240,7 +240,11 @@ def test_one_sessions_adapter_leaves_other_sessions_unchanged(app_url, served):
     assert [r[2] for r in base_a] == [r[2] for r in base_b]
 
     with pytest.raises(AppError, match="Fine-tune first"):
-        a.predict(PROMPT, 0, 0, 4, api_name="/lora_compare")
+        a.predict("off", api_name="/lora_adapter")
+    plot, left, right, md = a.predict("Tom has a red", 0, 1, 8, api_name="/lora_compare")  # no adapter yet
+    assert left[1]["token"] == right[1]["token"] and "No adapter yet" in md
+    f = fig(plot)
+    np.testing.assert_array_equal(arr(f["data"][0]["z"]), arr(f["data"][1]["z"]))
     with pytest.raises(AppError, match="paste at least a sentence|The prompt is empty"):
         a.predict(8, 16, ["q_proj"], "  ", 3, 1e-2, 10, api_name="/lora_finetune")
     with pytest.raises(AppError, match="steps must be|less than minimum value 1"):

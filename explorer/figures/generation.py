@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from .common import QUALITATIVE, add_provenance, base_layout, display_token, provenance_text
+from .common import QUALITATIVE, base_layout, display_token, provenance_text
 
 CHOSEN = "#d62728"
 OTHER = "#1f77b4"
@@ -58,9 +58,10 @@ def next_token_figure(
     ))
     if model_probs is not None:
         mp = _finite(model_probs, "model probabilities")
-        fig.add_trace(go.Bar(
-            x=mp.tolist(), y=labels, orientation="h", marker_color="#bbbbbb", name="model softmax (temperature 1)",
-            hovertemplate="token %{y}<br>model softmax %{x:.6f}<extra></extra>", width=0.25,
+        fig.add_trace(go.Scatter(
+            x=mp.tolist(), y=labels, mode="markers", name="model softmax (temperature 1, no cut-off)",
+            marker=dict(symbol="line-ns", size=22, line=dict(width=3, color="#333333")),
+            hovertemplate="token %{y}<br>model softmax %{x:.6f}<extra></extra>",
         ))
     title = f"Step {step} · next-token probabilities"
     if chosen_index is not None:
@@ -68,7 +69,7 @@ def next_token_figure(
     elif chosen_text is not None:
         title += f" · chose “{display_token(chosen_text)}” (outside the top {len(tokens)})"
     base_layout(fig, title, height=max(320, 110 + 30 * len(labels)))
-    fig.update_layout(barmode="overlay", legend=dict(orientation="h", y=-0.18))
+    fig.update_layout(legend=dict(orientation="h", y=-0.18))
     fig.update_xaxes(title_text="probability (0–1)", range=[0, 1.1])
     fig.update_yaxes(title_text="candidate next token (most likely at the top)", type="category",
                      autorange="reversed")
@@ -105,12 +106,14 @@ def cache_growth_figure(
                                  name="allocated (preallocated cache), all layers",
                                  line=dict(color="#7f7f7f", dash="dash"),
                                  hovertemplate="allocated %{y:.4f} MiB<extra></extra>"))
-    base_layout(fig, "KV cache fill · keys + values held, per layer and in all layers", height=360)
-    fig.update_xaxes(title_text="positions in the cache (prompt + generated tokens)")
-    fig.update_yaxes(title_text="cache memory (MiB)", rangemode="tozero")
+    title = "KV cache fill (keys + values)"
     if provenance:
-        add_provenance(fig, provenance_text(provenance["device"], provenance["dtype"], provenance["torch"],
-                                            "measured (tensor sizes)"))
+        title += "<br><sup>" + provenance_text(provenance["device"], provenance["dtype"], provenance["torch"],
+                                               "measured (tensor sizes)") + "</sup>"
+    base_layout(fig, title, height=380)
+    fig.update_layout(legend=dict(orientation="h", y=-0.25, x=0), margin=dict(t=80, b=110))
+    fig.update_xaxes(title_text="positions in the cache (prompt + generated)")
+    fig.update_yaxes(title_text="cache memory (MiB)", rangemode="tozero")
     return fig
 
 
@@ -131,13 +134,15 @@ def cache_timing_figure(
     fig.add_trace(go.Scatter(x=list(range(1, len(wo) + 1)), y=wo.tolist(), mode="lines+markers",
                              name=f"without cache (total {wo.sum():.1f} ms)", line=dict(color=QUALITATIVE[3]),
                              hovertemplate="token %{x}<br>%{y:.3f} ms<extra>without cache</extra>"))
-    title = "Time per generated token · with vs without the KV cache"
+    title = "Time per token · with vs without cache"
     if identical is not None:
         title += " · same tokens" if identical else " · tokens differ"
-    base_layout(fig, title, height=360)
-    fig.update_xaxes(title_text="generated token (1 = first, includes the prompt pass)")
+    title += "<br><sup>" + provenance_text(provenance["device"], provenance["dtype"], provenance["torch"],
+                                           "measured") + "</sup>"
+    base_layout(fig, title, height=380)
+    fig.update_layout(legend=dict(orientation="h", y=-0.25, x=0), margin=dict(t=80, b=110))
+    fig.update_xaxes(title_text="new token (1 includes the prompt pass)")
     fig.update_yaxes(title_text="time per token (ms)", rangemode="tozero")
-    add_provenance(fig, provenance_text(provenance["device"], provenance["dtype"], provenance["torch"], "measured"))
     return fig
 
 
@@ -163,10 +168,19 @@ def kv_calculator_figure(
             line=dict(color=QUALITATIVE[i % len(QUALITATIVE)], width=4 if name == highlight else 2),
             hovertemplate=f"{name}<br>%{{x}} tokens<br>%{{y:,.2f}} MiB<extra></extra>",
         ))
-    base_layout(fig, f"KV cache size vs sequence length · batch {batch} · {dtype}", height=420)
-    fig.update_xaxes(title_text="sequence length (tokens, log scale)", type="log")
+    base_layout(fig, f"KV cache size vs sequence length · batch {batch} · {dtype}<br><sup>predicted: 2 (K and V) × "
+                     f"layers × KV heads × head_dim × tokens × bytes per value</sup>", height=440)
+    fig.update_layout(legend=dict(orientation="h", y=-0.22, x=0), margin=dict(t=80, b=120))
+    fig.update_xaxes(title_text="sequence length (tokens, log scale)", type="log", tickvals=x.tolist(),
+                     ticktext=[_short(int(t)) for t in x])
     fig.update_yaxes(title_text="KV cache (MiB, log scale)", type="log")
-    fig.add_annotation(text=f"predicted · 2 (K and V) × layers × KV heads × head_dim × tokens × bytes per value · {dtype}",
-                       xref="paper", yref="paper", x=0, y=-0.02, xanchor="left", yanchor="top", yshift=-28,
-                       showarrow=False, font=dict(size=10, color="#666"))
     return fig
+
+
+def _short(n: int) -> str:
+    """1024 -> "1k", 131072 -> "128k", 1048576 -> "1M" (binary multiples), else the number."""
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20}M"
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n >> 10}k"
+    return str(n)

@@ -11,7 +11,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import KEY_AXIS, QUALITATIVE, QUERY_AXIS, add_provenance, base_layout, heatmap_trace, provenance_text
+from .common import KEY_AXIS, QUALITATIVE, QUERY_AXIS, base_layout, heatmap_trace, provenance_text
 
 MIB = 1024 ** 2
 
@@ -37,7 +37,7 @@ def parameter_figure(
             raise ValueError(f"{k} parameter count must be non-negative.")
     fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.16,
                         subplot_titles=("parameters (log scale)", f"training memory, {dtype} (MiB)"))
-    names = ["trainable (counted)", "trainable (formula)", "frozen (counted)"]
+    names = ["trainable<br>counted", "trainable<br>formula", "frozen<br>counted"]
     values = [counted["trainable"], formula_trainable, counted["frozen"]]
     colours = [QUALITATIVE[2], "#98df8a", QUALITATIVE[7]]
     fig.add_trace(go.Bar(
@@ -55,13 +55,12 @@ def parameter_figure(
         ), row=1, col=2)
     share = counted["trainable"] / max(1, counted["trainable"] + counted["frozen"])
     base_layout(fig, f"LoRA rank {rank}, alpha {alpha:g} on {', '.join(targets)} · "
-                     f"{counted['trainable']:,} trainable ({share:.2%}) of {counted['trainable'] + counted['frozen']:,}",
-                height=420)
-    fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.2, x=0.55))
+                     f"{counted['trainable']:,} trainable ({share:.2%}) of {counted['trainable'] + counted['frozen']:,}"
+                     f"<br><sup>counted on a copy of the adapted structure · formula r·(in + out) per projection · "
+                     f"memory predicted ({dtype}; activations not included)</sup>", height=440)
+    fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.18, x=0.55), margin=dict(t=90, b=90))
     fig.update_yaxes(type="log", title_text="parameters", row=1, col=1)
     fig.update_yaxes(title_text="MiB", rangemode="tozero", row=1, col=2)
-    add_provenance(fig, f"counted on the adapted model · formula r·(in + out) per adapted projection · "
-                        f"memory predicted: {dtype} weights, gradients and AdamW's two moments per trainable parameter")
     return fig
 
 
@@ -84,14 +83,14 @@ def loss_curve_figure(
     title = "Fine-tuning loss on your text"
     if status:
         title += f" · {status}"
-    base_layout(fig, title, height=340)
+    if provenance:
+        title += "<br><sup>" + provenance_text(provenance["device"], provenance["dtype"], provenance["torch"]) + "</sup>"
+    base_layout(fig, title, height=360)
     fig.update_xaxes(title_text="step", range=[0, max(1, max_steps) + 0.5])
     fig.update_yaxes(title_text="next-token loss (nats per token)")
     if not y.size:
         fig.add_annotation(text="press Fine-tune to start", xref="paper", yref="paper", x=0.5, y=0.5,
                            showarrow=False, font=dict(size=14, color="#999"))
-    if provenance:
-        add_provenance(fig, provenance_text(provenance["device"], provenance["dtype"], provenance["torch"]))
     return fig
 
 

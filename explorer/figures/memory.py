@@ -16,7 +16,6 @@ from .common import (
     KEY_AXIS,
     QUERY_AXIS,
     WEIGHT_COLORBAR,
-    add_provenance,
     base_layout,
     provenance_text,
     symmetric_range,
@@ -83,19 +82,19 @@ def memory_sweep_figure(
             hovertemplate=f"{impl} measured<br>T=%{{x}}<br>%{{y:,.3f}} ms<extra></extra>",
         ), row=1, col=2)
     kv = f"{n_kv_heads} KV heads" if n_kv_heads != n_heads else "MHA"
+    text = (provenance_text(provenance["device"], provenance["dtype"], provenance["torch"], "measured (solid)")
+            + " · predicted (dashed): analytic peak of the implementation's tensors")
+    if memory_source:
+        text += f" · memory: {memory_source}"
     base_layout(fig, f"Naive vs flash attention · {n_heads} heads × {head_dim} dims ({kv}) · batch {batch} · "
-                     f"{'causal' if causal else 'bidirectional'}", height=480)
-    fig.update_layout(legend=dict(orientation="h", y=-0.22, x=0), margin=dict(b=150))
+                     f"{'causal' if causal else 'bidirectional'}<br><sup>{text}</sup>", height=500)
+    fig.update_layout(legend=dict(orientation="h", y=-0.2, x=0), margin=dict(t=90, b=150))
+    lens = sorted({int(r["seq_len"]) for r in rows})
     for col in (1, 2):
-        fig.update_xaxes(type="log", title_text="sequence length T (tokens)", row=1, col=col)
+        fig.update_xaxes(type="log", title_text="sequence length T (tokens)", tickvals=lens,
+                         ticktext=[str(t) for t in lens], row=1, col=col)
     fig.update_yaxes(type="log", title_text="MiB", row=1, col=1)
     fig.update_yaxes(type="log", title_text="ms", row=1, col=2)
-    text = (provenance_text(provenance["device"], provenance["dtype"], provenance["torch"], "measured (solid)")
-            + " · predicted (dashed): analytic peak of each implementation's tensors")
-    if memory_source:
-        text += f" · memory from {memory_source}"
-    fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=1.0, yshift=22, xanchor="left",
-                       yanchor="bottom", showarrow=False, font=dict(size=10, color="#666"))
     return fig
 
 
@@ -133,7 +132,7 @@ def tiled_step_figure(
     out, final_out = np.asarray(out, dtype=float), np.asarray(final_out, dtype=float)
     rows = list(range(T))
     fig = make_subplots(
-        rows=2, cols=2, horizontal_spacing=0.12, vertical_spacing=0.16,
+        rows=2, cols=2, horizontal_spacing=0.2, vertical_spacing=0.16,
         subplot_titles=(
             f"attention weights · key block {block} = keys {start}–{stop - 1}",
             f"output so far (acc / l) · max |so far − final| {np.nanmax(np.abs(out - final_out)):.2e}",
@@ -143,7 +142,7 @@ def tiled_step_figure(
     )
     fig.add_trace(go.Heatmap(
         z=_finite_or_none(w), x=list(range(S)), y=rows, colorscale="Viridis", zmin=0, zmax=1,
-        colorbar=dict(title=dict(text=WEIGHT_COLORBAR, side="right"), x=0.44, len=0.42, y=0.79),
+        colorbar=dict(title=dict(text=WEIGHT_COLORBAR, side="right"), x=0.41, len=0.42, y=0.79),
         hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>",
     ), row=1, col=1)
     # keys not read yet: grey veil; the current block: red outline

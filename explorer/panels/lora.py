@@ -246,46 +246,62 @@ def _continue(model, ids: list[int], n: int) -> list[int]:
 
 @user_errors
 def lora_compare(prompt, layer, head, new_tokens, state):
-    """Base model (adapter off) vs adapter on or merged: one head's attention and a greedy continuation."""
-    model = _adapted(state)
-    _, tokenizer, _ = session.get_model(state)
+    """Base model (adapter off) vs adapter on or merged: one head's attention and a greedy continuation.
+
+    Before any fine-tune there is no adapter: both sides show the base model (a fresh adapter, B = 0, would
+    compute exactly the same numbers), so the first visit still shows the attention and a continuation.
+    """
+    model, tokenizer, _ = session.get_model(state)
     c = model.config
     layer = as_index(layer, c.n_layers, "layer")
     head = as_index(head, c.n_heads, "head")
     n = _whole(new_tokens, "new tokens", 1, MAX_CONTINUATION)
     ids, labels, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_PROMPT_TOKENS, c.max_seq_len - n))
     tokens = session.as_tensor(ids, model)
+    has_adapter = bool(lora_layers(model))
     with probes.model_lock(model):
-        mode = _mode_of(model)
+        mode = _mode_of(model) if has_adapter else None
         after_mode = "merged" if mode == "merged" else "on"
         try:
-            _set_mode(model, "off")
+            if has_adapter:
+                _set_mode(model, "off")
             before_pat = probes.attention_pattern(model, ids, layer, head)
             with torch.inference_mode():
                 before_logits = model(tokens).float()
             before_new = _continue(model, ids, n)
-            _set_mode(model, after_mode)
-            after_pat = probes.attention_pattern(model, ids, layer, head)
-            with torch.inference_mode():
-                after_logits = model(tokens).float()
-            after_new = _continue(model, ids, n)
             merge_note = ""
-            if after_mode == "merged":
-                _set_mode(model, "on")
+            if has_adapter:
+                _set_mode(model, after_mode)
+                after_pat = probes.attention_pattern(model, ids, layer, head)
                 with torch.inference_mode():
-                    unmerged = model(tokens).float()
-                merge_note = (f" Merged vs unmerged adapter: max |Δlogit| = {float((unmerged - after_logits).abs().max()):.2e}"
-                              " (float rounding).")
+                    after_logits = model(tokens).float()
+                after_new = _continue(model, ids, n)
+                if after_mode == "merged":
+                    _set_mode(model, "on")
+                    with torch.inference_mode():
+                        unmerged = model(tokens).float()
+                    merge_note = (" Merged vs unmerged adapter: max |Δlogit| = "
+                                  f"{float((unmerged - after_logits).abs().max()):.2e} (float rounding).")
+            else:
+                after_pat, after_logits, after_new = before_pat, before_logits, before_new
         finally:
-            _set_mode(model, mode)
+            if has_adapter:
+                _set_mode(model, mode)
+    after_title = f"adapter {after_mode}" if has_adapter else "no adapter yet (B = 0 would give exactly this)"
     fig = figs.attention_before_after_figure(
         before_pat, after_pat, labels, layer=layer, head_name=head_label(head, c.n_heads, c.n_kv_heads),
-        before_title="adapter off (base model)", after_title=f"adapter {after_mode}")
+        before_title="adapter off (base model)", after_title=after_title)
     prompt_text = tokenizer.decode(ids, skip_special_tokens=True)
+    after_label = f"adapter {after_mode}" if has_adapter else "no adapter yet"
     before_text = [(prompt_text, None), (tokenizer.decode(before_new, skip_special_tokens=True), "adapter off")]
-    after_text = [(prompt_text, None), (tokenizer.decode(after_new, skip_special_tokens=True), f"adapter {after_mode}")]
+    after_text = [(prompt_text, None), (tokenizer.decode(after_new, skip_special_tokens=True), after_label)]
+    head_md = f"{notice} " if notice else ""
+    if not has_adapter:
+        md = (f"{head_md}No adapter yet: both sides are the base model. A fresh adapter starts with B = 0, so it "
+              "changes nothing, to the bit, until it is trained. Fine-tune above and this view compares again.")
+        return fig, before_text, after_text, md
     changed = sum(a != b for a, b in zip(before_new, after_new))
-    md = (f"{notice + ' ' if notice else ''}Max |Δlogit| over the prompt, adapter {after_mode} vs off: "
+    md = (f"{head_md}Max |Δlogit| over the prompt, adapter {after_mode} vs off: "
           f"**{float((after_logits - before_logits).abs().max()):.3g}**; {changed} of {n} greedy tokens differ; "
           f"largest change in this head's weights: **{float(abs(after_pat - before_pat).max()):.3g}**.{merge_note} "
           f"The adapter is back to **{mode}**.")
@@ -313,9 +329,9 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
                               info=f"up to {MAX_TEXT_TOKENS} tokens are used")
             with gr.Row():
                 steps = gr.Slider(1, finetune.MAX_STEPS, value=40, step=1, label="steps")
-                lr = gr.Number(value=5e-3, label="learning rate", info="1e-5 to 0.1")
                 max_seconds = gr.Slider(1, finetune.MAX_SECONDS, value=30, step=1, label="time limit (s)")
             with gr.Row():
+                lr = gr.Number(value=5e-3, label="learning rate", info="1e-5 to 0.1")
                 train = gr.Button("Fine-tune", variant="primary")
                 stop = gr.Button("Stop", variant="stop")
             ft_md = gr.Markdown()
@@ -338,7 +354,8 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
                 before_text = gr.HighlightedText(label="base model (adapter off)", combine_adjacent=False,
                                                  color_map={"adapter off": "#c7d7f0"})
                 after_text = gr.HighlightedText(label="with your adapter", combine_adjacent=False,
-                                                color_map={"adapter on": "#ffd37a", "adapter merged": "#ffb17a"})
+                                                color_map={"adapter on": "#ffd37a", "adapter merged": "#ffb17a",
+                                                           "no adapter yet": "#dddddd"})
             cmp_md = gr.Markdown()
             cmp_plot = gr.Plot(label="Attention before and after")
 
@@ -359,5 +376,6 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     mode.input(lora_adapter, [mode, state], [mode_md, state], api_name="lora_adapter").success(
         lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_switch", api_visibility="private")
     compare.click(lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare")
+    demo.load(lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_example", api_visibility="undocumented")
     demo.load(lambda: figs.loss_curve_figure([], [], max_steps=40), None, [loss_plot], api_name="lora_empty_curve",
               api_visibility="private")
