@@ -61,20 +61,29 @@ def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: i
     gap = 1
     step = T + gap
     big = np.full((L * step - gap, H * step - gap), np.nan)
-    custom = np.empty(big.shape, dtype=object)
-    custom[:] = ""
+    # Hover names the tokens for small grids; for big ones (30 layers × 9 heads) indices keep the figure light.
+    named = L * H * T * T <= 40_000
+    custom = np.empty(big.shape, dtype=object) if named else np.full(big.shape + (4,), -1, dtype=np.int32)
+    if named:
+        custom[:] = ""
     for layer in range(L):
         for head in range(H):
             r0, c0 = layer * step, head * step
             big[r0:r0 + T, c0:c0 + T] = p[layer, head]
+            if not named:
+                custom[r0:r0 + T, c0:c0 + T] = np.stack(np.broadcast_arrays(
+                    layer, head, np.arange(T)[:, None], np.arange(T)[None, :]), axis=-1)
+                continue
             hl = head_label(head, H, n_kv_heads)
             for t in range(T):
                 for s in range(T):
                     custom[r0 + t, c0 + s] = f"layer {layer} · {hl}<br>query {labels[t]}<br>key {labels[s]}"
+    hover = ("%{customdata}" if named else
+             "layer %{customdata[0]} · head %{customdata[1]}<br>query %{customdata[2]} → key %{customdata[3]}")
     fig = go.Figure(go.Heatmap(
         z=big, customdata=custom, colorscale=SEQUENTIAL, zmin=WEIGHT_RANGE[0], zmax=WEIGHT_RANGE[1],
         colorbar=dict(title=dict(text=WEIGHT_COLORBAR, side="right")), hoverongaps=False,
-        hovertemplate="%{customdata}<br>weight %{z:.4f}<extra></extra>", xgap=0, ygap=0,
+        hovertemplate=hover + "<br>weight %{z:.4f}<extra></extra>", xgap=0, ygap=0,
     ))
     view = "causal" if causal else "bidirectional view"
     base_layout(fig, f"All {L} layers × {H} heads · attention weights ({view})",

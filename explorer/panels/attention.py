@@ -2,14 +2,19 @@
 the causal mask switched off, and naive vs fused attention compared live."""
 from __future__ import annotations
 
+import threading
 import time
+import weakref
+from collections import OrderedDict
 
 import gradio as gr
 import numpy as np
+import torch
 
 from explorer import probes, session
 from explorer.figures import attention as figs
 from explorer.figures.common import head_label, kv_head_of
+from models.heads import first_token_score, previous_token_score
 
 from . import as_index, head_choices, layer_choices, user_errors
 
@@ -38,6 +43,55 @@ def _score_choices(scores: dict, H: int, Hkv: int) -> list[tuple[str, str]]:
     return out
 
 
+_MEMO: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_MEMO_SIZE = 8
+_MEMO_LOCK = threading.Lock()
+
+
+def _memo(model, key, compute):
+    """Per-model results for the last few prompts, so switching layer or head does not rerun the model.
+
+    Only for the shared default model, which never changes: a user's own model may be changed in place
+    (LoRA attached or trained), so its results are always computed afresh.
+    """
+    if not session.is_shared(model):
+        return compute()
+    with _MEMO_LOCK:
+        entries = _MEMO.setdefault(model, OrderedDict())
+        if key in entries:
+            entries.move_to_end(key)
+            return entries[key]
+    value = compute()
+    with _MEMO_LOCK:
+        entries[key] = value
+        while len(entries) > _MEMO_SIZE:
+            entries.popitem(last=False)
+    return value
+
+
+def _patterns(model, ids, causal):
+    """(L, H, T, T) weights of every head and the sentence saying how they were obtained."""
+    def compute():
+        _, cache = probes.run_with_cache(model, ids, lambda n: n.endswith("attn.hook_pattern"), causal=causal)
+        return cache.stack("attn.hook_pattern")[:, 0].float().cpu().numpy(), cache.pattern_source
+    return _memo(model, ("patterns", tuple(ids), causal), compute)
+
+
+def _head_scores(model, ids):
+    """Previous-token and sink scores on the prompt (causal), induction on repeated random tokens.
+
+    The induction probe does not depend on the prompt, so it runs once per model.
+    """
+    induction = _memo(model, ("induction",), lambda: probes.head_scores(model)["induction"])
+    causal, _ = _patterns(model, ids, True)
+    pats = torch.from_numpy(causal)[:, None]  # (L, 1, H, T, T)
+    if len(ids) < 2:
+        nan = np.full(induction.shape, np.nan, dtype=np.float32)
+        return {"previous_token": nan, "first_token": nan, "induction": induction}
+    return {"previous_token": previous_token_score(pats).float().numpy(),
+            "first_token": first_token_score(pats).float().numpy(), "induction": induction}
+
+
 @user_errors
 def attention_view(prompt, layer, head, view, state):
     """Everything the tab shows for one prompt, layer, head and mask view."""
@@ -52,19 +106,18 @@ def attention_view(prompt, layer, head, view, state):
     causal = view == VIEWS[0]
     ids, labels, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_TOKENS, c.max_seq_len))
 
-    _, cache = probes.run_with_cache(model, ids, lambda n: n.endswith("attn.hook_pattern"), causal=causal)
-    patterns = cache.stack("attn.hook_pattern")[:, 0].float().cpu().numpy()  # (L, H, T, T)
+    patterns, source = _patterns(model, ids, causal)  # (L, H, T, T)
     heat = figs.attention_heatmap(patterns[layer, head], labels, layer=layer, head=head, n_heads=H,
                                   n_kv_heads=Hkv, causal=causal)
     grid = figs.attention_grid(patterns, labels, n_kv_heads=Hkv, causal=causal)
 
-    scores = probes.head_scores(model, tokens=ids)
+    scores = _head_scores(model, ids)
     scores_fig = figs.head_scores_figure(
         {k: scores[k] for k in SCORES_SHOWN}, n_kv_heads=Hkv, selected=(layer, head),
         subtitle="previous-token and sink on your prompt (causal); induction on repeated random tokens",
     )
     gqa = figs.gqa_figure(H, Hkv)
-    diffs = probes.compare_impls(model, ids, causal=causal)
+    diffs = _memo(model, ("impls", tuple(ids), causal), lambda: probes.compare_impls(model, ids, causal=causal))
 
     shown = session.token_strings(tokenizer, ids)
     table = [[i, tok, int(t)] for i, (tok, t) in enumerate(zip(shown, ids))]
@@ -78,7 +131,7 @@ def attention_view(prompt, layer, head, view, state):
             f"{'causal' if causal else 'bidirectional view (the model was trained causal)'}"]
     if notice:
         info.append(f"⚠️ {notice}")
-    info.append(f"Weights shown: {cache.pattern_source}.")
+    info.append(f"Weights shown: {source}.")
     elapsed = time.perf_counter() - t0
     info.append(f"Computed in {elapsed * 1000:.0f} ms on {session.runtime_info(model)['device']}.")
     impl_md = (f"**Naive vs fused attention, computed now on this prompt** "

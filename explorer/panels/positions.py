@@ -95,7 +95,7 @@ def rope_view(prompt, theta, position, pairs, layer, head, state):
     return (circle, angles, distance, compare, sinus, "\n\n".join(md),
             gr.Dropdown(choices=layer_choices(c.n_layers), value=layer),
             gr.Dropdown(choices=head_choices(c.n_heads, c.n_kv_heads), value=head),
-            gr.Dropdown(choices=list(range(half)), value=pairs))
+            gr.Dropdown(choices=list(range(half)), value=pairs, multiselect=True))
 
 
 @user_errors
