@@ -59,7 +59,7 @@ def parameter_figure(
                      f"<br><sup>counted on a copy of the adapted structure · formula r·(in + out) per projection · "
                      f"memory predicted ({dtype}; activations not included)</sup>", height=440)
     fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.18, x=0.55), margin=dict(t=90, b=90))
-    fig.update_yaxes(type="log", title_text="parameters", row=1, col=1)
+    fig.update_yaxes(type="log", dtick=1, title_text="parameters", row=1, col=1)
     fig.update_yaxes(title_text="MiB", rangemode="tozero", row=1, col=2)
     return fig
 

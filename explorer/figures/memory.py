@@ -83,9 +83,9 @@ def memory_sweep_figure(
         ), row=1, col=2)
     kv = f"{n_kv_heads} KV heads" if n_kv_heads != n_heads else "MHA"
     text = (provenance_text(provenance["device"], provenance["dtype"], provenance["torch"], "measured (solid)")
-            + " · predicted (dashed): analytic peak of the implementation's tensors")
+            + " · predicted (dashed)")
     if memory_source:
-        text += f" · memory: {memory_source}"
+        text += f" · peak from {memory_source.split(' allocation')[0]}"
     base_layout(fig, f"Naive vs flash attention · {n_heads} heads × {head_dim} dims ({kv}) · batch {batch} · "
                      f"{'causal' if causal else 'bidirectional'}<br><sup>{text}</sup>", height=500)
     fig.update_layout(legend=dict(orientation="h", y=-0.2, x=0), margin=dict(t=90, b=150))

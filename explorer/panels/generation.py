@@ -13,6 +13,7 @@ from models.config import ModelConfig
 from explorer.figures import generation as figs
 
 from . import user_errors
+from .memory import MEASURE_LOCK
 
 MAX_NEW_TOKENS = 128
 TOP = 10  # candidates shown per step
@@ -121,7 +122,8 @@ def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state):
             raise
         raise ValueError(f"{exc} The model's context is {c.max_seq_len} tokens: the prompt plus "
                          f"{s['max_new_tokens']} new tokens must fit in it.") from None
-    with probes.model_lock(model):
+    # Timings are only worth showing without the memory lab measuring on the same cores at the same time.
+    with probes.model_lock(model), MEASURE_LOCK:
         _warm_up(model, ids)
         cmp = probes.compare_cache(model, ids, s["max_new_tokens"], seed=s["seed"], temperature=s["temperature"],
                                    top_k=s["top_k"], top_p=s["top_p"], top=TOP)

@@ -331,9 +331,9 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
                 steps = gr.Slider(1, finetune.MAX_STEPS, value=40, step=1, label="steps")
                 max_seconds = gr.Slider(1, finetune.MAX_SECONDS, value=30, step=1, label="time limit (s)")
             with gr.Row():
-                lr = gr.Number(value=5e-3, label="learning rate", info="1e-5 to 0.1")
-                train = gr.Button("Fine-tune", variant="primary")
-                stop = gr.Button("Stop", variant="stop")
+                lr = gr.Number(value=5e-3, label="learning rate", info="1e-5 to 0.1", min_width=120)
+                train = gr.Button("Fine-tune", variant="primary", min_width=100)
+                stop = gr.Button("Stop", variant="stop", min_width=80)
             ft_md = gr.Markdown()
         with gr.Column(scale=3):
             loss_plot = gr.Plot(label="Training loss")
