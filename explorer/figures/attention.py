@@ -87,14 +87,14 @@ def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: i
     ))
     view = "causal" if causal else "bidirectional view"
     base_layout(fig, f"All {L} layers × {H} heads · attention weights ({view})",
-                height=int(min(1100, max(360, 120 + L * max(60, min(120, 6 * T))))))
+                height=int(min(1400, max(320, 150 + 1000 * L / H))))
     centres_x = [h * step + (T - 1) / 2 for h in range(H)]
     centres_y = [layer * step + (T - 1) / 2 for layer in range(L)]
     fig.update_xaxes(title_text="head (each small map: key →)", tickvals=centres_x,
                      ticktext=[head_label(h, H, n_kv_heads) for h in range(H)], showgrid=False, zeroline=False)
     fig.update_yaxes(title_text="layer (each small map: query ↓)", tickvals=centres_y,
                      ticktext=[f"layer {layer}" for layer in range(L)], autorange="reversed", showgrid=False,
-                     zeroline=False)
+                     zeroline=False, scaleanchor="x", constrain="domain")
     return fig
 
 

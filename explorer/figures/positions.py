@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from .common import DIVERGING, QUALITATIVE, auto_height, base_layout
+from .common import DIVERGING, QUALITATIVE, base_layout
 
 CYCLIC = "Twilight"
 
@@ -80,7 +80,7 @@ def rope_angle_heatmap(angles: np.ndarray, *, theta: float, wavelengths: np.ndar
                       tickvals=[0, math.pi / 2, math.pi, 3 * math.pi / 2, 2 * math.pi],
                       ticktext=["0", "π/2", "π", "3π/2", "2π"]),
     ))
-    base_layout(fig, f"RoPE angles · position × pair · θ = {theta:,.0f}", height=auto_height(min(T, 40), lo=420))
+    base_layout(fig, f"Decoder · RoPE angles · position × pair · θ = {theta:,.0f}", height=480)
     fig.update_xaxes(title_text="pair i (rotates dims i and i + D/2; higher i turns slower)")
     fig.update_yaxes(title_text="position", autorange="reversed")
     return fig
@@ -102,8 +102,8 @@ def rope_distance_figure(curves: Mapping[str, np.ndarray], *, highlight: str | N
     title = "Rotated q·k/√D against relative distance m − n"
     if subtitle:
         title += f"<br><sup>{subtitle}</sup>"
-    base_layout(fig, title, height=420)
-    fig.update_layout(margin=dict(t=80), legend=dict(orientation="h", y=-0.2, x=0))
+    base_layout(fig, title, height=440)
+    fig.update_layout(margin=dict(t=100), legend=dict(orientation="h", y=-0.2, x=0))
     fig.update_xaxes(title_text="relative distance m − n (positions)")
     fig.update_yaxes(title_text="score q·k/√D (unitless)", zeroline=True)
     return fig
@@ -118,8 +118,7 @@ def sinusoidal_heatmap(table: np.ndarray) -> go.Figure:
         colorbar=dict(title=dict(text="value added to the embedding (−1..1)", side="right")),
         hovertemplate="position %{y}<br>channel %{x}<br>value %{z:.4f}<extra></extra>",
     ))
-    base_layout(fig, "Encoder · sinusoidal position table (added to the token embedding)",
-                height=auto_height(min(T, 40), lo=420))
+    base_layout(fig, "Encoder · sinusoidal position table (added to the embedding)", height=480)
     fig.update_xaxes(title_text="channel (even: sin, odd: cos; higher channels change slower)")
     fig.update_yaxes(title_text="position", autorange="reversed")
     return fig

@@ -72,8 +72,8 @@ def rope_view(prompt, theta, position, pairs, layer, head, state):
     rel = probe["relative"]
     distance = figs.rope_distance_figure(
         curves, highlight=curve_name(theta),
-        subtitle=f"{rel['vectors']}; at θ = {theta:,.0f} the score depends only on m − n "
-                 f"(largest gap from that: {rel['max_deviation']:.1e})")
+        subtitle=f"{rel['vectors']}<br>at θ = {theta:,.0f} the score depends only on m − n "
+                 f"(largest gap between scores at the same distance: {rel['max_deviation']:.1e})")
 
     before = probes.attention_pattern(model, ids, layer, head)
     view = session.with_rope_theta(model, theta)
@@ -118,27 +118,26 @@ def build_positions(demo: gr.Blocks, state: gr.State) -> None:
     gr.Markdown(INTRO)
     with gr.Row():
         with gr.Column(scale=2):
-            position = gr.Slider(0, POSITIONS - 1, value=5, step=1, label="Position")
-            pairs = gr.Dropdown(choices=list(range(half)), value=sorted({0, half // 4, half // 2, half - 1}),
-                                multiselect=True, label=f"Pairs to follow (0 = fastest, {half - 1} = slowest)")
             theta = gr.Number(value=float(c.rope_theta), label="rope_theta (θ)",
                               info=f"trained with {c.rope_theta:,.0f}; try 100 or 1,000,000")
+            prompt = gr.Textbox(label="Prompt for the attention map", value=DEFAULT_PROMPT, lines=2)
+            with gr.Row():
+                layer = gr.Dropdown(label="Layer", choices=layer_choices(c.n_layers), value=0,
+                                    allow_custom_value=True)
+                head = gr.Dropdown(label="Head", choices=head_choices(c.n_heads, c.n_kv_heads), value=0,
+                                   allow_custom_value=True)
+            run = gr.Button("Apply θ", variant="primary")
+            position = gr.Slider(0, POSITIONS - 1, value=5, step=1, label="Position (moves the circle)")
+            pairs = gr.Dropdown(choices=list(range(half)), value=sorted({0, half // 4, half // 2, half - 1}),
+                                multiselect=True, label=f"Pairs to follow (0 = fastest, {half - 1} = slowest)")
         with gr.Column(scale=3):
             circle = gr.Plot(label="RoPE pairs on the unit circle")
-    with gr.Row():
-        angles = gr.Plot(label="Angle of every pair at every position")
-        distance = gr.Plot(label="Score against relative distance")
     md = gr.Markdown()
+    compare = gr.Plot(label="The same head with the trained θ and the chosen θ")
     with gr.Row():
-        prompt = gr.Textbox(label="Prompt for the attention map", value=DEFAULT_PROMPT, lines=1, scale=3)
-        layer = gr.Dropdown(label="Layer", choices=layer_choices(c.n_layers), value=0, allow_custom_value=True,
-                            scale=1)
-        head = gr.Dropdown(label="Head", choices=head_choices(c.n_heads, c.n_kv_heads), value=0,
-                           allow_custom_value=True, scale=1)
-        run = gr.Button("Apply θ", variant="primary", scale=1)
-    with gr.Row():
-        compare = gr.Plot(label="The same head with the trained θ and the chosen θ")
-    sinus = gr.Plot(label="Encoder: sinusoidal position table")
+        angles = gr.Plot(label="Decoder: RoPE angle of every pair at every position")
+        sinus = gr.Plot(label="Encoder: sinusoidal position table")
+    distance = gr.Plot(label="Score against relative distance")
 
     inputs = [prompt, theta, position, pairs, layer, head, state]
     outputs = [circle, angles, distance, compare, sinus, md, layer, head, pairs]
