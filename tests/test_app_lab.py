@@ -287,3 +287,27 @@ def test_one_sessions_adapter_leaves_other_sessions_unchanged(app_url, served):
     assert [r[2] for r in merged_a] == [r[2] for r in tuned_a[6]["data"]]
     _, _, after_merged, md = a.predict("Tom has a red", 0, 1, 8, api_name="/lora_compare")
     assert "Merged vs unmerged" in md and after_merged[1]["class_or_confidence"] == "adapter merged"
+
+
+def test_finetune_is_cancellable_and_stops_training(app_url):
+    import time
+
+    from gradio_client import Client
+    from gradio_client.utils import Status
+
+    a = Client(app_url, verbose=False)
+    t0 = time.perf_counter()
+    job = a.submit(4, 8, ["q_proj", "v_proj"], "Tom has a red ball. " * 30, 200, 1e-3, 60,
+                   api_name="/lora_finetune")
+    while len(job.outputs()) < 2 and time.perf_counter() - t0 < 60:
+        time.sleep(0.1)
+    assert len(job.outputs()) >= 2, "no live update of the loss curve arrived"
+    job.cancel()
+    while not job.done() and time.perf_counter() - t0 < 60:
+        time.sleep(0.1)
+    assert job.status().code == Status.CANCELLED
+    first = a.predict("Tom has a red", 0, 0, 4, api_name="/lora_compare")[3]
+    time.sleep(1.0)
+    second = a.predict("Tom has a red", 0, 0, 4, api_name="/lora_compare")[3]
+    assert first == second  # nothing is training any more: the adapter stands still
+    assert time.perf_counter() - t0 < 30
