@@ -223,7 +223,7 @@ def test_model_card_counts_parameters(client, served):
     parts = fig(bars)["data"][0]
     assert arr(parts["x"]).sum() == model.num_parameters()
     assert list(parts["y"]) == ["embedding", "attention", "MLP", "norms", "LM head"]
-    assert "float32" in status and "MiB" in status
+    assert "float32" in status and "iB**" in status
 
 
 # --- the other tabs' endpoints --------------------------------------------------------------------------------

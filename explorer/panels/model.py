@@ -42,6 +42,21 @@ def parameters_by_component(model) -> dict[str, int]:
     return parts
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n / 2**10:,.1f} KiB"
+
+
+def local_checkpoints() -> list[str]:
+    """Folders under the allowed root that hold a config.json (what "a local folder" can name)."""
+    root = session.model_root()
+    try:
+        found = sorted(str(p.parent.relative_to(root)) for p in root.glob("*/config.json"))
+        found += sorted(str(p.parent.relative_to(root)) for p in root.glob("*/*/config.json"))
+    except OSError:
+        return []
+    return found[:20]
+
+
 def _card_text(folder: Path | None) -> str:
     if folder is None or not (folder / "README.md").is_file():
         return ""
@@ -70,7 +85,7 @@ def model_card(state):
     tied = " (LM head tied to the embedding: counted once)" if c.tie_embeddings else ""
     fig = parameter_bars(parts, total=total, title=f"{name} · {total:,} parameters by component{tied}")
     summary = (f"**{name}** · {total:,} parameters · dtype **{info['dtype']}** · device {info['device']} · "
-               f"weights **{param_bytes / 2**20:,.1f} MiB** in memory (+ {buffer_bytes / 2**20:,.1f} MiB of RoPE "
+               f"weights **{_size(param_bytes)}** in memory (+ {_size(buffer_bytes)} of RoPE "
                f"tables) · torch {info['torch']} · {'shared default (read-only)' if session.is_shared(model) else 'your own copy'}")
     rows = [[k, str(v)] for k, v in c.to_dict().items()]
     rows += [["head_dim (derived)", str(c.head_dim)], ["n_kv_groups (derived)", str(c.n_kv_groups)]]
@@ -103,6 +118,9 @@ def show_card(state):
 
 def build_model(demo: gr.Blocks, state: gr.State) -> None:
     gr.Markdown(INTRO.format(root=session.model_root()))
+    found = local_checkpoints()
+    if found:
+        gr.Markdown("Local checkpoints under the allowed root: " + ", ".join(f"`{f}`" for f in found))
     with gr.Row():
         source = gr.Textbox(label="Model", value="default", scale=4,
                             placeholder="default · HuggingFaceTB/SmolLM2-135M · default-model",
