@@ -242,3 +242,22 @@ def test_other_tabs_answer_with_their_defaults(client, api):
     assert plots, f"{api} returned no figure"
     for p in plots:
         assert fig(p)["data"]
+
+
+def test_rope_circle_follows_the_position_slider(client, served):
+    model, _ = served
+    theta = 500.0
+    f = fig(client.predict(theta, 9, [0, 1], api_name="/rope_circle"))
+    arrows = [t for t in f["data"] if t.get("mode") == "lines+markers" and len(arr(t["x"])) == 2]
+    freqs = probes.rope_probe(model.config, theta=theta, positions=64)["frequencies"]
+    for arrow, i in zip(arrows, [0, 1]):
+        np.testing.assert_allclose(arr(arrow["x"])[1], np.cos(9 * freqs[i]), atol=1e-9)
+        np.testing.assert_allclose(arr(arrow["y"])[1], np.sin(9 * freqs[i]), atol=1e-9)
+
+
+def test_jump_to_head_reads_the_score_menu():
+    from explorer.panels.attention import jump_to_head
+
+    assert jump_to_head("1,2") == (1, 2)
+    with pytest.raises(Exception, match="Choose a head"):
+        jump_to_head(None)

@@ -197,3 +197,19 @@ def test_norm_and_activation_figures():
 def test_parameter_bars():
     fig = parameter_bars({"embedding": 30, "attention": 70}, title="t", total=100)
     assert list(fig.data[0].x) == [30, 70] and fig.data[0].text[1] == "70 (70.0%)"
+
+
+# --- properties ------------------------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(max_size=6), min_size=1, max_size=30))
+def test_any_token_list_gets_one_unique_row_each(tokens):
+    labels = token_labels(tokens)
+    assert len(labels) == len(set(labels)) == len(tokens)
+    fig = fa.attention_heatmap(np.eye(len(tokens)), labels, layer=0, head=0, n_heads=1, n_kv_heads=1)
+    assert list(fig.data[0].y) == labels
+    assert all("<" not in lab.replace("&lt;", "") for lab in labels)  # no raw markup reaches plotly
