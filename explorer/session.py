@@ -177,9 +177,12 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
         n = estimate_parameters(hf)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{name}: config.json is not a readable Llama config ({exc}).") from exc
-    if n > MAX_LOAD_PARAMETERS:
-        raise ValueError(f"{name} has about {n / 1e6:.0f} M parameters; this app loads at most "
-                         f"{MAX_LOAD_PARAMETERS / 1e6:.0f} M on this machine. Choose a smaller checkpoint.")
+    from .measure import MEMORY_BUDGET_BYTES
+
+    limit = min(MAX_LOAD_PARAMETERS, MEMORY_BUDGET_BYTES // 4)  # fp32 weights must fit the memory budget
+    if n > limit:
+        raise ValueError(f"{name} has about {n / 1e6:.0f} M parameters ({4 * n / 2**30:.1f} GiB in float32); this "
+                         f"app loads at most {limit / 1e6:.0f} M on this machine. Choose a smaller checkpoint.")
     model = load_pretrained(folder)
     for p in model.parameters():
         p.requires_grad_(False)

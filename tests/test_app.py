@@ -261,3 +261,14 @@ def test_jump_to_head_reads_the_score_menu():
     assert jump_to_head("1,2") == (1, 2)
     with pytest.raises(Exception, match="Choose a head"):
         jump_to_head(None)
+
+
+def test_load_model_refuses_a_checkpoint_too_big_before_reading_weights(fresh_client, model_root):
+    huge = model_root / "huge"
+    huge.mkdir(exist_ok=True)
+    (huge / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "vocab_size": 32000,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336}))
+    (huge / "model.safetensors").write_bytes(b"not read")  # never opened: the size check comes first
+    with pytest.raises(AppError, match="parameters"):
+        fresh_client.predict("huge", api_name="/load_model")
