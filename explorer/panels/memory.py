@@ -188,10 +188,8 @@ def opening_rows() -> tuple[list[dict], float]:
 def memory_compare(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype, progress=gr.Progress()):
     """Measure naive / SDPA / tiled attention over sequence lengths; yields the chart as each size lands."""
     req = _check_request(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype)
-    out = None
     for rows, notes, elapsed in run_sweep(req, progress):
-        out = (_figure(rows, req), _summary(rows, req, notes, elapsed), _table(rows))
-        yield out
+        yield _figure(rows, req), _summary(rows, req, notes, elapsed), _table(rows)
 
 
 @user_errors
@@ -236,7 +234,7 @@ def memory_trace(seq_len, block_size, causal, head):
 @user_errors
 def memory_trace_step(trace, block, head):
     if not trace:
-        raise ValueError("Press “Trace” first.")
+        return gr.skip()  # the slider moved before any trace exists (page still loading): nothing to redraw
     n = len(trace["blocks"])
     block = _int(block, "key block", 0, n - 1)
     head = _int(head, "head", 0, TRACE_HEADS - 1)
