@@ -92,8 +92,7 @@ def _head_scores(model, ids):
             "first_token": first_token_score(pats).float().numpy(), "induction": induction}
 
 
-@user_errors
-def attention_view(prompt, layer, head, view, state):
+def _attention_view(prompt, layer, head, view, state):
     """Everything the tab shows for one prompt, layer, head and mask view."""
     t0 = time.perf_counter()
     model, tokenizer, name = session.get_model(state)
@@ -144,6 +143,12 @@ def attention_view(prompt, layer, head, view, state):
             gr.Dropdown(choices=layer_choices(L), value=layer),
             gr.Dropdown(choices=head_choices(H, Hkv), value=head),
             gr.Dropdown(choices=picks, value=None))
+
+@user_errors
+def attention_view(prompt, layer, head, view, state):
+    model, _, _ = session.get_model(state)
+    with session.threads_for(model):
+        return _attention_view(prompt, layer, head, view, state)
 
 
 @user_errors

@@ -38,8 +38,7 @@ def _token_index(value, T: int) -> int:
     return i % T
 
 
-@user_errors
-def encoder_decoder_view(prompt, layer, head, token_pos, state):
+def _encoder_decoder_view(prompt, layer, head, token_pos, state):
     decoder, tokenizer, name = session.get_model(state)
     encoder = session.encoder_for(decoder)
     c, ec = decoder.config, encoder.config
@@ -104,6 +103,12 @@ def encoder_decoder_view(prompt, layer, head, token_pos, state):
         md += f"\n\n⚠️ {notice}"
     return (masks, attn, norms, acts, md, gr.Dropdown(choices=layer_choices(c.n_layers), value=layer),
             gr.Dropdown(choices=head_choices(c.n_heads, c.n_kv_heads), value=head))
+
+@user_errors
+def encoder_decoder_view(prompt, layer, head, token_pos, state):
+    model, _, _ = session.get_model(state)
+    with session.threads_for(model):
+        return _encoder_decoder_view(prompt, layer, head, token_pos, state)
 
 
 def build_encoder_decoder(demo: gr.Blocks, state: gr.State) -> None:

@@ -44,8 +44,7 @@ def _theta(value) -> float:
     return theta
 
 
-@user_errors
-def rope_view(prompt, theta, position, pairs, layer, head, state):
+def _rope_view(prompt, theta, position, pairs, layer, head, state):
     model, tokenizer, name = session.get_model(state)
     c = model.config
     half = c.head_dim // 2
@@ -96,6 +95,12 @@ def rope_view(prompt, theta, position, pairs, layer, head, state):
             gr.Dropdown(choices=layer_choices(c.n_layers), value=layer),
             gr.Dropdown(choices=head_choices(c.n_heads, c.n_kv_heads), value=head),
             gr.Dropdown(choices=list(range(half)), value=pairs, multiselect=True))
+
+@user_errors
+def rope_view(prompt, theta, position, pairs, layer, head, state):
+    model, _, _ = session.get_model(state)
+    with session.threads_for(model):
+        return _rope_view(prompt, theta, position, pairs, layer, head, state)
 
 
 @user_errors
