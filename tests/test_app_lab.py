@@ -90,6 +90,18 @@ def test_memory_compare_refuses_over_budget_before_allocating(client):
     assert time.perf_counter() - t0 < 10  # refused from the prediction, nothing measured
 
 
+def test_memory_budget_hint_is_the_prediction(client):
+    md = client.predict(8, 64, 8, ["naive", "sdpa"], True, "float32", api_name="/memory_budget")
+    kw = dict(n_kv_heads=8, dtype="float32", causal=True, device="cuda" if torch.cuda.is_available() else "cpu")
+    naive = measure.largest_fitting_seq_len(measure.MEMORY_BUDGET_BYTES, 8, 64, impls=("naive",), **kw)
+    both = measure.largest_fitting_seq_len(measure.MEMORY_BUDGET_BYTES, 8, 64, impls=("naive", "sdpa"), **kw)
+    assert f"naive up to T = {naive:,}" in md and f"together up to T = **{both:,}**" in md
+    # the sweep right at that limit is accepted by the budget check, one past it is refused
+    measure.check_budget(both, 8, 64, impls=("naive", "sdpa"), **kw)
+    with pytest.raises(ValueError, match="over the memory budget"):
+        measure.check_budget(both + 1, 8, 64, impls=("naive", "sdpa"), **kw)
+
+
 @pytest.mark.parametrize("args, message", [
     ((1024, 8, 64, 3, ["naive"], True, "float32"), r"KV heads \(3\) must divide the 8 query heads"),
     ((1024, 8, 64, 8, [], True, "float32"), "Tick at least one implementation"),

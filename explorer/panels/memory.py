@@ -193,6 +193,23 @@ def memory_compare(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype, p
 
 
 @user_errors
+def memory_budget(n_heads, head_dim, n_kv_heads, impls, causal, dtype):
+    """How long a sequence fits the memory budget with these settings (predictions only, nothing allocated)."""
+    req = _check_request(MIN_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype)
+    kw = dict(n_kv_heads=req["n_kv_heads"], dtype=req["dtype"], causal=req["causal"], device=device())
+    parts = []
+    for impl in req["impls"]:
+        fits = measure.largest_fitting_seq_len(measure.MEMORY_BUDGET_BYTES, req["n_heads"], req["head_dim"],
+                                               impls=(impl,), **kw)
+        parts.append(f"{impl} up to T = {fits:,}")
+    together = measure.largest_fitting_seq_len(measure.MEMORY_BUDGET_BYTES, req["n_heads"], req["head_dim"],
+                                               impls=tuple(req["impls"]), **kw)
+    return (f"Predicted to fit the {measure.format_bytes(measure.MEMORY_BUDGET_BYTES)} budget: "
+            f"{'; '.join(parts)}; all ticked together up to T = **{together:,}**. Larger requests are refused "
+            f"before anything is allocated; a sweep also stops before {SWEEP_SECONDS:.0f} s.")
+
+
+@user_errors
 def memory_example():
     req = _check_request(**OPENING)
     rows, elapsed = opening_rows()
@@ -260,8 +277,7 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
             with gr.Row():
                 run = gr.Button("Measure", variant="primary")
                 stop = gr.Button("Stop", variant="stop")
-            gr.Markdown(f"Requests predicted to need more than {measure.format_bytes(measure.MEMORY_BUDGET_BYTES)} "
-                        f"are refused before anything is allocated; a sweep stops before {SWEEP_SECONDS:.0f} s.")
+            budget_md = gr.Markdown()
         with gr.Column(scale=3):
             plot = gr.Plot(label="Peak memory and time: measured (solid) and predicted (dashed)")
             summary = gr.Markdown()
@@ -292,6 +308,11 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
                  show_progress="hidden")
     t_head.input(memory_trace_step, [trace_state, block, t_head], [trace_plot], api_name="memory_trace_head",
                  api_visibility="private")
+    budget_inputs = [n_heads, head_dim, n_kv_heads, impls, causal, dtype]
+    for control in budget_inputs:
+        control.input(memory_budget, budget_inputs, [budget_md], api_name=f"memory_budget_{control.label.split()[0]}",
+                      api_visibility="private", show_progress="hidden")
+    demo.load(memory_budget, budget_inputs, [budget_md], api_name="memory_budget", api_visibility="undocumented")
     demo.load(memory_example, None, sweep_outputs, api_name="memory_example", api_visibility="undocumented")
     demo.load(memory_trace, trace_inputs, trace_outputs, api_name="memory_trace_example",
               api_visibility="undocumented")
