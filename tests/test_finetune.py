@@ -12,6 +12,15 @@ from models.decoder import Decoder
 from models.lora import PROJECTIONS, attach_lora, count_parameters, lora_layers, merge_lora, set_lora_enabled
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and on a busy 2-core machine two threads spin against each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_model(seed: int = 0) -> Decoder:
     torch.manual_seed(seed)
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=64)
