@@ -323,3 +323,28 @@ def test_finetune_is_cancellable_and_stops_training(app_url):
     second = a.predict("Tom has a red", 0, 0, 4, api_name="/lora_compare")[3]
     assert first == second  # nothing is training any more: the adapter stands still
     assert time.perf_counter() - t0 < 30
+
+
+def test_a_diverging_fine_tune_removes_the_adapter(served, monkeypatch):
+    """Called directly (no client): a NaN loss ends the run with a message and leaves the base model."""
+    import gradio as gr
+
+    from explorer import finetune
+    from explorer.panels import lora as panel
+
+    def diverging(model, ids, **kw):
+        yield {"step": 1, "loss": 2.0, "seconds": 0.1, "stopped": None}
+        yield {"step": 2, "loss": float("nan"), "seconds": 0.2, "stopped": None}
+
+    monkeypatch.setattr(finetune, "iter_finetune", diverging)
+    state = session.new_state()
+    run = panel.lora_finetune(4, 8, ["q_proj"], "Tom has a red ball. Anna has a red ball.", 5, 1e-2, 10, state,
+                              progress=lambda *a, **k: None)
+    with pytest.raises(gr.Error, match="lower the learning rate"):
+        for _ in run:
+            pass
+    own, _, _ = session.get_model(state)
+    assert own is not served[0] and not lora_layers(own)
+    ids = _ids(served[1], PROMPT)
+    with torch.no_grad():
+        assert torch.equal(own(torch.tensor([ids])), served[0](torch.tensor([ids])))

@@ -172,6 +172,12 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
             if got is None:
                 break
             record = got
+            if not math.isfinite(record["loss"]):
+                with lock:
+                    detach_lora(model)
+                state.pop("lora", None)
+                raise ValueError(f"The loss became {record['loss']} at step {record['step']}: lower the learning "
+                                 "rate. The adapter was removed, so your model is the base model again.")
             xs.append(record["step"])
             ys.append(record["loss"])
             state["lora"]["trained_steps"] = record["step"]
