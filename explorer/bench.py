@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from explorer import measure
-from models.config import ModelConfig
+from models.config import ATTN_IMPLS, ModelConfig
 from models.decoder import Decoder
 from models.generate import generate
 from models.loading import save_pretrained
@@ -46,18 +46,19 @@ def log(msg: str) -> None:
 def settings_for(quick: bool, tiny: bool, device: str) -> dict[str, Any]:
     """What each mode runs. ``tiny`` (hidden flag, for tests) shrinks everything to seconds."""
     if tiny:
-        return {"mode": "tiny (test only)", "seq_lens": [64, 128], "attn_repeats": 1, "n_layers": 2,
-                "model": {"d_model": 64, "n_heads": 4, "n_kv_heads": 2, "d_ff": 128, "vocab_size": 256},
+        return {"mode": "tiny (test only)", "attn_runs": [([64, 128], ATTN_IMPLS)], "attn_repeats": 1,
+                "n_layers": 2, "model": {"d_model": 64, "n_heads": 4, "n_kv_heads": 2, "d_ff": 128, "vocab_size": 256},
                 "prefill_lens": [128, 512], "prefill_repeats": 1, "decode_repeats": 1, "cache_repeats": 1,
                 "bandwidth_bytes": 16 * measure.MIB}
     if quick:
-        return {"mode": "quick", "seq_lens": [1024, TARGET_T], "attn_repeats": 1, "n_layers": 4, "model": {},
-                "prefill_lens": [128, 512], "prefill_repeats": 2, "decode_repeats": 2, "cache_repeats": 1,
-                "bandwidth_bytes": 128 * measure.MIB}
+        # the tiled loop is the slow one on a CPU: it stops at 2048 here; naive and sdpa reach the target length
+        return {"mode": "quick", "attn_runs": [([1024, 2048], ATTN_IMPLS), ([TARGET_T], ("naive", "sdpa"))],
+                "attn_repeats": 1, "n_layers": 2, "model": {}, "prefill_lens": [128, 512], "prefill_repeats": 2,
+                "decode_repeats": 2, "cache_repeats": 1, "bandwidth_bytes": 128 * measure.MIB}
     seq_lens = [256, 512, 1024, 2048, 4096, 8192]
     if device.startswith("cuda"):
         seq_lens += [16384, 32768]
-    return {"mode": "full", "seq_lens": seq_lens, "attn_repeats": 3, "n_layers": None, "model": {},
+    return {"mode": "full", "attn_runs": [(seq_lens, ATTN_IMPLS)], "attn_repeats": 3, "n_layers": None, "model": {},
             "prefill_lens": [128, 512], "prefill_repeats": 5, "decode_repeats": 3, "cache_repeats": 3,
             "bandwidth_bytes": 512 * measure.MIB}
 
@@ -91,9 +92,11 @@ def bench_attention(settings, device: str, dtype: torch.dtype, budget: int) -> l
             log(f"attention T={row['seq_len']} {row['impl']}: peak {measure.format_bytes(row['peak_bytes'])} "
                 f"(predicted {measure.format_bytes(row['predicted_bytes'])}), {row['seconds']:.3f} s")
 
-    rows = measure.attention_sweep(settings["seq_lens"], 8, 64, dtype=dtype, device=device, causal=True,
-                                   repeats=settings["attn_repeats"], budget_bytes=budget, over_budget="skip",
-                                   on_result=on_result)
+    rows = []
+    for seq_lens, impls in settings["attn_runs"]:
+        rows += measure.attention_sweep(seq_lens, 8, 64, impls=impls, dtype=dtype, device=device, causal=True,
+                                        repeats=settings["attn_repeats"], budget_bytes=budget, over_budget="skip",
+                                        on_result=on_result)
     by_t: dict[int, dict[str, dict]] = {}
     for row in rows:
         by_t.setdefault(row["seq_len"], {})[row["impl"]] = row
@@ -360,8 +363,9 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
     cfg = model_config(settings)
     notes = []
     if settings["mode"] != "full":
-        notes.append(f"{settings['mode']} mode: attention at T = {settings['seq_lens']} only, "
-                     f"{cfg.n_layers} layers instead of 30, fewer repeats; run without --quick for the real numbers.")
+        runs = "; ".join(f"{', '.join(i)} at T = {lens}" for lens, i in settings["attn_runs"])
+        notes.append(f"{settings['mode']} mode: attention for {runs} only, {cfg.n_layers} layers instead of 30, "
+                     "fewer repeats; run without --quick for the real numbers.")
     notes.append("Other processes may share this machine's cores; times are wall-clock medians and move with load.")
     report: dict[str, Any] = {"settings": settings, "budget_bytes": budget, "notes": notes,
                               "machine": measure.machine_info(device, torch_dtype),
@@ -390,7 +394,13 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
         del hf
     report["targets"] = evaluate_targets(report)
     if hasattr(os, "getloadavg"):
-        report["machine"]["load_average_1min_end"] = round(os.getloadavg()[0], 2)
+        m = report["machine"]
+        m["load_average_1min_end"] = round(os.getloadavg()[0], 2)
+        busy = max(m.get("load_average_1min", 0), m["load_average_1min_end"]) > 0.5 * m["cores"] + 0.5
+        notes.append(f"1-minute load average {m.get('load_average_1min')} at the start and "
+                     f"{m['load_average_1min_end']} at the end, on {m['cores']} cores"
+                     + (": other processes were competing for the cores during this run, so the times (not the "
+                        "memory figures) are slower and noisier than on an idle machine." if busy else "."))
     report["wall_seconds"] = time.perf_counter() - t_start
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
