@@ -24,10 +24,11 @@ MAX_PROMPT_TOKENS = 64
 MAX_CONTINUATION = 48
 MODES = ("off", "on", "merged")
 DEFAULT_TARGETS = ["q_proj", "v_proj"]
-DEFAULT_TEXT = ("Mia has a blue whale. The blue whale can sing. Every day Mia and the blue whale sing a song. "
-                "Tom has a blue whale too. The blue whale can sing. Every day Tom and the blue whale sing a song. "
-                "Anna has a blue whale. The blue whale can sing. Every day Anna and the blue whale sing a song.")
-DEFAULT_PROMPT = "Once upon a time, Lily has a"
+DEFAULT_TEXT = ("Once upon a time, there was a happy girl named Mia. She had a purple whale. She loved the purple "
+                "whale very much. Once upon a time, there was a happy boy named Tom. He had a purple whale. He loved "
+                "the purple whale very much. Once upon a time, there was a happy girl named Anna. She had a purple "
+                "whale. She loved the purple whale very much.")
+DEFAULT_PROMPT = "Once upon a time, there was a happy girl named Lily. She had a"
 
 INTRO = """### LoRA: a small trainable update beside frozen weights
 A LoRA adapter leaves each chosen weight matrix W₀ frozen and learns a low-rank update:
@@ -37,7 +38,9 @@ then fine-tune **your own copy** of the model on your text (nobody else's model 
 
 FT_INTRO = """#### Fine-tune your copy on your text
 Each run starts a fresh adapter with the settings above and trains only A and B (AdamW, next-token loss)
-for at most {steps} steps and {seconds:.0f} seconds. The curve updates while it trains; Stop ends it."""
+for at most {steps} steps and {seconds:.0f} seconds. The curve updates while it trains; Stop ends it.
+The example text gives three children a purple whale: after training, a child the text never named
+(Lily, in the prompt below) tends to get one too, while the base model on the left still says what it said."""
 
 CMP_INTRO = """#### Before and after
 Switch the adapter off, on, or merge it into the weights (W₀ + (alpha / r)·B·A, same outputs, no extra
@@ -337,7 +340,7 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
                 steps = gr.Slider(1, finetune.MAX_STEPS, value=40, step=1, label="steps")
                 max_seconds = gr.Slider(1, finetune.MAX_SECONDS, value=30, step=1, label="time limit (s)")
             with gr.Row():
-                lr = gr.Number(value=5e-3, label="learning rate", info="1e-5 to 0.1", min_width=120)
+                lr = gr.Number(value=1e-2, label="learning rate", info="1e-5 to 0.1", min_width=120)
                 train = gr.Button("Fine-tune", variant="primary", min_width=100)
                 stop = gr.Button("Stop", variant="stop", min_width=80)
             ft_md = gr.Markdown()
