@@ -10,6 +10,7 @@ import gradio as gr
 
 from explorer import measure, probes, session
 from models.config import ModelConfig
+from models.lora import lora_layers
 from explorer.figures import generation as figs
 
 from . import user_errors
@@ -93,6 +94,15 @@ def _step_view(view: dict, step: int):
         ranks=list(range(len(st["top_ids"]))), chosen_text=st["token_text"], settings=view["settings"])
 
 
+def _with_adapter(model, name: str) -> str:
+    """The model's name, plus the user's LoRA adapter and its state when one is attached."""
+    layers = lora_layers(model)
+    if not layers:
+        return name
+    state = "off" if all(m.disabled for m in layers) else ("merged" if all(m.merged for m in layers) else "on")
+    return f"{name} + your LoRA adapter ({state})"
+
+
 _warmed: "weakref.WeakSet" = weakref.WeakSet()
 
 
@@ -110,6 +120,7 @@ def _warm_up(model, ids: list[int]) -> None:
 def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state):
     """Generate with and without the KV cache (same prompt, settings and seed) and show every step."""
     model, tokenizer, name = session.get_model(state)
+    name = _with_adapter(model, name)
     c = model.config
     s = check_settings(max_new_tokens, temperature, top_k, top_p, seed, c.max_seq_len)
     room = c.max_seq_len - s["max_new_tokens"]
