@@ -215,76 +215,30 @@ def predict_sdpa_bytes(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads:
 def predict_tiled_bytes(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: int | None = None,
                         batch: int = 1, dtype: torch.dtype | str = torch.float32, causal: bool = True,
                         block_size: int = 64) -> int:
-    """Peak bytes of ``tiled_attention``: fp32 accumulators (B, H, T, D) and (B, H, T), the (B, H, T, block)
-    scores and probabilities of the current and previous block, and (as written in models.attention) a
-    (T, S - start) bool causal mask per block, so the first block still holds one T × S bool."""
+    """Peak bytes of ``tiled_attention``: O(T · block + T · D), never O(T · S).
+
+    Alive throughout: the fp32 accumulator (B, H, T, D) and the running max and sum (B, H, T). Per key block:
+    the fp32 scores (B, H, T, block), which turn into the probabilities in place (reduced-precision inputs
+    first hold the matmul's result in their own dtype), the repeated K/V block under GQA, and one of: the
+    block's causal mask and its negation (T, block) bool, the new row max and correction, or the product
+    P · V (B, H, T, D). At the end ``acc / l`` (and its cast back to the input dtype).
+    """
     hkv = _check_sizes(seq_len, n_heads, head_dim, n_kv_heads, batch)
     if not isinstance(block_size, int) or block_size <= 0:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}.")
-    e, T, S, D = element_size(dtype), seq_len, seq_len, head_dim
+    e, T, D = element_size(dtype), seq_len, head_dim
+    bs = min(block_size, seq_len)
     BH = batch * n_heads
-    row = BH * T * 4  # one fp32 (B, H, T, 1)
-    live = _Live()
-    live.alloc("m", row)
-    live.alloc("l", row)
-    live.alloc("acc", BH * T * D * 4)
-    starts = list(range(0, S, block_size))
-    # The mask shrinks block by block and everything else keeps its size, so the peak falls in block 0 or 1
-    # (or the last, shorter block); walking those is enough.
-    walk = sorted({0, 1, len(starts) - 1} & set(range(len(starts))))
-    for i in walk:
-        s0 = starts[i]
-        bs = min(block_size, S - s0)
-        kv_block = BH * bs * D * e if hkv != n_heads else 0  # repeat_kv of a block copies it
-        live.alloc("kb_new", kv_block)
-        live.rebind("kb", "kb_new")
-        live.alloc("vb_new", kv_block)
-        live.rebind("vb", "vb_new")
-        live.alloc("qk", BH * T * bs * e)  # matmul(q, kbᵀ)
-        if e != 4:
-            live.alloc("qk32", BH * T * bs * 4)  # .float()
-        live.alloc("s_new", BH * T * bs * 4)  # * scale
-        live.free("qk", "qk32")
-        live.rebind("s", "s_new")
-        if causal:  # build_mask(key_start=s0): positions, then a (T, S - s0) bool
-            live.alloc("q_pos", 8 * T)
-            live.alloc("k_pos", 8 * (S - s0))
-            live.alloc("mask_new", T * (S - s0))
-            live.free("q_pos", "k_pos")
-            live.rebind("mask", "mask_new")
-            live.alloc("not_mask", T * bs)  # ~mask[..., :bs]
-            live.alloc("s_filled", BH * T * bs * 4)
-            live.free("not_mask")
-            live.rebind("s", "s_filled")
-        live.alloc("amax", row)
-        live.alloc("m_new", row)
-        live.free("amax")
-        live.alloc("s_minus_m", BH * T * bs * 4)
-        live.alloc("p_new", BH * T * bs * 4)
-        live.free("s_minus_m")
-        live.rebind("p", "p_new")
-        live.alloc("m_diff", row)
-        live.alloc("corr_new", row)
-        live.free("m_diff")
-        live.rebind("correction", "corr_new")
-        live.alloc("l_scaled", row)
-        live.alloc("p_sum", row)
-        live.alloc("l_new", row)
-        live.free("l_scaled", "p_sum")
-        live.rebind("l", "l_new")
-        live.alloc("acc_scaled", BH * T * D * 4)  # acc * correction is evaluated first
-        if e != 4:
-            live.alloc("vb32", BH * bs * D * 4)  # vb.float(), dropped once the matmul is done
-        live.alloc("pv", BH * T * D * 4)
-        live.free("vb32")
-        live.alloc("acc_new", BH * T * D * 4)
-        live.free("acc_scaled", "pv")
-        live.rebind("acc", "acc_new")
-        live.rebind("m", "m_new")  # m = m_new: one tensor under two names from here on
-    live.alloc("out32", BH * T * D * 4)  # acc / l
-    if e != 4:
-        live.alloc("out", BH * T * D * e)
-    return live.peak
+    rows = 2 * BH * T * 4  # m and l
+    acc = BH * T * D * 4
+    scores = BH * T * bs * 4
+    kv_block = 2 * BH * bs * D * e if hkv != n_heads else 0  # repeat_kv copies a block of K and of V
+    mask = 2 * T * bs + 8 * (T + bs) if causal else 0  # bool mask, its negation, the int64 positions
+    pv = BH * T * D * 4 + (BH * bs * D * 4 if e != 4 else 0)  # P · V (and V's fp32 copy)
+    first = scores + BH * T * bs * e if e != 4 else scores  # matmul result beside its fp32 copy
+    during = acc + rows + kv_block + max(first, scores + max(mask, rows, pv))
+    final = acc + rows + BH * T * D * 4 + (BH * T * D * e if e != 4 else 0)
+    return max(during, final)
 
 
 def predict_attention_bytes(impl: str, seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: int | None = None,

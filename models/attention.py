@@ -51,18 +51,21 @@ def build_mask(
     key_padding: torch.Tensor | None = None,
     device: torch.device | str = "cpu",
     key_start: int = 0,
+    key_stop: int | None = None,
 ) -> torch.Tensor | None:
-    """Which keys each query may see, as bool (B or 1, 1, T, S_block); True = visible. None = all visible.
+    """Which keys each query may see, as bool (B or 1, 1, T, key_stop - key_start); True = visible.
 
-    ``key_start`` selects a block of keys starting there (the tiled path builds one block at a time).
+    None means every key is visible. ``key_start``/``key_stop`` select one block of keys (the tiled path
+    builds one block at a time and never the whole T × S mask).
     """
+    key_stop = S if key_stop is None else key_stop
     mask = None
     if causal:
         q_pos = torch.arange(S - T, S, device=device)  # (T,) absolute positions of the queries
-        k_pos = torch.arange(key_start, S, device=device)  # (S_block,)
+        k_pos = torch.arange(key_start, key_stop, device=device)  # (S_block,)
         mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, T, S_block)
     if key_padding is not None:
-        pad = key_padding[:, None, None, key_start:].bool()  # (B, 1, 1, S_block)
+        pad = key_padding[:, None, None, key_start:key_stop].bool()  # (B, 1, 1, S_block)
         mask = pad if mask is None else mask & pad  # (B, 1, T, S_block)
     return mask
 
@@ -149,7 +152,8 @@ def tiled_attention(
 
     Per key block ``[s0, s1)``: scores ``s`` (B, H, T, s1 - s0); new running max ``m' = max(m, rowmax s)``;
     ``p = exp(s - m')``; the old sum and accumulator are rescaled by ``exp(m - m')`` before ``p`` is added.
-    At the end ``out = acc / l``. Peak extra memory is O(T · block_size), not O(T · S).
+    At the end ``out = acc / l``. Peak extra memory is O(T · block_size + T · D), not O(T · S): the running sum and accumulator are
+    updated in place, and each block's scores turn into its probabilities in place.
     ``on_block`` (optional) receives after every block a dict with ``block``, ``start``, ``stop`` and copies
     of ``m`` (B, H, T), ``l`` (B, H, T) and the output so far ``acc / l`` (B, H, T, D).
     """
@@ -167,21 +171,25 @@ def tiled_attention(
         s1 = min(s0 + block_size, S)
         kb = repeat_kv(k[:, :, s0:s1], n_rep)  # (B, H, s1 - s0, D)
         vb = repeat_kv(v[:, :, s0:s1], n_rep)  # (B, H, s1 - s0, D)
-        s = torch.matmul(q, kb.transpose(2, 3)).float() * scale  # (B, H, T, s1 - s0)
-        mask = build_mask(T, S, causal=causal, key_padding=key_padding, device=q.device, key_start=s0)
-        if mask is not None:
-            s = s.masked_fill(~mask[..., : s1 - s0], fill)
+        s = torch.matmul(q, kb.transpose(2, 3)).float().mul_(scale)  # (B, H, T, s1 - s0)
+        # A causal block that even the first query sees whole needs no mask at all.
+        if key_padding is not None or (causal and s1 - 1 > S - T):
+            mask = build_mask(T, S, causal=causal, key_padding=key_padding, device=q.device,
+                              key_start=s0, key_stop=s1)
+            s.masked_fill_(~mask, fill)
+            del mask
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (B, H, T, 1)
-        p = torch.exp(s - m_new)  # (B, H, T, s1 - s0)
+        p = s.sub_(m_new).exp_()  # (B, H, T, s1 - s0), in place: the scores become the probabilities
         correction = torch.exp(m - m_new)  # (B, H, T, 1): how much the old max overstated the new one
-        l = l * correction + p.sum(dim=-1, keepdim=True)
-        acc = acc * correction + torch.matmul(p, vb.float())  # (B, H, T, D)
+        l.mul_(correction).add_(p.sum(dim=-1, keepdim=True))
+        acc.mul_(correction).add_(torch.matmul(p, vb.float()))  # (B, H, T, D)
         m = m_new
         if on_block is not None:
             on_block(
                 {"block": block, "start": s0, "stop": s1, "m": m[..., 0].clone(), "l": l[..., 0].clone(),
                  "out": (acc / l).clone()}
             )
+        del s, p  # let this block's scores go before the next block's are made
     return (acc / l).to(q.dtype)
 
 
