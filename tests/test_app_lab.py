@@ -263,7 +263,7 @@ def test_one_sessions_adapter_leaves_other_sessions_unchanged(app_url, served):
         a.predict(8, 16, ["q_proj"], "Tom has a red ball.", 0, 1e-2, 10, api_name="/lora_finetune")
 
     text = "Tom has a red ball. Tom has a red ball. Tom has a red ball. Anna has a red ball too."
-    loss_plot, status, *_ = a.predict(8, 32, ["q_proj", "v_proj", "o_proj", "down_proj"], text, 12, 3e-2, 30,
+    loss_plot, status, *_ = a.predict(8, 16, ["q_proj", "v_proj", "o_proj", "down_proj"], text, 12, 1e-2, 30,
                                       api_name="/lora_finetune")
     losses = arr(fig(loss_plot)["data"][0]["y"])
     assert len(losses) == 13 and losses[-1] < losses[0]
@@ -348,3 +348,13 @@ def test_a_diverging_fine_tune_removes_the_adapter(served, monkeypatch):
     ids = _ids(served[1], PROMPT)
     with torch.no_grad():
         assert torch.equal(own(torch.tensor([ids])), served[0](torch.tensor([ids])))
+
+
+def test_trace_play_steps_through_every_block():
+    from explorer.panels import memory as panel
+
+    trace = measure.tiled_trace(16, 2, 16, 8, seed=0)
+    frames = list(panel.memory_trace_play(trace, 1))
+    assert [block for block, _ in frames] == [0, 1]
+    last = frames[-1][1]
+    np.testing.assert_allclose(np.array(last.data[1].z, dtype=float), trace["out"][1], rtol=1e-5, atol=1e-6)

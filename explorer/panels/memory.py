@@ -258,6 +258,16 @@ def memory_trace_step(trace, block, head):
     return _trace_figure(trace, block, head)
 
 
+def memory_trace_play(trace, head):
+    """Step through every key block, one frame every ~0.6 s (the slider follows)."""
+    if not trace:
+        raise ValueError("Press “Trace” first.")
+    head = _int(head, "head", 0, TRACE_HEADS - 1)
+    for block in range(len(trace["blocks"])):
+        yield block, _trace_figure(trace, block, head)
+        time.sleep(0.6)
+
+
 def build_memory(demo: gr.Blocks, state: gr.State) -> None:
     # Measure the opening example in the background now, so the first visitor's page does not wait for it.
     threading.Thread(target=_warm_opening, name="memory-lab-opening", daemon=True).start()
@@ -293,6 +303,7 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
             t_head = gr.Dropdown([(f"head {h}", h) for h in range(TRACE_HEADS)], value=0, label="head")
             trace_btn = gr.Button("Trace", variant="primary")
             block = gr.Slider(0, 5, value=0, step=1, label="key block")
+            play = gr.Button("▶ Play the blocks")
         with gr.Column(scale=3):
             trace_plot = gr.Plot(label="Tiled attention, step by step")
             trace_info = gr.Markdown()
@@ -304,8 +315,10 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
     trace_inputs = [t_len, t_block, t_causal, t_head]
     trace_outputs = [trace_state, block, trace_plot, trace_info]
     trace_btn.click(memory_trace, trace_inputs, trace_outputs, api_name="memory_trace")
-    block.change(memory_trace_step, [trace_state, block, t_head], [trace_plot], api_name="memory_trace_step",
-                 show_progress="hidden")
+    block.input(memory_trace_step, [trace_state, block, t_head], [trace_plot], api_name="memory_trace_step",
+                show_progress="hidden")
+    play.click(_user_errors_gen(memory_trace_play), [trace_state, t_head], [block, trace_plot],
+               api_name="memory_trace_play", api_visibility="private", show_progress="hidden")
     t_head.input(memory_trace_step, [trace_state, block, t_head], [trace_plot], api_name="memory_trace_head",
                  api_visibility="private")
     budget_inputs = [n_heads, head_dim, n_kv_heads, impls, causal, dtype]
