@@ -110,6 +110,17 @@ def resolve_model_source(source: str) -> tuple[str, str]:
     Local folders must lie inside ``model_root()`` (after resolving links and ``..``); Hub ids must match
     ``owner/name``. Raises ValueError with a sentence saying what to change.
     """
+    if source is not None and not isinstance(source, str):
+        raise ValueError("The model source must be text: 'default', a Hub id like 'HuggingFaceTB/SmolLM2-135M' "
+                         "or a folder path.")
+    try:
+        return _resolve_model_source(source)
+    except OSError as exc:  # a name too long for the file system, a loop of links, ...
+        raise ValueError(f"{source[:80]!r} is not a usable folder name ({exc.strerror or exc}): give a checkpoint "
+                         "folder under the allowed root or a Hub id like 'HuggingFaceTB/SmolLM2-135M'.") from None
+
+
+def _resolve_model_source(source: str | None) -> tuple[str, str]:
     source = (source or "").strip()
     if not source or source.lower() in ("default", DEFAULT_MODEL_NAME.lower()):
         return "default", "default"
