@@ -81,8 +81,12 @@ def check_adapter(rank, alpha, targets, config) -> tuple[int, float, tuple[str, 
     alpha = _number(alpha, "alpha")
     if not 0 < alpha <= 1024:
         raise ValueError(f"alpha must be a positive number up to 1024, got {alpha:g}.")
-    targets = tuple(t for t in PROJECTIONS if t in (targets or []))
+    if isinstance(targets, str):
+        targets = [targets]
+    if targets is not None and not isinstance(targets, (list, tuple)):
+        raise ValueError(f"Tick at least one projection to adapt, among {list(PROJECTIONS)}.")
     unknown = [t for t in (targets or []) if t not in PROJECTIONS]
+    targets = tuple(t for t in PROJECTIONS if t in (targets or []))
     if not targets or unknown:
         raise ValueError(f"Tick at least one projection to adapt, among {list(PROJECTIONS)}.")
     shapes = measure.projection_shapes(config)
