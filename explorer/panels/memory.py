@@ -82,6 +82,10 @@ def _check_request(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype) -
     if n_heads % n_kv_heads:
         divisors = [d for d in range(1, n_heads + 1) if n_heads % d == 0]
         raise ValueError(f"KV heads ({n_kv_heads}) must divide the {n_heads} query heads: choose one of {divisors}.")
+    if isinstance(impls, str):
+        impls = [impls]
+    if impls is not None and not isinstance(impls, (list, tuple)):
+        raise ValueError(f"Tick at least one implementation among {list(IMPLS)}.")
     impls = [i for i in IMPLS if i in (impls or [])]
     if not impls or set(impls or []) - set(IMPLS):
         raise ValueError(f"Tick at least one implementation among {list(IMPLS)}.")
