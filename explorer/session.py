@@ -184,17 +184,35 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{name} has no config.json: it is not a transformers checkpoint folder.")
-    try:
+    from models import ModelConfig
+
+    try:  # the config must build a model before anything is sized or read
         hf = json.loads(config_path.read_text())
+        if not isinstance(hf, dict):
+            raise TypeError("the file holds no JSON object")
+        config = ModelConfig.from_hf(hf)
         n = estimate_parameters(hf)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as exc:
         raise ValueError(f"{name}: config.json is not a readable Llama config ({exc}).") from exc
-    from .measure import MEMORY_BUDGET_BYTES
+    from .measure import MEMORY_BUDGET_BYTES, format_bytes
 
     limit = min(MAX_LOAD_PARAMETERS, MEMORY_BUDGET_BYTES // 4)  # fp32 weights must fit the memory budget
     if n > limit:
         raise ValueError(f"{name} has about {n / 1e6:.0f} M parameters ({4 * n / 2**30:.1f} GiB in float32); this "
                          f"app loads at most {limit / 1e6:.0f} M on this machine. Choose a smaller checkpoint.")
+    tables = 2 * config.max_seq_len * config.head_dim * 4  # rotary cos/sin tables, (max_seq_len, head_dim) fp32 each
+    if 4 * n + tables > MEMORY_BUDGET_BYTES:
+        raise ValueError(f"{name}: max_position_embeddings {config.max_seq_len:,} needs {format_bytes(tables)} of rotary "
+                         f"tables besides the weights, over the {format_bytes(MEMORY_BUDGET_BYTES)} budget. Choose a "
+                         "checkpoint with a shorter context.")
+    try:
+        on_disk = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    except OSError as exc:
+        raise ValueError(f"{name}: its weight files cannot be read ({exc.strerror or exc}).") from None
+    if on_disk > 8 * n + 2**20 or on_disk > MEMORY_BUDGET_BYTES:  # more than the config's weights, even in float64
+        raise ValueError(f"{name}: its .safetensors files hold {format_bytes(on_disk)}, more than its config.json "
+                         f"describes ({n:,} parameters) or the {format_bytes(MEMORY_BUDGET_BYTES)} budget allows: "
+                         "they were not read. Choose a checkpoint whose files match its config.")
     model = load_pretrained(folder)
     for p in model.parameters():
         p.requires_grad_(False)
