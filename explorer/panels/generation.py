@@ -61,6 +61,9 @@ def check_settings(max_new_tokens, temperature, top_k, top_p, seed, context: int
         raise ValueError(f"temperature must be 0 (greedy) or positive, got {temperature:g}.")
     if math.isinf(temperature) or temperature > 1e12:
         raise ValueError("temperature must be at most 1e12; 100 already samples almost uniformly.")
+    if 0 < temperature < 1e-9:  # logits / 1e-300 overflow float32 to inf and the softmax to NaN
+        raise ValueError(f"temperature must be 0 (greedy) or at least 1e-9, got {temperature:g}: below that the "
+                         "softmax overflows; use 0 for greedy decoding.")
     if top_k in (None, ""):
         top_k = None
     else:
