@@ -335,6 +335,368 @@ def test_load_model_any_input(source):
         assert state["model"] is None and state["source"] == "default"  # the model the user had stays
 
 
+# --- refusals: the sentence, and nothing computed, loaded or allocated ------------------------------------------
+
+def forbid(monkeypatch, owner, *names):
+    """Replace ``owner.name`` by a function that fails the test: a refusal must come before it is called."""
+    for name in names:
+        def boom(*args, _name=name, **kwargs):
+            raise AssertionError(f"{_name} was called for a request that should have been refused")
+        monkeypatch.setattr(owner, name, boom)
+
+
+def prompt_handlers():
+    from explorer.panels.attention import attention_view
+    from explorer.panels.encoder_decoder import encoder_decoder_view
+    from explorer.panels.generation import generate
+    from explorer.panels.lora import lora_compare, lora_finetune
+    from explorer.panels.positions import rope_view
+
+    quiet = lambda *a, **k: None  # noqa: E731 - stands in for gr.Progress
+    return {
+        "attention": lambda p: attention_view(p, 0, 0, VIEWS[0], fresh()),
+        "rope": lambda p: rope_view(p, 10000.0, 5, [0, 1], 0, 0, fresh()),
+        "encoder_decoder": lambda p: encoder_decoder_view(p, 0, 0, -1, fresh()),
+        "generate": lambda p: generate(p, 4, 0.8, 50, 0.95, 0, fresh()),
+        "lora_compare": lambda p: lora_compare(p, 0, 0, 4, fresh()),
+        "lora_finetune": lambda p: list(lora_finetune(2, 4, ["q_proj"], p, 2, 1e-2, 5, fresh(), quiet)),
+    }
+
+
+def forbid_model_runs(monkeypatch):
+    from explorer import finetune, probes
+
+    forbid(monkeypatch, probes, "run_with_cache", "compare_cache", "generation_trace", "rope_probe",
+           "attention_pattern", "head_scores", "compare_impls")
+    forbid(monkeypatch, session, "private_model")
+    forbid(monkeypatch, finetune, "iter_finetune")
+
+
+@pytest.mark.parametrize("handler", ["attention", "rope", "encoder_decoder", "generate", "lora_compare",
+                                     "lora_finetune"])
+@pytest.mark.parametrize("prompt", ["", "   \n\t  ", "\x00\x01\x7f\x1b", "\u200b\u202e\u2066", None])
+def test_empty_prompts_are_refused_before_the_model_runs(monkeypatch, handler, prompt):
+    call = prompt_handlers()[handler]
+    forbid_model_runs(monkeypatch)
+    with pytest.raises(gr.Error, match="empty"):
+        call(prompt)
+
+
+@pytest.mark.parametrize("handler", ["attention", "rope", "encoder_decoder", "generate", "lora_compare"])
+@pytest.mark.parametrize("prompt", ["🦄🐳 the purple whale 🐋", "中文 日本語 한국어", "العربية עברית",
+                                    "Tom\x00 gave\x07 the\x1b ball\u200b."])
+def test_emoji_non_latin_and_control_characters_work(handler, prompt):
+    out = prompt_handlers()[handler](prompt)
+    text = json.dumps([o.to_plotly_json() if isinstance(o, go.Figure) else o for o in out], default=str)
+    for c in "\x00\x07\x1b\u200b":  # control characters were stripped, not shown
+        assert c not in text
+
+
+def test_html_in_a_prompt_is_shown_as_text():
+    from explorer.panels.attention import attention_view
+    from explorer.panels.generation import generate
+
+    prompt = "<script>alert(1)</script> <img src=x onerror=alert(2)> <b>bold</b>"
+    heat, table, info, *rest = attention_view(prompt, 0, 0, VIEWS[0], fresh())
+    labels = list(heat.data[0].y)
+    assert any("&lt;" in label for label in labels)  # plotly would render tags in labels: they are escaped
+    for item in [heat, info, *rest]:
+        text = item.to_json() if isinstance(item, go.Figure) else json.dumps(item, default=str)
+        assert "<script" not in text and "<img" not in text and "<b>bold" not in text
+    shown = "".join(str(row[1]) for row in table)  # the token table (plain text cells) keeps the characters
+    assert "script" in shown
+    out = generate(prompt, 3, 0.0, None, None, 0, fresh())
+    assert "<script>" in out[0][0][0]  # HighlightedText shows the prompt as text
+
+
+def test_a_prompt_longer_than_the_view_is_cut_with_a_notice():
+    from explorer.panels.attention import MAX_TOKENS, attention_view
+
+    heat, table, info, *_ = attention_view("the cat sat. " * 400, 0, 0, VIEWS[0], fresh())
+    assert len(heat.data[0].y) == len(table) == MAX_TOKENS
+    assert "only the first" in info
+
+
+def test_a_prompt_longer_than_the_context_is_refused_by_generate(monkeypatch):
+    from explorer import probes
+    from explorer.panels.generation import generate
+
+    forbid(monkeypatch, probes, "compare_cache", "generation_trace")
+    with pytest.raises(gr.Error, match="shorten it.*context"):
+        generate("the cat sat. " * 2000, 8, 0.8, 50, 0.95, 0, fresh())
+
+
+def _numbers_cases():
+    from explorer.panels import encoder_decoder, generation, lora, memory, positions
+
+    quiet = lambda *a, **k: None  # noqa: E731
+    g = lambda **kw: generation.generate(**{**dict(prompt="Tom has a red", max_new_tokens=4, temperature=0.8,  # noqa
+                                                     top_k=50, top_p=0.95, seed=0, state=fresh()), **kw})
+    ft = lambda **kw: list(lora.lora_finetune(**{**dict(rank=2, alpha=4, targets=["q_proj"],  # noqa: E731
+                                                         text="Tom has a red ball. Anna has a red ball.", steps=2,
+                                                         lr=1e-2, max_seconds=5, state=fresh(), progress=quiet), **kw}))
+    mc = lambda **kw: list(memory.memory_compare(**{**dict(max_T=128, n_heads=2, head_dim=16, n_kv_heads=2,  # noqa
+                                                           impls=["naive"], causal=True, dtype="float32",
+                                                           progress=quiet), **kw}))
+    return {
+        "negative length": (lambda: g(max_new_tokens=-1), "new tokens must be a whole number"),
+        "zero length": (lambda: g(max_new_tokens=0), "new tokens must be a whole number"),
+        "absurd length": (lambda: g(max_new_tokens=10**9), "new tokens must be a whole number"),
+        "top_p above 1": (lambda: g(top_p=1.5), r"top-p must lie in \(0, 1\]"),
+        "top_p 0": (lambda: g(top_p=0), r"top-p must lie in \(0, 1\]"),
+        "top_p negative": (lambda: g(top_p=-0.2), r"top-p must lie in \(0, 1\]"),
+        "negative temperature": (lambda: g(temperature=-1), "temperature must be 0"),
+        "infinite temperature": (lambda: g(temperature=float("inf")), "temperature must be at most"),
+        "NaN temperature": (lambda: g(temperature=float("nan")), "temperature must be a number"),
+        "underflowing temperature": (lambda: g(temperature=1e-300), "at least 1e-9"),
+        "denormal temperature": (lambda: g(temperature=5e-324), "at least 1e-9"),
+        "top_k 0": (lambda: g(top_k=0), "top-k must be a whole number"),
+        "rank 0": (lambda: lora.lora(0, 16, ["q_proj"], fresh()), "rank must be a whole number from 1"),
+        "rank 0 fine-tune": (lambda: ft(rank=0), "rank must be a whole number from 1"),
+        "absurd steps": (lambda: ft(steps=10**9), "steps must be a whole number from 1 to"),
+        "negative steps": (lambda: ft(steps=-3), "steps must be a whole number from 1 to"),
+        "absurd time limit": (lambda: ft(max_seconds=10**6), "time limit must lie in"),
+        "huge learning rate": (lambda: ft(lr=1e9), "learning rate must lie in"),
+        "negative sweep length": (lambda: mc(max_T=-5), "max sequence length must be a whole number"),
+        "absurd sweep length": (lambda: mc(max_T=10**12), "max sequence length must be a whole number"),
+        "KV heads not dividing": (lambda: mc(n_heads=3, n_kv_heads=2), "must divide"),
+        "absurd trace": (lambda: memory.memory_trace(10**9, 8, True, 0), "trace length must be"),
+        "negative KV length": (lambda: generation.kv_calculator("this app's model", -1, 1, "float16", fresh()),
+                               "sequence length must be a whole number"),
+        "theta below 1": (lambda: positions.rope_view("Tom", 0.5, 5, [0], 0, 0, fresh()), "rope_theta must lie"),
+        "token far out": (lambda: encoder_decoder.encoder_decoder_view("Tom has", 0, 0, 10**6, fresh()),
+                          "token position must be"),
+        "layer far out": (lambda: encoder_decoder.encoder_decoder_view("Tom has", 10**6, 0, 0, fresh()),
+                          "layer must be between"),
+    }
+
+
+@pytest.mark.parametrize("case", [
+    "negative length", "zero length", "absurd length", "top_p above 1", "top_p 0", "top_p negative",
+    "negative temperature", "infinite temperature", "NaN temperature", "underflowing temperature",
+    "denormal temperature", "top_k 0", "rank 0", "rank 0 fine-tune",
+    "absurd steps", "negative steps", "absurd time limit", "huge learning rate", "negative sweep length",
+    "absurd sweep length", "KV heads not dividing", "absurd trace", "negative KV length", "theta below 1",
+    "token far out", "layer far out"])
+def test_numbers_out_of_range_are_refused_before_anything_runs(monkeypatch, case):
+    from explorer import finetune, measure
+
+    call, message = _numbers_cases()[case]
+    forbid_model_runs(monkeypatch)
+    forbid(monkeypatch, measure, "attention_sweep", "attention_memory", "tiled_trace")
+    forbid(monkeypatch, finetune, "count_adapted")
+    with pytest.raises(gr.Error, match=message) as info:
+        call()
+    assert len(info.value.message) > 20  # a sentence, not a code
+
+
+@pytest.mark.parametrize("temperature", [1e-9, 1e-6, 1e9, 1e12])
+def test_extreme_temperatures_draw_finite_probabilities(temperature):
+    from explorer.panels.generation import generate
+
+    out = generate("Tom has a red", 4, temperature, None, None, 0, fresh())
+    check_finite(out)
+    for step in out[1]["steps"]:
+        probs = step["top_probs"] + step["model_probs"]
+        assert all(math.isfinite(p) and 0 <= p <= 1 + 1e-6 for p in probs)
+        assert sum(step["top_probs"]) <= 1 + 1e-5
+
+
+# --- the memory budget ------------------------------------------------------------------------------------
+
+def test_a_sweep_over_the_budget_is_refused_before_it_allocates(monkeypatch):
+    from explorer import measure
+    from explorer.panels.memory import memory_compare
+
+    forbid(monkeypatch, measure, "attention_sweep", "attention_memory")
+    with pytest.raises(gr.Error, match="over the memory budget"):
+        list(memory_compare(16384, 64, 256, 64, ["naive", "sdpa", "tiled"], False, "float32", lambda *a, **k: None))
+    monkeypatch.setattr(measure, "MEMORY_BUDGET_BYTES", 2**20)  # a small machine: 1 MiB per request
+    with pytest.raises(gr.Error, match="over the memory budget of 1 MiB"):
+        list(memory_compare(1024, 8, 64, 8, ["naive"], True, "float32", lambda *a, **k: None))
+
+
+def test_the_budget_is_configurable(monkeypatch):
+    import importlib
+
+    from explorer import measure
+
+    monkeypatch.setenv("EXPLORER_MEMORY_BUDGET", "12GiB")
+    assert measure._budget_from_env() == 12 * 2**30
+    monkeypatch.delenv("EXPLORER_MEMORY_BUDGET")
+    assert measure._budget_from_env() <= 16 * 2**30  # the default fits a 16 GB CPU Space with room to spare
+
+
+# --- model loading: sources, files, configs ---------------------------------------------------------------
+
+@pytest.fixture()
+def root(tmp_path, monkeypatch, model_root):
+    """An allowed root of our own holding a good checkpoint ("good") to copy from."""
+    import shutil
+
+    r = tmp_path / "root"
+    shutil.copytree(model_root / "tiny-local", r / "good")
+    monkeypatch.setenv("EXPLORER_MODEL_ROOT", str(r))
+    return r
+
+
+def forbid_loading(monkeypatch):
+    import huggingface_hub
+    import safetensors.torch
+
+    forbid(monkeypatch, session, "load_pretrained", "load_tokenizer")
+    forbid(monkeypatch, safetensors.torch, "load_file")
+    forbid(monkeypatch, torch, "load")
+    forbid(monkeypatch, huggingface_hub, "snapshot_download")
+
+
+def load(source):
+    from explorer.panels.model import load_model
+
+    state = fresh()
+    try:
+        return load_model(source, state, lambda *a, **k: None)
+    finally:
+        if state["model"] is None:
+            assert state["source"] == "default"
+
+
+@pytest.mark.parametrize("source, message", [
+    ("/etc", "must be inside"), ("/etc/passwd", "must be inside"), ("../../etc", "must be inside"),
+    ("good/../../..", "must be inside"), ("~", "must be inside"), ("link-out", "must be inside"),
+    ("owner/name/extra", "not a folder"), ("-bad/repo", "not a folder"), ("a" * 97 + "/b", "not a folder"),
+    ("https://huggingface.co/gpt2", "not a folder"), ("good\x00", "control characters"),
+    ("x" * 5000, "not a usable folder name|not a folder"),
+])
+def test_sources_outside_the_root_or_not_repo_ids_are_refused_before_loading(monkeypatch, root, source, message):
+    (root / "link-out").symlink_to("/etc")
+    forbid_loading(monkeypatch)
+    with pytest.raises(gr.Error, match=message):
+        load(source)
+
+
+def test_unknown_hub_ids_never_reach_the_network_offline(monkeypatch, root):
+    import huggingface_hub
+
+    calls = []
+
+    def fake(repo_id, **kw):
+        calls.append(kw)
+        raise FileNotFoundError(repo_id)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    forbid(monkeypatch, session, "load_pretrained")
+    with pytest.raises(gr.Error, match="offline"):
+        load("nobody-here/no-such-model-12345")
+    assert calls and all(kw.get("local_files_only") for kw in calls)  # only the local cache was asked
+
+
+def _write_config(folder: Path, **changes):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(num_attention_heads=0), "config.json is not a readable Llama config"),
+    (dict(hidden_size=30), "config.json is not a readable Llama config"),
+    (dict(num_hidden_layers=-2), "config.json is not a readable Llama config"),
+    (dict(vocab_size="many"), "config.json is not a readable Llama config"),
+    (dict(rope_parameters="yes"), "config.json is not a readable Llama config"),
+    (dict(model_type="gpt2"), "Only Llama-family"),
+    (dict(max_position_embeddings=10**9), "rotary tables"),
+    (dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+          num_key_value_heads=8, head_dim=128), "M parameters"),
+    ("[1, 2, 3]", "config.json is not a readable Llama config"),
+    ("{not json", "config.json is not a readable Llama config"),
+])
+def test_configs_that_cannot_be_built_are_refused_before_reading_weights(monkeypatch, root, change, message):
+    import shutil
+
+    bad = root / "bad"
+    shutil.copytree(root / "good", bad)
+    if isinstance(change, str):
+        (bad / "config.json").write_text(change)
+    else:
+        _write_config(bad, **change)
+    forbid_loading(monkeypatch)
+    with pytest.raises(gr.Error, match=message):
+        load("bad")
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("pickle only", "holds no .safetensors"),
+    ("truncated", "not a readable safetensors"),
+    ("corrupt", "not a readable safetensors"),
+    ("empty", "not a readable safetensors"),
+])
+def test_weight_files_that_are_not_safetensors_or_broken_are_refused(monkeypatch, root, kind, message):
+    import shutil
+
+    bad = root / "bad"
+    shutil.copytree(root / "good", bad)
+    weights = bad / "model.safetensors"
+    data = weights.read_bytes()
+    if kind == "pickle only":
+        weights.unlink()
+        torch.save({"x": torch.zeros(2)}, bad / "pytorch_model.bin")
+    elif kind == "truncated":
+        weights.write_bytes(data[: len(data) // 2])
+    elif kind == "corrupt":
+        weights.write_bytes(os.urandom(len(data)))
+    else:
+        weights.write_bytes(b"")
+    forbid(monkeypatch, torch, "load")  # pickled weights are never opened
+    with pytest.raises(gr.Error, match=message):
+        load("bad")
+
+
+def test_weight_files_too_large_are_refused_before_reading(monkeypatch, root):
+    import shutil
+
+    bad = root / "bad"
+    shutil.copytree(root / "good", bad)
+    with open(bad / "model-00002.safetensors", "wb") as f:  # sparse: 5 GiB on paper, nothing on disk
+        f.truncate(5 * 2**30)
+    forbid_loading(monkeypatch)
+    with pytest.raises(gr.Error, match="were not read"):
+        load("bad")
+
+
+def test_a_good_local_checkpoint_still_loads(root):
+    status, *_, state = load("good")
+    assert "Loaded" in status and state["model"] is not None
+
+
+# --- the code itself: no unsafe loading, no shell, no uploads without limits ---------------------------------
+
+SOURCE_FILES = [p for d in ("explorer", "models") for p in (session.REPO_ROOT / d).rglob("*.py")] + \
+    [session.REPO_ROOT / "app.py"]
+
+
+def test_no_pickle_loading_remote_code_or_shell_in_the_app():
+    import re
+
+    for path in SOURCE_FILES:
+        text = path.read_text()
+        for call in re.findall(r"torch\.load\([^)]*\)", text):
+            assert "weights_only=True" in call, f"{path.name}: {call}"
+        assert not re.search(r"trust_remote_code\s*=\s*True", text), path
+        assert "shell=True" not in text and "os.system(" not in text and "os.popen(" not in text, path
+        assert "pickle.load" not in text and "eval(" not in text.replace(".eval(", ""), path
+        if path.parent.name == "panels" or path.name in ("app.py", "session.py"):
+            assert "subprocess" not in text, path
+
+
+def test_uploads_are_absent_or_size_limited():
+    import re
+
+    app_text = (session.REPO_ROOT / "app.py").read_text()
+    for path in SOURCE_FILES:
+        if re.search(r"gr\.(File|UploadButton|Image|Audio|Video|Model3D)\(", path.read_text()):
+            assert "max_file_size" in app_text, f"{path.name} takes uploads but launch() sets no max_file_size"
+
+
 def test_zz_outcomes_report():
     """Not a check: how many generated calls each handler answered and refused (run with -s to read)."""
     for name, (ok, refused) in sorted(OUTCOMES.items()):
