@@ -28,12 +28,18 @@ TABS = [
     ("Model", "model", build_model),
 ]
 
+# Each event runs one request at a time (2 CPU cores; runs that hook the shared model are serialised anyway),
+# different events side by side. max_size bounds the waiting line: a page load queues about a dozen events
+# (every tab's opening example), so 512 lets some 40 visitors arrive at once before "queue full".
+QUEUE = {"default_concurrency_limit": 1, "max_size": 512}
+MAX_UPLOAD = "1mb"  # no component takes files, but Gradio's /upload route exists: keep it small
+
 
 def launch_kwargs() -> dict:
     """Theme and CSS (Gradio 6 takes them in launch()). System fonts only: nothing is fetched from a CDN."""
     theme = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"],
                            font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
-    return {"theme": theme, "css": CSS}
+    return {"theme": theme, "css": CSS, "max_file_size": MAX_UPLOAD}
 
 
 def build_demo() -> gr.Blocks:
@@ -46,8 +52,7 @@ def build_demo() -> gr.Blocks:
             for label, tab_id, build in TABS:
                 with gr.Tab(label, id=tab_id, elem_id=f"tab-{tab_id}"):
                     build(demo, state)
-    # One event at a time: the machine has 2 CPU cores, and runs that hook the shared model are serialised.
-    demo.queue(default_concurrency_limit=1)
+    demo.queue(**QUEUE)
     return demo
 
 
