@@ -34,6 +34,9 @@ def sampling_probs(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int
     logits = logits.float()
     if temperature == 0:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    # Below fp32's smallest normal number the temperature itself would round to 0 (and 0/0 is NaN);
+    # any temperature that small already means "argmax", which the clamp keeps.
+    temperature = max(temperature, torch.finfo(torch.float32).tiny)
     logits = (logits - logits.amax(-1, keepdim=True)) / temperature  # max is exactly 0 in every row
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)

@@ -177,7 +177,8 @@ def test_sampling_distribution_top_k_top_p_and_extreme_temperatures():
     p = sampling_probs(logits, temperature=1.0, top_p=0.7)  # 0.636 < 0.7: the second token is needed too
     assert (p[0] > 0).tolist() == [True, True, False, False, False]
     torch.testing.assert_close(p[0, :2], soft[:2] / soft[:2].sum())
-    assert torch.equal(sampling_probs(logits, temperature=1e-30), torch.tensor([[1.0, 0, 0, 0, 0]]))
+    for tiny_t in (1e-30, 1e-300, 5e-324):  # the last two are 0 in fp32
+        assert torch.equal(sampling_probs(logits, temperature=tiny_t), torch.tensor([[1.0, 0, 0, 0, 0]]))
     flat = sampling_probs(logits, temperature=1e30)
     assert torch.isfinite(flat).all()
     torch.testing.assert_close(flat, torch.full((1, 5), 0.2))
