@@ -28,9 +28,12 @@ from explorer import measure
 from models.config import ATTN_IMPLS, ModelConfig
 from models.decoder import Decoder
 from models.generate import generate
-from models.loading import save_pretrained
+from models.loading import load_pretrained, save_pretrained
 
 TARGET_T = 4096  # the length at which the attention targets are stated
+APP_PROMPT_TOKENS = 64
+SHIPPED_NAME = "shipped default model"
+SMOL_NAME = "SmolLM2-135M shape"
 PROMPT_LEN = 16
 CACHE_TOKENS = 128
 HF_TOKENS = 64
@@ -49,18 +52,19 @@ def settings_for(quick: bool, tiny: bool, device: str) -> dict[str, Any]:
         return {"mode": "tiny (test only)", "attn_runs": [([64, 128], ATTN_IMPLS)], "attn_repeats": 1,
                 "n_layers": 2, "model": {"d_model": 64, "n_heads": 4, "n_kv_heads": 2, "d_ff": 128, "vocab_size": 256},
                 "prefill_lens": [128, 512], "prefill_repeats": 1, "decode_repeats": 1, "cache_repeats": 1,
-                "bandwidth_bytes": 16 * measure.MIB}
+                "bandwidth_bytes": 16 * measure.MIB, "app_repeats": 1}
     if quick:
         # the tiled loop is the slow one on a CPU: it stops at 2048 here; naive and sdpa reach the target length
         return {"mode": "quick", "attn_runs": [([1024, 2048], ATTN_IMPLS), ([TARGET_T], ("naive", "sdpa"))],
                 "attn_repeats": 1, "n_layers": 2, "model": {}, "prefill_lens": [128, 512], "prefill_repeats": 2,
-                "decode_repeats": 2, "cache_repeats": 1, "bandwidth_bytes": 128 * measure.MIB}
+                "decode_repeats": 2, "cache_repeats": 1, "bandwidth_bytes": 128 * measure.MIB,
+                "app_repeats": 2}
     seq_lens = [256, 512, 1024, 2048, 4096, 8192]
     if device.startswith("cuda"):
         seq_lens += [16384, 32768]
     return {"mode": "full", "attn_runs": [(seq_lens, ATTN_IMPLS)], "attn_repeats": 3, "n_layers": None, "model": {},
             "prefill_lens": [128, 512], "prefill_repeats": 5, "decode_repeats": 3, "cache_repeats": 3,
-            "bandwidth_bytes": 512 * measure.MIB}
+            "bandwidth_bytes": 512 * measure.MIB, "app_repeats": 5}
 
 
 def model_config(settings: dict[str, Any]) -> ModelConfig:
@@ -274,6 +278,15 @@ def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                            max(diffs) <= 1e-4, "issue 3"))
     else:
         out.append(_target(f"naive, sdpa and tiled agree to 1e-4 at T={TARGET_T}", "not measured", None, "issue 3"))
+    app = report.get("app", {})
+    for key, limit in ((SHIPPED_NAME, 0.3), (SMOL_NAME, 1.5)):
+        name = f"Attention tab, {APP_PROMPT_TOKENS}-token prompt, {key}: server time <= {limit * 1e3:.0f} ms"
+        a = app.get(key)
+        out.append(_target(name, f"{a['seconds'] * 1e3:.0f} ms" if a else "not measured",
+                           a["seconds"] <= limit if a else None, "issue 7"))
+        out.append(_target(f"Attention tab update, {key}: payload <= 2 MB",
+                           measure.format_bytes(a["payload_bytes"]) if a else "not measured",
+                           a["payload_bytes"] <= 2_000_000 if a else None, "issue 7"))
     return out
 
 
@@ -286,6 +299,55 @@ def _mark(p: bool | None) -> str:
 
 def _f(x: float | None, fmt: str = "{:.3f}") -> str:
     return "—" if x is None else fmt.format(x)
+
+
+
+
+def _payload_bytes(outputs) -> int:
+    """Bytes of JSON the browser receives for one update: plotly figures as JSON, the rest as Gradio sends it."""
+    total = 0
+    for out in outputs:
+        if hasattr(out, "to_json"):
+            total += len(out.to_json().encode())
+        elif hasattr(out, "constructor_args"):  # a gr.update-style component (dropdown choices)
+            total += len(json.dumps(out.constructor_args, default=str).encode())
+        else:
+            total += len(json.dumps(out, default=str).encode())
+    return total
+
+
+def bench_app(models: dict[str, Decoder], settings) -> dict[str, Any]:
+    """Server time and payload of the Attention tab for a 64-token prompt (issue 7), per model.
+
+    The handler is called as the app calls it, with the model as the user's own (so nothing is memoised):
+    every repeat computes the patterns, head scores and the naive-vs-SDPA comparison from scratch.
+    """
+    from explorer import session
+    from explorer.panels.attention import VIEWS, attention_view
+
+    folder = session.default_model_dir()
+    if not (folder / "config.json").is_file():
+        return {"skipped": f"{folder} is missing: the Attention tab needs the shipped tokenizer"}
+    _, tokenizer = session.load_default()
+    words = "Tom gave the red ball to Anna and Anna gave the red ball back to Tom".split()
+    text = " ".join(words * 8)
+    ids = tokenizer(text)["input_ids"]
+    cut = tokenizer.decode(ids[:APP_PROMPT_TOKENS], skip_special_tokens=True)
+    results = {}
+    for name, model in models.items():
+        if model.config.vocab_size < len(tokenizer):
+            continue  # the tiny test model cannot read the shipped tokenizer's ids
+        state = {"source": name, "name": name, "model": model, "tokenizer": tokenizer}
+        times, payload, n_tokens = [], 0, 0
+        for _ in range(settings["app_repeats"] + 1):  # the first call is the warm-up
+            t0 = time.perf_counter()
+            outputs = attention_view(cut, 0, 0, VIEWS[0], state)
+            times.append(time.perf_counter() - t0)
+            payload = _payload_bytes(outputs)
+            n_tokens = len(outputs[1])
+        results[name] = {"tokens": n_tokens, "seconds": statistics.median(times[1:]), "payload_bytes": payload,
+                         "parameters": model.num_parameters()}
+    return results
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -345,7 +407,21 @@ def render_markdown(report: dict[str, Any]) -> str:
               f"{d['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s measured copy bandwidth (read + write of a "
               f"{measure.format_bytes(report['settings']['bandwidth_bytes'])} tensor) = "
               f"{d['bound_tokens_per_s']:.1f} tokens/s.", "",
-              "## (d) Machine", "", "| | |", "|---|---|"]
+              ]
+    app = report.get("app", {})
+    lines += ["## (d) The app: Attention tab, one update", ""]
+    if "skipped" in app:
+        lines += [f"Skipped: {app['skipped']}.", ""]
+    else:
+        lines += ["The Attention tab's handler called as the app calls it (every heatmap, the all-heads grid, head "
+                  "scores, naive vs SDPA vs tiled logits), nothing memoised; median of "
+                  f"{report['settings']['app_repeats']} after a warm-up. Payload = the JSON of its outputs.", "",
+                  "| model | parameters | prompt tokens | server time (ms) | payload |", "|---|---|---|---|---|"]
+        for name, a in app.items():
+            lines.append(f"| {name} | {a['parameters'] / 1e6:.1f}M | {a['tokens']} | {a['seconds'] * 1e3:.0f} | "
+                         f"{measure.format_bytes(a['payload_bytes'])} |")
+        lines.append("")
+    lines += ["## (e) Machine", "", "| | |", "|---|---|"]
     for k, val in m.items():
         lines.append(f"| {k} | {val} |")
     lines += ["", f"Total benchmark time {report['wall_seconds']:.0f} s.", ""]
@@ -392,6 +468,13 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
         report["vs_transformers"] = bench_vs_transformers(model, hf, settings, device, cfg, bandwidth,
                                                           weight_bytes_per_token(cfg, torch_dtype))
         del hf
+    app_models = {SMOL_NAME: model}
+    from explorer import session
+
+    if (session.default_model_dir() / "config.json").is_file():
+        app_models = {SHIPPED_NAME: load_pretrained(session.default_model_dir()), **app_models}
+    report["app"] = bench_app(app_models, settings) if device == "cpu" and torch_dtype == torch.float32 else {
+        "skipped": "the app serves float32 on the CPU; run the CPU float32 benchmark for these numbers"}
     report["targets"] = evaluate_targets(report)
     if hasattr(os, "getloadavg"):
         m = report["machine"]
