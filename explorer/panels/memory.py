@@ -9,7 +9,7 @@ import time
 import gradio as gr
 import torch
 
-from explorer import measure
+from explorer import measure, session
 from explorer.figures import memory as figs
 
 from . import user_errors
@@ -148,8 +148,9 @@ def run_sweep(req: dict, progress=None):
     """Yield (rows so far, notes, elapsed) after each sequence length; every size is budget-checked first."""
     lens = sweep_lengths(req["max_T"])
     kw = dict(n_kv_heads=req["n_kv_heads"], dtype=req["dtype"], causal=req["causal"], device=device())
-    for T in lens:  # nothing is allocated unless every size of the sweep fits the budget
-        measure.check_budget(T, req["n_heads"], req["head_dim"], impls=tuple(req["impls"]), **kw)
+    with session.default_threads():  # predictions at the thread count the measurement runs with
+        for T in lens:  # nothing is allocated unless every size of the sweep fits the budget
+            measure.check_budget(T, req["n_heads"], req["head_dim"], impls=tuple(req["impls"]), **kw)
     rows: list[dict] = []
     notes: list[str] = []
     t0 = time.perf_counter()
@@ -165,7 +166,9 @@ def run_sweep(req: dict, progress=None):
         if progress is not None:
             progress((i, len(lens)), desc=f"measuring T = {T}")
         s0 = time.perf_counter()
-        with MEASURE_LOCK:  # torch's profiler (the CPU peak-memory tracker) cannot run in two threads at once
+        # torch's profiler (the CPU peak-memory tracker) cannot run in two threads at once; the start-up thread
+        # count whatever another request set (SDPA's scratch memory grows with it)
+        with session.default_threads(), MEASURE_LOCK:
             rows += measure.attention_sweep([T], req["n_heads"], req["head_dim"], impls=tuple(req["impls"]),
                                             repeats=REPEATS, **kw)
         last = (T, time.perf_counter() - s0)
@@ -200,6 +203,11 @@ def memory_compare(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype, p
 def memory_budget(n_heads, head_dim, n_kv_heads, impls, causal, dtype):
     """How long a sequence fits the memory budget with these settings (predictions only, nothing allocated)."""
     req = _check_request(MIN_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype)
+    with session.default_threads():
+        return _budget_text(req)
+
+
+def _budget_text(req: dict) -> str:
     kw = dict(n_kv_heads=req["n_kv_heads"], dtype=req["dtype"], causal=req["causal"], device=device())
     parts = []
     for impl in req["impls"]:
