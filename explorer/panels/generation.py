@@ -137,7 +137,7 @@ def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state):
         raise ValueError(f"{exc} The model's context is {c.max_seq_len} tokens: the prompt plus "
                          f"{s['max_new_tokens']} new tokens must fit in it.") from None
     # Timings are only worth showing without the memory lab measuring on the same cores at the same time.
-    with probes.model_lock(model), MEASURE_LOCK:
+    with session.default_threads(), probes.model_lock(model), MEASURE_LOCK:
         _warm_up(model, ids)
         cmp = probes.compare_cache(model, ids, s["max_new_tokens"], seed=s["seed"], temperature=s["temperature"],
                                    top_k=s["top_k"], top_p=s["top_p"], top=TOP)
