@@ -159,7 +159,7 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
     model, tokenizer, name = session.private_model(state)  # the user's own copy; the shared model is never touched
     prov = session.runtime_info(model)
     lock = probes.model_lock(model)
-    with lock:
+    with session.threads_for(model), lock:  # a defined thread count: the same numbers under load as alone
         detach_lora(model)
         attach_lora(model, targets, rank=rank, alpha=alpha)
         rows = finetune.make_rows(ids, model.config.max_seq_len - 1)
@@ -174,7 +174,7 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
     record = None
     try:
         while True:
-            with lock:
+            with session.threads_for(model), lock:
                 got = next(gen, None)
             if got is None:
                 break
@@ -198,7 +198,7 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
                        f"({record['seconds']:.1f} s)", state)
     finally:
         gen.close()
-    with lock:
+    with session.threads_for(model), lock:
         end_loss = finetune.evaluate_loss(model, rows)
     why = "stopped at the time limit" if record and record["stopped"] == "time" else "done"
     seconds = record["seconds"] if record else 0.0
@@ -272,7 +272,7 @@ def lora_compare(prompt, layer, head, new_tokens, state):
     ids, labels, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_PROMPT_TOKENS, c.max_seq_len - n))
     tokens = session.as_tensor(ids, model)
     has_adapter = bool(lora_layers(model))
-    with probes.model_lock(model):
+    with session.threads_for(model), probes.model_lock(model):  # a defined thread count, whatever ran here before
         mode = _mode_of(model) if has_adapter else None
         after_mode = "merged" if mode == "merged" else "on"
         try:
