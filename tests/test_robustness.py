@@ -111,7 +111,10 @@ def check_finite(out):
 def served(served_model_dir, model_root):
     os.environ["EXPLORER_DEFAULT_MODEL"] = str(served_model_dir)
     os.environ["EXPLORER_MODEL_ROOT"] = str(model_root)
-    return session.load_default()
+    threads, session.DEFAULT_THREADS = session.DEFAULT_THREADS, 1  # handlers end on this count: stay frugal
+    yield session.load_default()
+    session.DEFAULT_THREADS = threads
+    torch.set_num_threads(threads)
 
 
 pytestmark = pytest.mark.usefixtures("served")  # not an argument: hypothesis would print the model
