@@ -19,6 +19,7 @@ import os
 import re
 import threading
 import unicodedata
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -83,11 +84,48 @@ def is_shared(model: Decoder) -> bool:
     return _default is not None and model is _default[0]
 
 
+# Every visitor's own model (a copy to attach LoRA to, or a loaded checkpoint) lives in their session state
+# until Gradio drops it (tab closed; API clients' sessions linger). Their total is capped, so many sessions
+# cannot add up to more memory than the machine has: over the cap, a new copy or load is refused first.
+PRIVATE_MODELS_BUDGET_BYTES = int(os.environ.get("EXPLORER_PRIVATE_MODELS_BUDGET", "0") or 0) or 6 * 2**30
+_private_models: "weakref.WeakSet" = weakref.WeakSet()
+_private_lock = threading.Lock()
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a model's parameters and buffers."""
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def private_models_bytes() -> int:
+    """Bytes held by every visitor's own models that are still alive."""
+    return sum(model_bytes(m) for m in list(_private_models))
+
+
+def reserve_private(nbytes: int, what: str) -> None:
+    """Raise ValueError, before anything is allocated, when ``nbytes`` more of private models would pass the cap."""
+    from .measure import format_bytes
+
+    held = private_models_bytes()
+    if held + nbytes > PRIVATE_MODELS_BUDGET_BYTES:
+        import gc
+
+        gc.collect()  # sessions Gradio has dropped may still wait for the collector
+        held = private_models_bytes()
+    if held + nbytes > PRIVATE_MODELS_BUDGET_BYTES:
+        raise ValueError(f"{what} needs {format_bytes(nbytes)}, and visitors' own models already hold "
+                         f"{format_bytes(held)} of the {format_bytes(PRIVATE_MODELS_BUDGET_BYTES)} this server keeps "
+                         "for them: try again in a while, or keep using the shared default model.")
+
+
 def private_model(state: dict) -> tuple[Decoder, Any, str]:
     """(model, tokenizer, name) the user may modify: the first call copies the shared default into ``state``."""
     model, tokenizer, name = get_model(state)
     if is_shared(model):
-        model = copy.deepcopy(model)
+        with _private_lock:
+            reserve_private(model_bytes(model), "Your own copy of the model")
+            model = copy.deepcopy(model)
+            _private_models.add(model)
         state["model"], state["tokenizer"] = model, tokenizer
     return model, tokenizer, state["name"] if state.get("model") is not None else name
 
@@ -213,7 +251,10 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
         raise ValueError(f"{name}: its .safetensors files hold {format_bytes(on_disk)}, more than its config.json "
                          f"describes ({n:,} parameters) or the {format_bytes(MEMORY_BUDGET_BYTES)} budget allows: "
                          "they were not read. Choose a checkpoint whose files match its config.")
-    model = load_pretrained(folder)
+    with _private_lock:  # one load at a time: two loads must not both pass the check below
+        reserve_private(4 * n + tables, f"{name} (float32 weights and rotary tables)")
+        model = load_pretrained(folder)
+        _private_models.add(model)
     for p in model.parameters():
         p.requires_grad_(False)
     tokenizer = load_tokenizer(folder)
