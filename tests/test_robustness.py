@@ -671,6 +671,32 @@ def test_a_good_local_checkpoint_still_loads(root):
     assert "Loaded" in status and state["model"] is not None
 
 
+def test_visitors_own_models_are_capped_in_total(monkeypatch, root):
+    """Private copies and loaded checkpoints of all sessions together stay under a cap: past it, the next copy or
+    load is refused before it allocates; once a session's model is gone, there is room again."""
+    import gc
+    import types
+
+    shared, _ = session.load_default()
+    one = session.model_bytes(shared)
+    gc.collect()
+    monkeypatch.setattr(session, "PRIVATE_MODELS_BUDGET_BYTES", session.private_models_bytes() + int(1.5 * one))
+    alice = fresh()
+    session.private_model(alice)  # fits
+    forbid(monkeypatch, session, "load_pretrained")
+    monkeypatch.setattr(session, "copy", types.SimpleNamespace(deepcopy=lambda m: pytest.fail("copied past the cap")))
+    with pytest.raises(ValueError, match="visitors' own models already hold"):
+        session.private_model(fresh())
+    with pytest.raises(gr.Error, match="visitors' own models already hold"):
+        load("good")
+    monkeypatch.undo()  # the real loader and copy again
+    monkeypatch.setattr(session, "PRIVATE_MODELS_BUDGET_BYTES", session.private_models_bytes() + int(0.5 * one))
+    del alice
+    bob = fresh()
+    session.private_model(bob)  # alice's copy was released: room again
+    assert bob["model"] is not None
+
+
 # --- the code itself: no unsafe loading, no shell, no uploads without limits ---------------------------------
 
 SOURCE_FILES = [p for d in ("explorer", "models") for p in (session.REPO_ROOT / d).rglob("*.py")] + \
