@@ -17,6 +17,7 @@ from . import user_errors
 from .memory import MEASURE_LOCK
 
 MAX_NEW_TOKENS = 128
+MAX_CONTEXT = 1024  # prompt + new tokens: bounds the uncached run's time and its (T × vocab) logits on big models
 TOP = 10  # candidates shown per step
 DEFAULT_PROMPT = "Once upon a time, Tom and Anna went to the park. Tom"
 THIS_MODEL = "this app's model"
@@ -126,7 +127,7 @@ def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state):
     name = _with_adapter(model, name)
     c = model.config
     s = check_settings(max_new_tokens, temperature, top_k, top_p, seed, c.max_seq_len)
-    room = c.max_seq_len - s["max_new_tokens"]
+    room = min(c.max_seq_len, MAX_CONTEXT) - s["max_new_tokens"]
     if room < 1:
         raise ValueError(f"ask for fewer new tokens: the model's context is {c.max_seq_len} tokens in all.")
     try:
@@ -134,8 +135,9 @@ def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state):
     except ValueError as exc:
         if "long" not in str(exc):
             raise
-        raise ValueError(f"{exc} The model's context is {c.max_seq_len} tokens: the prompt plus "
-                         f"{s['max_new_tokens']} new tokens must fit in it.") from None
+        where = "the model's context" if c.max_seq_len <= MAX_CONTEXT else "this view's limit"
+        raise ValueError(f"{exc} The prompt plus {s['max_new_tokens']} new tokens must fit in {where} of "
+                         f"{min(c.max_seq_len, MAX_CONTEXT)} tokens.") from None
     # Timings are only worth showing without the memory lab measuring on the same cores at the same time.
     with session.default_threads(), probes.model_lock(model), MEASURE_LOCK:
         _warm_up(model, ids)
