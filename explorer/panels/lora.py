@@ -20,6 +20,7 @@ from . import as_index, head_choices, layer_choices, user_errors
 
 MAX_RANK = 64
 MAX_TEXT_TOKENS = 2048
+FT_SEQ_LEN = 512  # tokens per training row (the text is cut into overlapping rows of this length)
 MAX_PROMPT_TOKENS = 64
 MAX_CONTINUATION = 48
 MODES = ("off", "on", "merged")
@@ -146,6 +147,30 @@ def _encode_text(tokenizer, text: str) -> tuple[list[int], str]:
     return ids, notice
 
 
+FT_BATCH = 8  # rows per step (iter_finetune's default)
+
+
+def training_bytes(config, rows) -> int:
+    """Predicted peak bytes of one fine-tuning step (float32), beyond the weights.
+
+    Per token and layer the backward pass keeps about 8 model-width and 5 feed-forward-width vectors
+    (norm inputs, q/k/v, attention output, SwiGLU gate/up/product); the logits, their log-softmax and its
+    gradient add 3 vocabulary-width vectors per token. Half again as a margin.
+    """
+    tokens = min(int(rows.shape[0]), FT_BATCH) * int(rows.shape[1])
+    per_token = config.n_layers * (8 * config.d_model + 5 * config.d_ff) * 4 + 3 * config.vocab_size * 4
+    return int(1.5 * tokens * per_token)
+
+
+def check_training_memory(config, rows) -> None:
+    need = training_bytes(config, rows)
+    if need > measure.MEMORY_BUDGET_BYTES:
+        tokens = min(int(rows.shape[0]), FT_BATCH) * int(rows.shape[1])
+        raise ValueError(f"Fine-tuning this model on {tokens:,} tokens per step is predicted to need "
+                         f"{measure.format_bytes(need)}, over the memory budget of "
+                         f"{measure.format_bytes(measure.MEMORY_BUDGET_BYTES)}: paste a shorter text.")
+
+
 @_user_errors_gen
 def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, progress=gr.Progress()):
     """Fine-tune a fresh adapter on the user's own copy; yields the loss curve as it falls."""
@@ -156,20 +181,23 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
     max_seconds = _number(max_seconds, "time limit")
     finetune.check_settings(steps, lr, max_seconds, 2, 1)
     ids, notice = _encode_text(tokenizer, text)
+    seq_len = min(model.config.max_seq_len - 1, FT_SEQ_LEN)
+    check_training_memory(model.config, finetune.make_rows(ids, seq_len))  # before any copy or allocation
     model, tokenizer, name = session.private_model(state)  # the user's own copy; the shared model is never touched
     prov = session.runtime_info(model)
     lock = probes.model_lock(model)
     with session.threads_for(model), lock:  # a defined thread count: the same numbers under load as alone
         detach_lora(model)
         attach_lora(model, targets, rank=rank, alpha=alpha)
-        rows = finetune.make_rows(ids, model.config.max_seq_len - 1)
+        rows = finetune.make_rows(ids, seq_len)
         start_loss = finetune.evaluate_loss(model, rows)
     state["lora"] = {"rank": rank, "alpha": alpha, "targets": list(targets), "mode": "on", "trained_steps": 0}
     xs, ys = [0], [start_loss]
     head = f"{notice} " if notice else ""
     yield (figs.loss_curve_figure(xs, ys, max_steps=steps, status="starting", provenance=prov),
            f"{head}Training a rank-{rank} adapter on {len(ids)} tokens…", state)
-    gen = finetune.iter_finetune(model, ids, steps=steps, lr=lr, max_seconds=max_seconds)
+    gen = finetune.iter_finetune(model, ids, steps=steps, lr=lr, max_seconds=max_seconds, seq_len=seq_len,
+                                 batch=FT_BATCH)
     last_yield = time.perf_counter()
     record = None
     try:
