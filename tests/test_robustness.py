@@ -519,6 +519,22 @@ def test_a_sweep_over_the_budget_is_refused_before_it_allocates(monkeypatch):
         list(memory_compare(1024, 8, 64, 8, ["naive"], True, "float32", lambda *a, **k: None))
 
 
+def test_a_fine_tune_over_the_budget_is_refused_before_copying_the_model(monkeypatch):
+    from explorer import finetune, measure
+    from explorer.panels.lora import lora_finetune, training_bytes
+
+    model, _ = session.load_default()
+    forbid_model_runs(monkeypatch)
+    forbid(monkeypatch, finetune, "evaluate_loss")
+    monkeypatch.setattr(measure, "MEMORY_BUDGET_BYTES", 2**20)
+    state = fresh()
+    with pytest.raises(gr.Error, match="predicted to need .* over the memory budget of 1 MiB: paste a shorter text"):
+        list(lora_finetune(2, 4, ["q_proj"], "Tom has a red ball. " * 100, 2, 1e-2, 5, state, lambda *a, **k: None))
+    assert state["model"] is None  # no copy was made
+    rows = finetune.make_rows(list(range(300)), 127)
+    assert training_bytes(model.config, rows) > 1.5 * 2 * 128 * model.config.vocab_size * 4  # logits are counted
+
+
 def test_the_budget_is_configurable(monkeypatch):
     import importlib
 
