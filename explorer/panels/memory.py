@@ -275,9 +275,10 @@ def memory_trace_play(trace, head):
     if not trace:
         raise ValueError("Press “Trace” first.")
     head = _int(head, "head", 0, TRACE_HEADS - 1)
-    for block in range(len(trace["blocks"])):
+    n = len(trace["blocks"])
+    for block in range(n):
         yield block, _trace_figure(trace, block, head)
-        time.sleep(0.6)
+        time.sleep(min(0.6, 30.0 / n))  # at most ~30 s in all, even for 256 blocks of 1
 
 
 def build_memory(demo: gr.Blocks, state: gr.State) -> None:
