@@ -402,6 +402,8 @@ def encoder_for(model: Decoder):
                 enc = Encoder(cfg).eval()
             for p in enc.parameters():
                 p.requires_grad_(False)
+            while len(_encoders) >= 3:  # loaded models of other shapes must not pile up encoders for ever
+                _encoders.pop(next(iter(_encoders)))
             _encoders[key] = enc
         return enc
 
