@@ -713,6 +713,55 @@ def test_visitors_own_models_are_capped_in_total(monkeypatch, root):
     assert bob["model"] is not None
 
 
+def _deterministic(out):
+    """A handler's answer without what depends on timing (markdown with milliseconds, timing figures)."""
+    keep = []
+    for item in out if isinstance(out, tuple) else (out,):
+        if isinstance(item, go.Figure):
+            keep.append(item.to_plotly_json()["data"])
+        elif isinstance(item, (list, tuple)) and not isinstance(item, str):
+            keep.append(json.dumps(item, default=str))
+    return keep
+
+
+def test_another_sessions_model_and_adapter_leave_this_sessions_answers_unchanged(model_root):
+    """Alice loads another checkpoint, then fine-tunes an adapter on her copy of the default model; Bob's
+    answers on every tab are the same, to the bit, before and after, and the shared model is untouched."""
+    from explorer.panels.attention import attention_view
+    from explorer.panels.encoder_decoder import encoder_decoder_view
+    from explorer.panels.generation import generate
+    from explorer.panels.lora import lora_compare, lora_finetune
+    from explorer.panels.model import load_model
+    from explorer.panels.positions import rope_view
+
+    shared, _ = session.load_default()
+    weights = {k: v.clone() for k, v in shared.state_dict().items()}
+    bob = fresh()
+
+    def bobs_answers():
+        return [
+            _deterministic(attention_view("Tom gave the red ball to Anna.", 1, 1, VIEWS[0], bob)[:2]),
+            _deterministic(rope_view("Tom gave the red ball to Anna.", 500.0, 5, [0, 1], 1, 0, bob)[:4]),
+            _deterministic(encoder_decoder_view("The dog found a ball.", 1, 1, -1, bob)[:4]),
+            _deterministic(((g := generate("Tom has a red", 5, 0.7, 20, 0.9, 1, bob))[0], g[3],
+                            [row[:6] for row in g[7]])),  # without the milliseconds
+            _deterministic(lora_compare("Tom has a red", 0, 1, 5, bob)[:3]),
+        ]
+
+    before = bobs_answers()
+    alice = fresh()
+    load_model("tiny-local", alice, lambda *a, **k: None)
+    assert alice["model"] is not None and bob["model"] is None
+    assert bobs_answers() == before
+    load_model("default", alice, lambda *a, **k: None)
+    out = list(lora_finetune(2, 8, ["q_proj", "v_proj"], "Tom has a red ball. Anna has a red ball too.", 3, 5e-2,
+                             10, alice, lambda *a, **k: None))
+    assert "done" in out[-1][1] and alice["model"] is not None
+    assert bobs_answers() == before
+    for k, v in shared.state_dict().items():
+        assert torch.equal(v, weights[k]), k
+
+
 # --- the code itself: no unsafe loading, no shell, no uploads without limits ---------------------------------
 
 SOURCE_FILES = [p for d in ("explorer", "models") for p in (session.REPO_ROOT / d).rglob("*.py")] + \
