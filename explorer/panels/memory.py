@@ -256,7 +256,8 @@ def memory_trace(seq_len, block_size, causal, head):
     head = _int(head, "head", 0, TRACE_HEADS - 1)
     trace = measure.tiled_trace(seq_len, TRACE_HEADS, TRACE_HEAD_DIM, block_size, seed=0, causal=bool(causal))
     n = len(trace["blocks"])
-    return (trace, gr.Slider(minimum=0, maximum=n - 1, value=0, step=1, label=f"key block (0–{n - 1})"),
+    return (trace, gr.Slider(minimum=0, maximum=max(n - 1, 1), value=0, step=1,  # one block: Gradio refuses min == max
+                                 interactive=n > 1, label=f"key block (0–{n - 1})"),
             _trace_figure(trace, 0, head), _trace_info(trace))
 
 
