@@ -155,7 +155,10 @@ def attention_view(prompt, layer, head, view, state):
 def jump_to_head(pick):
     if not pick:
         raise ValueError("Choose a head from the list.")
-    layer, head = (int(x) for x in str(pick).split(","))
+    try:
+        layer, head = (int(x) for x in str(pick).split(","))
+    except ValueError:  # not "layer,head": not from the list
+        raise ValueError(f"Choose a head from the list (got {str(pick)[:40]!r}).") from None
     return layer, head
 
 
