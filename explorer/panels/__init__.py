@@ -19,6 +19,12 @@ def user_errors(fn):
             raise
         except ValueError as exc:
             raise gr.Error(str(exc)) from exc
+        except MemoryError as exc:  # a prediction fell short: answer this request, keep the server up
+            import gc
+
+            gc.collect()
+            raise gr.Error("The machine ran out of memory for this request: choose smaller sizes or a shorter "
+                           "text and try again.") from exc
     return wrapper
 
 
