@@ -540,6 +540,18 @@ def test_a_fine_tune_over_the_budget_is_refused_before_copying_the_model(monkeyp
     assert training_bytes(model.config, rows) > 1.5 * 2 * 128 * model.config.vocab_size * 4  # logits are counted
 
 
+def test_running_out_of_memory_answers_with_a_sentence(monkeypatch):
+    from explorer import probes
+    from explorer.panels.attention import attention_view
+
+    def oom(*a, **k):
+        raise MemoryError()
+
+    monkeypatch.setattr(probes, "run_with_cache", oom)
+    with pytest.raises(gr.Error, match="ran out of memory .* choose smaller sizes"):
+        attention_view("A prompt nobody asked for before 7.", 0, 0, VIEWS[0], fresh())
+
+
 def test_the_budget_is_configurable(monkeypatch):
     import importlib
 
