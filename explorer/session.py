@@ -29,7 +29,6 @@ from models import Decoder, load_pretrained
 from models.loading import REPO_ID, load_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL_NAME = "default model (assets/default-model)"
 
 # Checkpoints larger than this are refused before their weights are read (fp32 bytes on a 2-core CPU box).
 MAX_LOAD_PARAMETERS = 600_000_000
@@ -44,6 +43,16 @@ MODEL_LOCK = threading.RLock()
 
 def default_model_dir() -> Path:
     return Path(os.environ.get("EXPLORER_DEFAULT_MODEL", REPO_ROOT / "assets" / "default-model"))
+
+
+def default_model_name() -> str:
+    """How the default model is named on screen: the shipped folder, or the folder the environment chose."""
+    folder = default_model_dir()
+    try:
+        shown = folder.resolve().relative_to(REPO_ROOT)
+    except ValueError:
+        shown = folder
+    return f"default model ({shown})"
 
 
 def model_root() -> Path:
@@ -68,7 +77,7 @@ def load_default() -> tuple[Decoder, Any]:
 
 def new_state() -> dict[str, Any]:
     """A fresh per-user state: the shared default model, nothing private yet."""
-    return {"source": "default", "name": DEFAULT_MODEL_NAME, "model": None, "tokenizer": None}
+    return {"source": "default", "name": default_model_name(), "model": None, "tokenizer": None}
 
 
 def get_model(state: dict | None) -> tuple[Decoder, Any, str]:
@@ -77,7 +86,7 @@ def get_model(state: dict | None) -> tuple[Decoder, Any, str]:
     if state.get("model") is not None:
         return state["model"], state["tokenizer"], state["name"]
     model, tokenizer = load_default()
-    return model, tokenizer, state.get("name") or DEFAULT_MODEL_NAME
+    return model, tokenizer, state.get("name") or default_model_name()
 
 
 def is_shared(model: Decoder) -> bool:
@@ -137,7 +146,7 @@ def set_model(state: dict, model: Decoder | None, tokenizer: Any, name: str, sou
 
 
 def reset_to_default(state: dict) -> dict:
-    return set_model(state, None, None, DEFAULT_MODEL_NAME, "default")
+    return set_model(state, None, None, default_model_name(), "default")
 
 
 # --- loading another checkpoint ----------------------------------------------------------------
@@ -160,7 +169,7 @@ def resolve_model_source(source: str) -> tuple[str, str]:
 
 def _resolve_model_source(source: str | None) -> tuple[str, str]:
     source = (source or "").strip()
-    if not source or source.lower() in ("default", DEFAULT_MODEL_NAME.lower()):
+    if not source or source.lower() in ("default", default_model_name().lower()):
         return "default", "default"
     if any(unicodedata.category(c).startswith("C") for c in source):
         raise ValueError("The model source contains control characters: type a Hub id like "
@@ -210,7 +219,7 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
     """
     kind, cleaned = resolve_model_source(source)
     if kind == "default":
-        return None, None, DEFAULT_MODEL_NAME, "default"
+        return None, None, default_model_name(), "default"
     import json
 
     if kind == "hub":
@@ -282,6 +291,7 @@ def _fetch_hub(repo_id: str) -> Path:
 
 # --- text in --------------------------------------------------------------------------------------
 
+MAX_TEXT_CHARS = 100_000
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
 
 
@@ -291,6 +301,9 @@ def clean_text(text: Any) -> str:
         text = ""
     if not isinstance(text, str):
         raise ValueError("The prompt must be text.")
+    if len(text) > MAX_TEXT_CHARS:  # refused before the tokenizer spends time and memory on it
+        raise ValueError(f"The text is {len(text):,} characters long; paste at most {MAX_TEXT_CHARS:,} (every view "
+                         "uses far fewer tokens than that).")
     text = _CONTROL.sub("", text)
     if not text.strip():
         raise ValueError("The prompt is empty: type a sentence.")
