@@ -390,6 +390,14 @@ def test_empty_prompts_are_refused_before_the_model_runs(monkeypatch, handler, p
         call(prompt)
 
 
+@pytest.mark.parametrize("handler", ["attention", "generate", "lora_finetune"])
+def test_huge_texts_are_refused_before_tokenizing(monkeypatch, handler):
+    call = prompt_handlers()[handler]
+    forbid_model_runs(monkeypatch)
+    with pytest.raises(gr.Error, match="characters long; paste at most"):
+        call("The cat sat. " * 20_000)
+
+
 @pytest.mark.parametrize("handler", ["attention", "rope", "encoder_decoder", "generate", "lora_compare"])
 @pytest.mark.parametrize("prompt", ["🦄🐳 the purple whale 🐋", "中文 日本語 한국어", "العربية עברית",
                                     "Tom\x00 gave\x07 the\x1b ball\u200b."])
