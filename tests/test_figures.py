@@ -213,3 +213,21 @@ def test_any_token_list_gets_one_unique_row_each(tokens):
     fig = fa.attention_heatmap(np.eye(len(tokens)), labels, layer=0, head=0, n_heads=1, n_kv_heads=1)
     assert list(fig.data[0].y) == labels
     assert all("<" not in lab.replace("&lt;", "") for lab in labels)  # no raw markup reaches plotly
+
+
+def test_attention_grid_stays_under_two_megabytes_for_a_30_layer_model():
+    # SmolLM2-135M's 30 layers × 9 heads at 64 tokens: one byte per weight, gaps white, hover off
+    L, H, T = 30, 9, 64
+    rng = np.random.default_rng(0)
+    p = rng.random((L, H, T, T))
+    p /= p.sum(-1, keepdims=True)
+    fig = fa.attention_grid(p, token_labels([f"w{i}" for i in range(T)]), n_kv_heads=3)
+    assert len(fig.to_json()) < 2_000_000
+    z = np.asarray(fig.data[0].z)
+    np.testing.assert_array_equal(z[:T, :T], 1 + np.rint(p[0, 0] * 254))
+    assert np.all(z[T, :] == 0) and fig.layout.title.text.endswith("pick a head for exact values")
+    # a mid-size grid (the shipped model: 4 × 4 heads) keeps exact float32 weights and stays light
+    q = p[:4, :4]
+    fig = fa.attention_grid(q, token_labels([f"w{i}" for i in range(T)]), n_kv_heads=2)
+    np.testing.assert_allclose(np.asarray(fig.data[0].z, dtype=float)[:T, :T], q[0, 0], atol=1e-7)
+    assert len(fig.to_json()) < 1_000_000

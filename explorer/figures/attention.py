@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
 from .common import (KEY_AXIS, QUALITATIVE, QUERY_AXIS, SEQUENTIAL, WEIGHT_COLORBAR, WEIGHT_RANGE, auto_height,
@@ -61,32 +62,44 @@ def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: i
     gap = 1
     step = T + gap
     big = np.full((L * step - gap, H * step - gap), np.nan)
-    # Hover names the tokens for small grids; for big ones (30 layers × 9 heads) indices keep the figure light.
-    named = L * H * T * T <= 40_000
-    custom = np.empty(big.shape, dtype=object) if named else np.full(big.shape + (4,), -1, dtype=np.int32)
-    if named:
-        custom[:] = ""
     for layer in range(L):
         for head in range(H):
-            r0, c0 = layer * step, head * step
-            big[r0:r0 + T, c0:c0 + T] = p[layer, head]
-            if not named:
-                custom[r0:r0 + T, c0:c0 + T] = np.stack(np.broadcast_arrays(
-                    layer, head, np.arange(T)[:, None], np.arange(T)[None, :]), axis=-1)
-                continue
-            hl = head_label(head, H, n_kv_heads)
-            for t in range(T):
-                for s in range(T):
-                    custom[r0 + t, c0 + s] = f"layer {layer} · {hl}<br>query {labels[t]}<br>key {labels[s]}"
-    hover = ("%{customdata}" if named else
-             "layer %{customdata[0]} · head %{customdata[1]}<br>query %{customdata[2]} → key %{customdata[3]}")
-    fig = go.Figure(go.Heatmap(
-        z=big, customdata=custom, colorscale=SEQUENTIAL, zmin=WEIGHT_RANGE[0], zmax=WEIGHT_RANGE[1],
-        colorbar=dict(title=dict(text=WEIGHT_COLORBAR, side="right")), hoverongaps=False,
-        hovertemplate=hover + "<br>weight %{z:.4f}<extra></extra>", xgap=0, ygap=0,
-    ))
+            big[layer * step:layer * step + T, head * step:head * step + T] = p[layer, head]
+    # What one update may send to the browser is bounded (2 MB): small grids name the tokens on hover, mid-size
+    # ones send float32 weights and int8 indices, and the biggest (30 layers × 9 heads × 64 tokens) send each
+    # weight as one byte, in steps of 1/254, with hover off; the single-head map always has exact values.
+    cells = L * H * T * T
+    if cells > 250_000:
+        fig = go.Figure(_compact_heatmap(big))
+        note = " · overview in steps of 1/254: pick a head for exact values"
+    else:
+        if cells <= 40_000:
+            custom = np.empty(big.shape, dtype=object)
+            custom[:] = ""
+            for layer in range(L):
+                hl = [head_label(head, H, n_kv_heads) for head in range(H)]
+                for head in range(H):
+                    r0, c0 = layer * step, head * step
+                    for t in range(T):
+                        for s in range(T):
+                            custom[r0 + t, c0 + s] = f"layer {layer} · {hl[head]}<br>query {labels[t]}<br>key {labels[s]}"
+            hover = "%{customdata}"
+        else:
+            custom = np.full(big.shape + (4,), -1, dtype=np.int8)  # T <= 127 here (64-token prompts)
+            for layer in range(L):
+                for head in range(H):
+                    r0, c0 = layer * step, head * step
+                    custom[r0:r0 + T, c0:c0 + T] = np.stack(np.broadcast_arrays(
+                        layer, head, np.arange(T)[:, None], np.arange(T)[None, :]), axis=-1)
+            hover = "layer %{customdata[0]} · head %{customdata[1]}<br>query %{customdata[2]} → key %{customdata[3]}"
+        fig = go.Figure(go.Heatmap(
+            z=big.astype(np.float32), customdata=custom, colorscale=SEQUENTIAL, zmin=WEIGHT_RANGE[0],
+            zmax=WEIGHT_RANGE[1], colorbar=dict(title=dict(text=WEIGHT_COLORBAR, side="right")), hoverongaps=False,
+            hovertemplate=hover + "<br>weight %{z:.4f}<extra></extra>", xgap=0, ygap=0,
+        ))
+        note = ""
     view = "causal" if causal else "bidirectional view"
-    base_layout(fig, f"All {L} layers × {H} heads · attention weights ({view})",
+    base_layout(fig, f"All {L} layers × {H} heads · attention weights ({view}){note}",
                 height=int(min(1400, max(320, 150 + 1000 * L / H))))
     centres_x = [h * step + (T - 1) / 2 for h in range(H)]
     centres_y = [layer * step + (T - 1) / 2 for layer in range(L)]
@@ -96,6 +109,20 @@ def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: i
                      ticktext=[f"layer {layer}" for layer in range(L)], autorange="reversed", showgrid=False,
                      zeroline=False, scaleanchor="x", constrain="domain")
     return fig
+
+
+def _compact_heatmap(big: np.ndarray) -> go.Heatmap:
+    """Weights as bytes: 0 marks the blank gaps (white), 1..255 the weights 0..1 in steps of 1/254."""
+    levels = np.where(np.isnan(big), 0, 1 + np.rint(np.nan_to_num(big) * 254)).astype(np.uint8)
+    ramp = sample_colorscale(SEQUENTIAL, 11)
+    colorscale = [[0.0, "white"], [0.5 / 255, "white"]] + [
+        [(1 + 254 * i / 10) / 255, c] for i, c in enumerate(ramp)]
+    ticks = [0, 0.25, 0.5, 0.75, 1.0]
+    return go.Heatmap(
+        z=levels, colorscale=colorscale, zmin=0, zmax=255, hoverinfo="skip", xgap=0, ygap=0,
+        colorbar=dict(title=dict(text=WEIGHT_COLORBAR, side="right"), tickvals=[1 + 254 * t for t in ticks],
+                      ticktext=[f"{t:g}" for t in ticks]),
+    )
 
 
 def head_scores_figure(
