@@ -3,7 +3,8 @@ a sentence; never a TypeError, IndexError, RuntimeError or NaN. Refusals happen 
 or allocated (the loader and the allocating functions are replaced by ones that fail the test).
 
 The handlers run on the same served model as the app tests (tests/conftest.py: the shipped default model,
-or a tiny random checkpoint when it is absent), one torch thread so the box stays usable.
+or a tiny random checkpoint when it is absent, or always with EXPLORER_TEST_FIXTURE_MODEL=1), on one torch
+thread so the box stays usable (set by the module's fixture and restored after it).
 """
 from __future__ import annotations
 
@@ -22,8 +23,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from explorer import session
-
-torch.set_num_threads(1)
 
 SETTINGS = settings(max_examples=30, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -117,6 +116,7 @@ def served(served_model_dir, model_root):
     os.environ["EXPLORER_DEFAULT_MODEL"] = str(served_model_dir)
     os.environ["EXPLORER_MODEL_ROOT"] = str(model_root)
     threads, session.DEFAULT_THREADS = session.DEFAULT_THREADS, 1  # handlers end on this count: stay frugal
+    torch.set_num_threads(1)  # here, not at import: other modules' tests compare with the start-up count
     yield session.load_default()
     session.DEFAULT_THREADS = threads
     torch.set_num_threads(threads)
