@@ -122,6 +122,14 @@ def served(served_model_dir, model_root):
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def outcomes_report():
+    """After the module: how many generated calls each handler answered and refused (read it with -s)."""
+    yield
+    for name, (ok, refused) in sorted(OUTCOMES.items()):
+        print(f"\n{name:28s} answered {ok:3d}  refused {refused:3d}", end="")
+
+
 pytestmark = pytest.mark.usefixtures("served")  # not an argument: hypothesis would print the model
 
 
@@ -813,9 +821,3 @@ def test_uploads_are_size_limited_and_the_queue_bounded():
     assert app.launch_kwargs()["max_file_size"] == app.MAX_UPLOAD == "1mb"  # Gradio's /upload route always exists
     assert app.QUEUE["max_size"] >= 12 * 32  # 32 visitors' page loads (about a dozen events each) fit the line
     assert app.QUEUE["default_concurrency_limit"] >= 1
-
-
-def test_zz_outcomes_report():
-    """Not a check: how many generated calls each handler answered and refused (run with -s to read)."""
-    for name, (ok, refused) in sorted(OUTCOMES.items()):
-        print(f"{name:28s} answered {ok:3d}  refused {refused:3d}")
