@@ -96,7 +96,20 @@ def is_shared(model: Decoder) -> bool:
 # Every visitor's own model (a copy to attach LoRA to, or a loaded checkpoint) lives in their session state
 # until Gradio drops it (tab closed; API clients' sessions linger). Their total is capped, so many sessions
 # cannot add up to more memory than the machine has: over the cap, a new copy or load is refused first.
-PRIVATE_MODELS_BUDGET_BYTES = int(os.environ.get("EXPLORER_PRIVATE_MODELS_BUDGET", "0") or 0) or 6 * 2**30
+# 4 GiB: with one 4 GiB measurement and one 4 GiB fine-tune step at once, a 16 GB CPU Space keeps room to spare.
+
+
+def _private_budget() -> int:
+    from .measure import parse_bytes
+
+    raw = os.environ.get("EXPLORER_PRIVATE_MODELS_BUDGET")
+    try:
+        return parse_bytes(raw) if raw else 4 * 2**30
+    except ValueError:  # a bad setting must not stop the app from starting
+        return 4 * 2**30
+
+
+PRIVATE_MODELS_BUDGET_BYTES = _private_budget()
 _private_models: "weakref.WeakSet" = weakref.WeakSet()
 _private_lock = threading.Lock()
 
