@@ -577,6 +577,12 @@ def test_the_budget_is_configurable(monkeypatch):
     assert measure._budget_from_env() == 12 * 2**30
     monkeypatch.delenv("EXPLORER_MEMORY_BUDGET")
     assert measure._budget_from_env() <= 16 * 2**30  # the default fits a 16 GB CPU Space with room to spare
+    monkeypatch.setenv("EXPLORER_PRIVATE_MODELS_BUDGET", "2GiB")
+    assert session._private_budget() == 2 * 2**30
+    monkeypatch.setenv("EXPLORER_PRIVATE_MODELS_BUDGET", "lots")
+    assert session._private_budget() == 4 * 2**30  # a bad setting falls back, the app still starts
+    # one measurement, one fine-tune step and every visitor's own models at once still fit 16 GB, with 2 GB spare
+    assert 2 * measure.DEFAULT_MEMORY_BUDGET_BYTES + session._private_budget() <= 14 * 2**30
 
 
 # --- model loading: sources, files, configs ---------------------------------------------------------------
