@@ -10,6 +10,11 @@ import functools
 import gradio as gr
 
 
+def short(message: str, limit: int = 600) -> str:
+    """A message that echoes what the user sent, cut to a readable length (a 20,000-character prompt stays out)."""
+    return message if len(message) <= limit else message[:limit - 1] + "…"
+
+
 def user_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -18,7 +23,7 @@ def user_errors(fn):
         except gr.Error:
             raise
         except ValueError as exc:
-            raise gr.Error(str(exc)) from exc
+            raise gr.Error(short(str(exc))) from exc
         except MemoryError as exc:  # a prediction fell short: answer this request, keep the server up
             import gc
 

@@ -16,7 +16,7 @@ from explorer.figures.common import head_label
 from models.generate import generate as generate_tokens
 from models.lora import PROJECTIONS, attach_lora, detach_lora, lora_layers, merge_lora, set_lora_enabled
 
-from . import as_index, head_choices, layer_choices, user_errors
+from . import as_index, head_choices, layer_choices, short, user_errors
 
 MAX_RANK = 64
 MAX_TEXT_TOKENS = 2048
@@ -56,7 +56,7 @@ def _user_errors_gen(fn):
         except gr.Error:
             raise
         except ValueError as exc:
-            raise gr.Error(str(exc)) from exc
+            raise gr.Error(short(str(exc))) from exc
     return wrapper
 
 

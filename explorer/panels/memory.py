@@ -12,7 +12,7 @@ import torch
 from explorer import measure, session
 from explorer.figures import memory as figs
 
-from . import user_errors
+from . import short, user_errors
 
 IMPLS = ("naive", "sdpa", "tiled")
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")
@@ -45,7 +45,7 @@ def _user_errors_gen(fn):
         except gr.Error:
             raise
         except ValueError as exc:
-            raise gr.Error(str(exc)) from exc
+            raise gr.Error(short(str(exc))) from exc
     return wrapper
 
 
