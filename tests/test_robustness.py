@@ -79,6 +79,7 @@ def run(fn, *args):
     except gr.Error as exc:
         assert str(exc.message).strip(), f"{name} raised a gr.Error without a message"
         assert not INTERNAL.search(str(exc.message)), f"{name} answered with Python's words: {exc.message}"
+        assert len(exc.message) <= 600, f"{name}: a {len(exc.message)}-character message"
         OUTCOMES.setdefault(name, [0, 0])[1] += 1
         if os.environ.get("ROBUSTNESS_VERBOSE"):
             print(f"{name}{args!r:.200} -> {exc.message}")
