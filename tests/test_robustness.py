@@ -570,8 +570,6 @@ def test_running_out_of_memory_answers_with_a_sentence(monkeypatch):
 
 
 def test_the_budget_is_configurable(monkeypatch):
-    import importlib
-
     from explorer import measure
 
     monkeypatch.setenv("EXPLORER_MEMORY_BUDGET", "12GiB")
