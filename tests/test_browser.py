@@ -76,6 +76,8 @@ def test_every_tab_renders_runs_and_logs_no_errors(app_url, browser):
         plot = panel.locator(".js-plotly-plot").first
         plot.wait_for(state="visible", timeout=120_000)  # the tab's example, computed at page load
         _wait_idle(page)
+        if tab_id == "positions":  # an action that changes something: another rope_theta
+            panel.get_by_label("rope_theta (θ)").fill("100")
         if button is not None:
             action = panel.get_by_role("button", name=button, exact=True)
         else:
