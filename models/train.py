@@ -6,9 +6,12 @@ What it does, in order, all from one seed:
 2. trains a small byte-pair-encoding tokenizer on the training stories (the ``tokenizers`` library;
    Metaspace + punctuation pre-tokenizer, so nearly every corpus word is one token);
 3. trains a Llama-style :class:`models.decoder.Decoder` (RoPE, RMSNorm, SwiGLU, grouped-query
-   attention) with AdamW and a cosine learning-rate schedule with linear warmup. A share of the
-   training rows are "repeated random token" rows: ``<s>`` then random token spans each given twice.
-   They make copying pay in the loss, which is what grows induction heads;
+   attention) with AdamW and a cosine learning-rate schedule with linear warmup. Each step has a
+   batch of story rows and a batch of short "repeated random token" rows (``<s>`` then random token
+   spans, each given twice); the loss is the mean of the two. The random rows make copying pay in
+   the loss, which is what grows induction heads. Their tokens come from the most frequent story
+   tokens at first and from the whole vocabulary later (copying a large vocabulary from scratch sits
+   on a long plateau; on a small pool the circuit forms, and growing the pool makes it general);
 4. every ``eval_every`` steps measures the held-out loss (stories only) and the head scores
    (previous-token, first-token, induction on ``<s> + r + r``), and keeps the best checkpoint:
    among evaluations that have a previous-token head >= 0.5 and an induction head >= 0.3, the one
@@ -48,28 +51,34 @@ HELD_OUT_SEED_OFFSET = 1_000_003  # held-out stories come from seed + this
 class TrainSettings:
     seed: int = 0
     # model
-    d_model: int = 192
+    d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
     n_kv_heads: int = 2
-    d_ff: int = 512
+    d_ff: int = 384
     seq_len: int = 256
     # data
     tokenizer_stories: int = 20_000
     vocab_size: int = 4096            # an upper bound: BPE stops once every word is one token
-    random_row_share: float = 0.25    # share of rows that are repeated random token spans
-    random_span: tuple[int, int] = (8, 48)
+    # Each step also trains on a second batch of short "repeated random token" rows.
+    random_batch: int = 64
+    random_len: int = 64
+    random_span: tuple[int, int] = (16, 32)
+    # Random tokens come from a pool that grows from the `pool_start` most frequent tokens to the
+    # whole vocabulary between these fractions of training (copying forms on a small pool first).
+    pool_start: int = 256
+    pool_grow: tuple[float, float] = (0.3, 0.7)
     held_out_rows: int = 64
     # optimisation
-    steps: int = 1500
+    steps: int = 1200
     batch: int = 16
-    lr: float = 2e-3
+    lr: float = 3e-3
     min_lr: float = 1e-4
-    warmup: int = 100
+    warmup: int = 50
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     # evaluation
-    eval_every: int = 100
+    eval_every: int = 50
     probe_span: int = 32
     probe_batch: int = 8
     max_minutes: float = 28.0         # hard stop: the build must fit in 30 minutes
@@ -77,7 +86,9 @@ class TrainSettings:
     @classmethod
     def quick(cls) -> "TrainSettings":
         return cls(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, seq_len=64,
-                   tokenizer_stories=300, held_out_rows=8, steps=40, batch=8, lr=3e-3, warmup=5,
+                   tokenizer_stories=300, held_out_rows=8, random_batch=8, random_len=32,
+                   random_span=(4, 12), pool_start=64, steps=40, batch=8,
+                   lr=3e-3, warmup=5,
                    eval_every=20, probe_span=8, probe_batch=4, max_minutes=2.0)
 
 
@@ -177,6 +188,15 @@ def random_rows(n_rows: int, seq_len: int, vocab_size: int, bos_id: int, n_speci
     return out
 
 
+def pool_size(step: int, s: "TrainSettings", n_tokens: int) -> int:
+    """How many tokens the random rows draw from at ``step``: ``pool_start`` until
+    ``pool_grow[0]`` of training, then linearly up to all ``n_tokens`` at ``pool_grow[1]``."""
+    a, b = s.pool_grow
+    f = step / max(1, s.steps)
+    t = min(1.0, max(0.0, (f - a) / max(1e-9, b - a)))
+    return min(n_tokens, round(s.pool_start + t * (n_tokens - s.pool_start)))
+
+
 def unigram_entropy(targets: torch.Tensor, vocab_size: int) -> float:
     """Entropy (nats) of the unigram distribution of ``targets``: the loss of a model that knows
     only how often each token occurs, measured on the same tokens (a lower bound for such a model)."""
@@ -256,7 +276,8 @@ def _optimizer(model, s: TrainSettings) -> torch.optim.Optimizer:
                              lr=s.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
-def _progress(step: int, total: int, loss: float, lr: float, t0: float) -> None:
+def _progress(step: int, total: int, loss: float, copy_loss: float, lr: float,
+              t0: float) -> None:
     """A one-line progress bar, redrawn in place on a terminal; every 50 steps into a log file."""
     tty = sys.stdout.isatty()
     if not tty and (step + 1) % 50 and step + 1 != total:
@@ -265,7 +286,7 @@ def _progress(step: int, total: int, loss: float, lr: float, t0: float) -> None:
     bar = "#" * int(30 * done) + "-" * (30 - int(30 * done))
     el = time.time() - t0
     eta = el / done - el if done > 0 else 0.0
-    print(f"{chr(13) if tty else ''}[{bar}] step {step + 1}/{total} loss {loss:.3f} lr {lr:.2e} "
+    print(f"{chr(13) if tty else ''}[{bar}] step {step + 1}/{total} story loss {loss:.3f} random-span loss {copy_loss:.3f} lr {lr:.2e} "
           f"{el / 60:.1f} min (eta {eta / 60:.1f} min)", end="" if tty else "\n", flush=True)
 
 
@@ -285,16 +306,20 @@ def train(s: TrainSettings, out: str, log=print) -> dict:
     n_special = len(corpus.SPECIAL_TOKENS)
     log(f"tokenizer: {V} tokens")
 
-    n_random = round(s.steps * s.batch * s.random_row_share)
-    n_story = s.steps * s.batch - n_random
+    n_story = s.steps * s.batch
     t0 = time.time()
     # Training stories continue the tokenizer's seed stream; held-out ones use another seed.
     train_rows = story_rows(tok, s.seed, n_story, s.seq_len)
     held_rows = story_rows(tok, s.seed + HELD_OUT_SEED_OFFSET, s.held_out_rows, s.seq_len)
-    rand_rows = random_rows(n_random, s.seq_len, V, bos, n_special, s.random_span, g)
-    rows = torch.cat([train_rows, rand_rows])
-    rows = rows[torch.randperm(len(rows), generator=g)]
-    log(f"data: {n_story} story rows + {n_random} random-span rows of {s.seq_len + 1} tokens "
+    rows = train_rows
+    # The random-token pool in order: tokens by frequency in the training stories, then the
+    # tokens that never occur there (merge steps, characters) in a seeded random order.
+    freq = torch.bincount(train_rows.flatten(), minlength=V).double()
+    freq[:n_special] = -1.0
+    noise = torch.rand(V, generator=g) * 0.5   # breaks ties among unseen tokens, seeded
+    pool_order = torch.argsort(freq + noise, descending=True)[: V - n_special]
+    log(f"data: {n_story} story rows of {s.seq_len + 1} tokens; each step also "
+        f"{s.random_batch} random-span rows of {s.random_len + 1} tokens "
         f"({time.time() - t0:.1f} s); held out: {len(held_rows)} story rows")
     baseline = unigram_entropy(held_rows[:, 1:], V)
 
@@ -332,7 +357,7 @@ def train(s: TrainSettings, out: str, log=print) -> dict:
     consider(evaluate(0, None))        # the untrained model: held-out loss near ln(V)
     log(f"  eval step 0: held-out {history[0]['held_out_loss']:.3f} (unigram {baseline:.3f})")
     model.train()
-    ema = None
+    ema = ema_copy = None
     step = 0
     stopped_early = False
     for step in range(s.steps):
@@ -340,19 +365,27 @@ def train(s: TrainSettings, out: str, log=print) -> dict:
         for group in opt.param_groups:
             group["lr"] = lr
         x = rows[step * s.batch:(step + 1) * s.batch]
-        logits = model(x[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        n_pool = pool_size(step, s, len(pool_order))
+        r = random_rows(s.random_batch, s.random_len, n_pool, bos, 0, s.random_span, g)
+        r = pool_order[r]
+        r[:, 0] = bos
+        loss_story = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        loss_copy = F.cross_entropy(model(r[:, :-1]).flatten(0, 1), r[:, 1:].flatten())
+        loss = 0.5 * (loss_story + loss_copy)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
         opt.step()
-        lv = loss.item()
+        lv, lc = loss_story.item(), loss_copy.item()
         ema = lv if ema is None else 0.95 * ema + 0.05 * lv
-        _progress(step, s.steps, ema, lr, t_train)
+        ema_copy = lc if ema_copy is None else 0.95 * ema_copy + 0.05 * lc
+        _progress(step, s.steps, ema, ema_copy, lr, t_train)
         last = step == s.steps - 1
         over_time = (time.time() - t_start) / 60 > s.max_minutes
         if (step + 1) % s.eval_every == 0 or last or over_time:
             e = evaluate(step + 1, ema)
+            e["random_span_loss"] = ema_copy
+            e["pool"] = n_pool
             consider(e)
             p, pl, ph = _best(e["previous_token"])
             ind, il, ih = _best(e["induction"])
@@ -483,7 +516,8 @@ def write_model_card(summary: dict, out: str, cfg) -> None:
     wind, wil, wih = _best(wp["induction"])
     size = os.path.getsize(os.path.join(out, "model.safetensors"))
     hist = "\n".join(
-        f"| {e['step']} | {e['minutes']:.1f} | {_num(e['train_loss'])} | {e['held_out_loss']:.3f} | "
+        f"| {e['step']} | {e['minutes']:.1f} | {_num(e['train_loss'])} | "
+        f"{_num(e.get('random_span_loss'))} | {e['held_out_loss']:.3f} | "
         f"{_best(e['previous_token'])[0]:.2f} | {_best(e['induction'])[0]:.2f} |"
         for e in summary["history"])
     samples = "\n\n".join(f"**Prompt:** {x['prompt']}\n\n**Greedy:** {x['continuation']}"
@@ -508,11 +542,16 @@ word: shopping lists, animals seen, and a "secret list" of random words read out
 stories contain a plain **random span** of words followed by the same span again, with no grammar.
 Rows are {s['seq_len'] + 1} tokens, each starting at a story's `<s>`.
 
-**Repeated random tokens.** {s['random_row_share']:.0%} of the training rows are not text at all:
-`<s>` then spans of {s['random_span'][0]}-{s['random_span'][1]} random token ids (drawn from the
-whole vocabulary except the special tokens), each span given twice in a row. A model trained on
-templated stories alone barely learns induction (the project's design notes); these rows make
-copying carry weight in the loss. The held-out loss below is measured on stories only.
+**Repeated random tokens.** Every training step has two batches: {s['batch']} story rows of
+{s['seq_len']} tokens, and {s['random_batch']} rows of {s['random_len']} tokens that are not text
+at all: `<s>` then spans of {s['random_span'][0]}-{s['random_span'][1]} random token ids, each span
+given twice in a row. The loss is the mean of the two batches' losses. The random tokens are drawn
+from the {s['pool_start']} most frequent story tokens for the first {s['pool_grow'][0]:.0%} of
+training, then from a pool that grows linearly to the whole vocabulary (special tokens excepted) by
+{s['pool_grow'][1]:.0%}. A model trained on templated stories alone barely learns induction (the
+project's design notes), and copying spans of a large vocabulary from scratch sits on a long
+plateau; the small pool first lets the copying circuit form, the growing pool makes it general.
+The held-out loss below is measured on stories only.
 
 ## Tokenizer
 Byte-pair encoding trained with the `tokenizers` library on {s['tokenizer_stories']:,} training
@@ -551,8 +590,8 @@ Every {s['eval_every']} steps the loop measured the held-out loss and the head s
 weights are the evaluation with the lowest held-out loss among those with a previous-token head
 ≥ 0.5 and an induction head ≥ 0.3: **step {best['step']}**.
 
-| step | minutes | train loss (EMA) | held-out loss | best previous-token | best induction |
-|---:|---:|---:|---:|---:|---:|
+| step | minutes | story loss (train, EMA) | random-span loss (train, EMA) | held-out loss | best previous-token | best induction |
+|---:|---:|---:|---:|---:|---:|---:|
 {hist}
 
 ## Results (shipped weights)
@@ -594,6 +633,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default 2; 1 with --quick, where a tiny model gains "
                          "nothing from a second thread and loses a lot when cores are shared)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="override one TrainSettings field (for experiments), e.g. --set d_model=128")
     args = ap.parse_args(argv)
     if args.quick and args.out is None:
         ap.error("--quick needs --out: it must not overwrite the shipped model.")
@@ -603,6 +644,13 @@ def main(argv: list[str] | None = None) -> dict:
         s.seed = args.seed
     if args.steps is not None:
         s.steps = args.steps
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if name not in TrainSettings.__dataclass_fields__:
+            ap.error(f"--set {item}: TrainSettings has no field {name!r}.")
+        current = getattr(s, name)
+        setattr(s, name, tuple(int(v) for v in value.split(",")) if isinstance(current, tuple)
+                else type(current)(value))
     return train(s, args.out or DEFAULT_OUT)
 
 

@@ -100,3 +100,12 @@ def test_unigram_entropy_matches_numpy():
     t = torch.tensor([0, 0, 1, 2, 2, 2, 5])
     p = np.array([2, 1, 3, 1]) / 7
     assert T.unigram_entropy(t, 6) == pytest.approx(float(-(p * np.log(p)).sum()))
+
+
+def test_random_token_pool_grows_to_the_whole_vocabulary():
+    s = T.TrainSettings(steps=100, pool_start=50, pool_grow=(0.3, 0.7))
+    sizes = [T.pool_size(i, s, 1000) for i in range(101)]
+    assert sizes[0] == sizes[30] == 50
+    assert sizes[50] == 525
+    assert sizes[70] == sizes[100] == 1000
+    assert all(a <= b for a, b in zip(sizes, sizes[1:]))
