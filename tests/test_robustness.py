@@ -737,6 +737,8 @@ def test_visitors_own_models_are_capped_in_total(monkeypatch, root):
     monkeypatch.setattr(session, "PRIVATE_MODELS_BUDGET_BYTES", session.private_models_bytes() + int(1.5 * one))
     alice = fresh()
     session.private_model(alice)  # fits
+    # now full, whatever the sizes of the default model and the checkpoint below
+    monkeypatch.setattr(session, "PRIVATE_MODELS_BUDGET_BYTES", session.private_models_bytes() + 1)
     forbid(monkeypatch, session, "load_pretrained")
     monkeypatch.setattr(session, "copy", types.SimpleNamespace(deepcopy=lambda m: pytest.fail("copied past the cap")))
     with pytest.raises(ValueError, match="visitors' own models already hold"):
