@@ -327,13 +327,14 @@ def test_memory_budget_any_input(args):
                   (st.integers(0, 1), junk)),
        step=st.one_of(st.integers(-1, 20), junk))
 def test_memory_trace_any_input(args, step):
-    from explorer.panels.memory import _user_errors_gen, memory_trace, memory_trace_play, memory_trace_step
+    from explorer.panels import user_errors
+    from explorer.panels.memory import memory_trace, memory_trace_play, memory_trace_step
 
     out = run(memory_trace, *args)
     trace = None if isinstance(out, gr.Error) else out[0]
     run(memory_trace_step, trace, step, args[3])
     if trace is None:  # playing a real trace sleeps 0.6 s per block
-        run(_user_errors_gen(memory_trace_play), trace, args[3])  # wrapped as where it is wired
+        run(user_errors(memory_trace_play), trace, args[3])  # wrapped as where it is wired
 
 
 SOURCES = ["/etc", "/etc/passwd", "../../etc", "~/.ssh", "tiny-local/../../..", "HuggingFaceTB/SmolLM2-135M", "a/b",

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 
 import gradio as gr
 
@@ -15,21 +16,38 @@ def short(message: str, limit: int = 600) -> str:
     return message if len(message) <= limit else message[:limit - 1] + "…"
 
 
+def _as_user_error(exc: Exception) -> gr.Error:
+    if isinstance(exc, MemoryError):  # a prediction fell short: answer this request, keep the server up
+        import gc
+
+        gc.collect()
+        return gr.Error("The machine ran out of memory for this request: choose smaller sizes or a shorter "
+                        "text and try again.")
+    return gr.Error(short(str(exc)))
+
+
 def user_errors(fn):
+    """Wrap a handler (a plain function or a generator that streams updates) so that a ``ValueError``
+    reaches the browser as ``gr.Error`` with the same sentence, and a ``MemoryError`` as a sentence too."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def stream(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except gr.Error:
+                raise
+            except (ValueError, MemoryError) as exc:
+                raise _as_user_error(exc) from exc
+        return stream
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except gr.Error:
             raise
-        except ValueError as exc:
-            raise gr.Error(short(str(exc))) from exc
-        except MemoryError as exc:  # a prediction fell short: answer this request, keep the server up
-            import gc
-
-            gc.collect()
-            raise gr.Error("The machine ran out of memory for this request: choose smaller sizes or a shorter "
-                           "text and try again.") from exc
+        except (ValueError, MemoryError) as exc:
+            raise _as_user_error(exc) from exc
     return wrapper
 
 

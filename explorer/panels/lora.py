@@ -3,7 +3,6 @@ user's own copy of the model on text they paste (live loss curve, Stop button), 
 off, on and merged, with one head's attention and a greedy continuation before and after, side by side."""
 from __future__ import annotations
 
-import functools
 import math
 import time
 
@@ -16,7 +15,7 @@ from explorer.figures.common import head_label
 from models.generate import generate as generate_tokens
 from models.lora import PROJECTIONS, attach_lora, detach_lora, lora_layers, merge_lora, set_lora_enabled
 
-from . import as_index, head_choices, layer_choices, short, user_errors
+from . import as_index, head_choices, layer_choices, user_errors
 
 MAX_RANK = 64
 MAX_TEXT_TOKENS = 2048
@@ -46,18 +45,6 @@ The example text gives three children a purple whale: after training, a child th
 CMP_INTRO = """#### Before and after
 Switch the adapter off, on, or merge it into the weights (W₀ + (alpha / r)·B·A, same outputs, no extra
 work per token). The left side is always the base model (adapter off), the right side the adapter on."""
-
-
-def _user_errors_gen(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            yield from fn(*args, **kwargs)
-        except gr.Error:
-            raise
-        except ValueError as exc:
-            raise gr.Error(short(str(exc))) from exc
-    return wrapper
 
 
 def _number(value, name: str) -> float:
@@ -171,7 +158,7 @@ def check_training_memory(config, rows) -> None:
                          f"{measure.format_bytes(measure.MEMORY_BUDGET_BYTES)}: paste a shorter text.")
 
 
-@_user_errors_gen
+@user_errors
 def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, progress=gr.Progress()):
     """Fine-tune a fresh adapter on the user's own copy; yields the loss curve as it falls."""
     model, tokenizer, _ = session.get_model(state)

@@ -2,7 +2,6 @@
 predictions, and the tiled algorithm stepped block by block."""
 from __future__ import annotations
 
-import functools
 import threading
 import time
 
@@ -12,7 +11,7 @@ import torch
 from explorer import measure, session
 from explorer.figures import memory as figs
 
-from . import short, user_errors
+from . import user_errors
 
 IMPLS = ("naive", "sdpa", "tiled")
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")
@@ -34,19 +33,6 @@ Each step reads one block of keys (red outline). Every query row keeps a running
 scores and a running sum *l* of exp(score − m); when a new block raises the maximum, the old sum and the
 partial output are scaled down by exp(m_old − m_new). Move the slider: the output on the right takes its
 final shape without the T×T matrix ever being stored."""
-
-
-def _user_errors_gen(fn):
-    """``user_errors`` for generator handlers: ValueError -> gr.Error with the same sentence."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            yield from fn(*args, **kwargs)
-        except gr.Error:
-            raise
-        except ValueError as exc:
-            raise gr.Error(short(str(exc))) from exc
-    return wrapper
 
 
 def _int(value, name: str, lo: int, hi: int) -> int:
@@ -191,7 +177,7 @@ def opening_rows() -> tuple[list[dict], float]:
         return _opening["rows"], _opening["elapsed"]
 
 
-@_user_errors_gen
+@user_errors
 def memory_compare(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype, progress=gr.Progress()):
     """Measure naive / SDPA / tiled attention over sequence lengths; yields the chart as each size lands."""
     req = _check_request(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype)
@@ -331,7 +317,7 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
     trace_btn.click(memory_trace, trace_inputs, trace_outputs, api_name="memory_trace")
     block.input(memory_trace_step, [trace_state, block, t_head], [trace_plot], api_name="memory_trace_step",
                 show_progress="hidden")
-    play.click(_user_errors_gen(memory_trace_play), [trace_state, t_head], [block, trace_plot],
+    play.click(user_errors(memory_trace_play), [trace_state, t_head], [block, trace_plot],
                api_name="memory_trace_play", api_visibility="private", show_progress="hidden")
     t_head.input(memory_trace_step, [trace_state, block, t_head], [trace_plot], api_name="memory_trace_head",
                  api_visibility="private")
