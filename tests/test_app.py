@@ -3,7 +3,6 @@
 Figure data is checked against what the served model computes for the same tokens (probes on the very
 model object the app serves); bad input must come back as a gradio error carrying the sentence to fix it.
 """
-import base64
 import json
 
 import numpy as np
@@ -11,24 +10,10 @@ import pytest
 from gradio_client.exceptions import AppError
 
 from explorer import probes, session
+from tests.plotly_payload import arr, fig
 
 CAUSAL, BIDIR = "causal (as trained)", "bidirectional (mask removed)"
 PROMPT = "The cat sat on the mat. The cat sat on the mat."
-
-
-def fig(payload) -> dict:
-    """A gr.Plot value from gradio_client -> the plotly figure dict."""
-    assert payload["type"] == "plotly"
-    return json.loads(payload["plot"])
-
-
-def arr(value) -> np.ndarray:
-    """A plotly JSON array: a plain list, or plotly's typed array {"dtype", "bdata" (base64), "shape"}."""
-    if isinstance(value, dict) and "bdata" in value:
-        a = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
-        shape = value.get("shape")
-        return a.reshape([int(n) for n in str(shape).split(",")]) if shape else a
-    return np.array(value, dtype=float)
 
 
 def heat(figure: dict, i: int = 0) -> np.ndarray:

@@ -3,9 +3,7 @@ in-process (tests/conftest.py). Figure data is checked against what the code com
 the served model's own forward pass, explorer.measure's predictions, models.lora's counts."""
 from __future__ import annotations
 
-import base64
 import copy
-import json
 import math
 
 import numpy as np
@@ -16,24 +14,10 @@ from gradio_client.exceptions import AppError
 from explorer import measure, session
 from models.generate import generate as generate_tokens
 from models.lora import attach_lora, count_parameters, lora_layers
+from tests.plotly_payload import arr, fig
 
 MIB = 2**20
 PROMPT = "Once upon a time there was a little girl"
-
-
-def fig(payload) -> dict:
-    assert payload["type"] == "plotly"
-    return json.loads(payload["plot"])
-
-
-def arr(value) -> np.ndarray:
-    """A plotly JSON array: a plain list (None -> NaN), or a typed array {"dtype", "bdata", "shape"}."""
-    if isinstance(value, dict) and "bdata" in value:
-        a = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
-        shape = value.get("shape")
-        return a.reshape([int(n) for n in str(shape).split(",")]) if shape else a
-    return np.array([np.nan if v is None else v for v in value] if value and not isinstance(value[0], list)
-                    else [[np.nan if v is None else v for v in row] for row in value], dtype=float)
 
 
 def all_numbers_finite(figure: dict) -> bool:
