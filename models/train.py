@@ -484,7 +484,8 @@ def _machine() -> dict:
                 break
     except (OSError, subprocess.SubprocessError):
         pass
-    return {"cpu": cpu, "threads": torch.get_num_threads(), "python": sys.version.split()[0]}
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+            "python": sys.version.split()[0]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,6 +524,9 @@ def write_model_card(summary: dict, out: str, cfg) -> None:
     samples = "\n\n".join(f"**Prompt:** {x['prompt']}\n\n**Greedy:** {x['continuation']}"
                           for x in summary["samples"])
     m = summary["machine"]
+    stop_note = (f"this run hit that limit and stopped at step {summary['steps_run']} of {s['steps']}."
+                 if summary.get("stopped_early") else
+                 f"this run finished all {s['steps']} steps before it.")
     card = f"""# Transformer Explorer default model
 
 A small Llama-style decoder trained from scratch, on this project's own generated stories, by
@@ -540,7 +544,8 @@ characters referred to by pronouns (she/he, her/his), a recurring object ("a big
 red kite") and place, a refrain said more than once, and lists that are recalled later word for
 word: shopping lists, animals seen, and a "secret list" of random words read out again. Some
 stories contain a plain **random span** of words followed by the same span again, with no grammar.
-Rows are {s['seq_len'] + 1} tokens, each starting at a story's `<s>`.
+Each story row holds {s['seq_len']} input tokens (plus the next token as the last target) and
+starts at a story's `<s>`; stories follow one another (`</s> <s>`) until the row is full.
 
 **Repeated random tokens.** Every training step has two batches: {s['batch']} story rows of
 {s['seq_len']} tokens, and {s['random_batch']} rows of {s['random_len']} tokens that are not text
@@ -579,16 +584,22 @@ every text, as Llama does), `</s>` 2, `<unk>` 3.
 ## Training
 AdamW (β = 0.9, 0.95; weight decay {s['weight_decay']} on matrices), learning rate
 {s['lr']:g} after {s['warmup']} warmup steps, cosine down to {s['min_lr']:g}, gradient clipping at
-{s['grad_clip']}, batch {s['batch']} × {s['seq_len']} tokens, {summary['steps_run']} steps
-({summary['steps_run'] * s['batch'] * s['seq_len']:,} tokens), seed {s['seed']}.
+{s['grad_clip']}, {summary['steps_run']} steps of {s['batch']} × {s['seq_len']} story tokens plus
+{s['random_batch']} × {s['random_len']} random-span tokens
+({summary['steps_run'] * s['batch'] * s['seq_len']:,} story tokens in all), seed {s['seed']}.
 Training took **{summary['train_minutes']:.1f} minutes** ({summary['total_minutes']:.1f} minutes
-with the tokenizer, data and evaluation) on {m['cpu']}, {m['threads']} threads (2 cores),
+with the tokenizer, data and evaluation) on {m['cpu']} (lscpu model name), {m['threads']} torch threads on {m.get('cores', os.cpu_count())} cores,
 torch {summary['torch']}, CPU, fp32, SDPA attention. The cores were shared with other work, so
-times vary from run to run.
+times vary from run to run. The loop stops after {s['max_minutes']:g} minutes whatever the step,
+keeping the best evaluation so far, so a rebuild on a busy machine still ends within 30 minutes;
+{stop_note}
 
 Every {s['eval_every']} steps the loop measured the held-out loss and the head scores; the shipped
 weights are the evaluation with the lowest held-out loss among those with a previous-token head
 ≥ 0.5 and an induction head ≥ 0.3: **step {best['step']}**.
+
+The random-span loss can only fall on the second copy of each span; it rises while the pool grows
+(an unpredictable first-copy token costs ln(pool size) nats) and falls once copying works.
 
 | step | minutes | story loss (train, EMA) | random-span loss (train, EMA) | held-out loss | best previous-token | best induction |
 |---:|---:|---:|---:|---:|---:|---:|
@@ -622,6 +633,17 @@ model of anything real, and its stories repeat themselves.
         fh.write(card)
 
 
+def rewrite_card(folder: str) -> None:
+    """Write README.md again from the numbers a training run logged (training_log.json)."""
+    from .config import ModelConfig
+
+    with open(os.path.join(folder, "training_log.json")) as fh:
+        summary = json.load(fh)
+    with open(os.path.join(folder, "config.json")) as fh:
+        cfg = ModelConfig.from_hf(json.load(fh))
+    write_model_card(summary, folder, cfg)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
@@ -633,11 +655,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default 2; 1 with --quick, where a tiny model gains "
                          "nothing from a second thread and loses a lot when cores are shared)")
+    ap.add_argument("--card-only", action="store_true",
+                    help="rewrite README.md in --out from its training_log.json and config.json "
+                         "(no training)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="override one TrainSettings field (for experiments), e.g. --set d_model=128")
     args = ap.parse_args(argv)
     if args.quick and args.out is None:
         ap.error("--quick needs --out: it must not overwrite the shipped model.")
+    if args.card_only:
+        out = args.out or DEFAULT_OUT
+        rewrite_card(out)
+        return json.load(open(os.path.join(out, "training_log.json")))
     torch.set_num_threads(args.threads or (1 if args.quick else 2))
     s = TrainSettings.quick() if args.quick else TrainSettings()
     if args.seed is not None:

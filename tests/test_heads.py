@@ -57,7 +57,7 @@ def test_uniform_pattern_matches_numpy_average():
 
 
 def test_heads_are_scored_separately_and_layers_axis_kept():
-    T, L = 8, 4
+    T = 8
     heads = np.stack([_previous_token(T), _first_token(T), _induction(T, 3), np.eye(T)])
     pat = torch.tensor(heads)[None]                             # (1, 4, T, T)
     prev = previous_token_score(pat)

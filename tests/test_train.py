@@ -1,7 +1,10 @@
 """The training loop that builds the shipped model, run in its --quick form."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tests never reach the network
+
 import json
 import math
-import os
 import subprocess
 import sys
 
@@ -109,3 +112,24 @@ def test_random_token_pool_grows_to_the_whole_vocabulary():
     assert sizes[50] == 525
     assert sizes[70] == sizes[100] == 1000
     assert all(a <= b for a, b in zip(sizes, sizes[1:]))
+
+
+def test_model_card_reports_the_logged_numbers(quick_folder, tmp_path):
+    import shutil
+
+    out, _ = quick_folder
+    folder = tmp_path / "copy"
+    shutil.copytree(out, folder)
+    (folder / "README.md").unlink()
+    T.main(["--card-only", "--out", str(folder)])
+    card = (folder / "README.md").read_text()
+    log = json.loads((folder / "training_log.json").read_text())
+    assert f"{log['picked']['held_out_loss']:.3f} nats/token" in card
+    assert f"{log['unigram_baseline']:.3f} nats/token" in card
+    assert f"{log['n_params']:,}" in card
+    assert log["machine"]["cpu"] in card
+    n_heads = len(log["picked"]["induction"][0])
+    n_layers = len(log["picked"]["induction"])
+    assert card.count("\n| ") >= n_layers * n_heads          # one table row per head
+    for sample in log["samples"]:
+        assert sample["prompt"] in card
