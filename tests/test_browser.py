@@ -53,7 +53,7 @@ def _save_small_png(png: bytes, path: Path) -> None:
 def _wait_idle(page, timeout_ms=120_000):
     """Until no Gradio progress indicator is showing (the tab's events have finished)."""
     page.wait_for_function(
-        "() => !document.querySelector('.progress-text, .eta-bar, .meta-text-center')",
+        "() => !document.querySelector('.progress-text, .progress-level, .eta-bar, .meta-text, .meta-text-center')",
         timeout=timeout_ms)
 
 
