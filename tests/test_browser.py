@@ -83,8 +83,9 @@ def test_every_tab_renders_runs_and_logs_no_errors(app_url, browser):
         else:
             action = panel.locator("button.primary").first
         action.click()
-        page.wait_for_timeout(300)
-        _wait_idle(page)
+        for _ in range(3):  # a queued event shows its progress only once it starts: settle, look again
+            page.wait_for_timeout(700)
+            _wait_idle(page)
         assert panel.locator(".js-plotly-plot").first.is_visible(), f"{label}: no chart after its action"
         toasts = page.locator(".toast-body.error")
         assert toasts.count() == 0, f"{label}: error toast: {toasts.first.inner_text()}"
