@@ -274,7 +274,7 @@ def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(_target(f"tiled peak at least 10x under naive at T={TARGET_T}", "not measured", None, "issue 3"))
     diffs = [r["max_abs_diff"] for r in (naive, sdpa, tiled) if ok(r) and r["max_abs_diff"] is not None]
     if ok(naive) and len(diffs) == 3:
-        out.append(_target(f"naive, sdpa and tiled agree to 1e-4 at T={TARGET_T}", f"max |diff| {max(diffs):.1e}",
+        out.append(_target(f"naive, sdpa and tiled agree to 1e-4 at T={TARGET_T}", f"max abs diff {max(diffs):.1e}",
                            max(diffs) <= 1e-4, "issue 3"))
     else:
         out.append(_target(f"naive, sdpa and tiled agree to 1e-4 at T={TARGET_T}", "not measured", None, "issue 3"))
