@@ -1,10 +1,11 @@
 """Our decoder against transformers' LlamaForCausalLM on the same random weights (no network)."""
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
-from models import generate, load_pretrained
+from models import generate
 from models.loading import save_pretrained
+from tests.llama_pair import llama_pair
 
 CASES = {
     "mha-untied": dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False, theta=10000.0, eps=1e-5),
@@ -15,22 +16,8 @@ CASES = {
 
 def _build(case, tmp_path, seed=0):
     c = CASES[case]
-    config = LlamaConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=112, num_hidden_layers=3,
-        num_attention_heads=c["num_attention_heads"], num_key_value_heads=c["num_key_value_heads"],
-        rope_parameters={"rope_type": "default", "rope_theta": c["theta"]}, rms_norm_eps=c["eps"],
-        tie_word_embeddings=c["tie_word_embeddings"], max_position_embeddings=96,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
-    )
-    torch.manual_seed(seed)
-    ref = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            # spread weights wide so a wrong rotation or pairing cannot hide in tiny logits
-            p.normal_(1.0, 0.1) if "norm" in name else p.normal_(0.0, 0.08)
-    ref.save_pretrained(tmp_path)
-    ref = LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="eager").eval()
-    return ref, load_pretrained(tmp_path)
+    return llama_pair(tmp_path, n_heads=c["num_attention_heads"], n_kv_heads=c["num_key_value_heads"],
+                      tied=c["tie_word_embeddings"], theta=c["theta"], eps=c["eps"], seed=seed)
 
 
 def _tokens(n=2, T=24, seed=1):

@@ -6,11 +6,11 @@ import threading
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from explorer import probes
-from models import Decoder, Encoder, ModelConfig, generate, load_pretrained
+from models import Decoder, Encoder, ModelConfig, generate
 from models.hooks import HookPoint
+from tests.llama_pair import llama_pair
 
 IMPLS = ["naive", "sdpa", "tiled"]
 
@@ -21,21 +21,8 @@ IMPLS = ["naive", "sdpa", "tiled"]
 
 def _hf_pair(tmp_path, *, n_heads=4, n_kv_heads=2, layers=2, seed=0):
     """A random transformers Llama (eager attention) and the same weights in our Decoder."""
-    config = LlamaConfig(
-        vocab_size=61, hidden_size=48, intermediate_size=80, num_hidden_layers=layers,
-        num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-5,
-        tie_word_embeddings=False, max_position_embeddings=64,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
-    )
-    torch.manual_seed(seed)
-    ref = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            p.normal_(1.0, 0.1) if "norm" in name else p.normal_(0.0, 0.08)
-    ref.save_pretrained(tmp_path)
-    ref = LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="eager").eval()
-    return ref, load_pretrained(tmp_path)
+    return llama_pair(tmp_path, vocab_size=61, hidden_size=48, intermediate_size=80, layers=layers,
+                      n_heads=n_heads, n_kv_heads=n_kv_heads, max_positions=64, seed=seed)
 
 
 def _small_decoder(seed=0, **kw):
