@@ -44,7 +44,7 @@ def launch_kwargs() -> dict:
 
 def build_demo() -> gr.Blocks:
     session.load_default()  # the shipped model, loaded once at start-up from assets/ (no network)
-    with gr.Blocks(title=TITLE) as demo:
+    with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:  # no calls home from a classroom machine
         gr.Markdown(f"# {TITLE}\nA Llama-style decoder written from scratch, and what happens inside it. "
                     "Every number on screen is computed now, on this machine, by the code that is running.")
         state = gr.State(session.new_state())  # per browser session: the model this user looks at
