@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from models import Decoder, load_pretrained
-from models.loading import REPO_ID, load_tokenizer
+from models.loading import REPO_ID, fetch_hub, load_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -208,10 +208,6 @@ def _resolve_model_source(source: str | None) -> tuple[str, str]:
     return "local", str(path)
 
 
-def hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def estimate_parameters(hf_config: dict) -> int:
     """Parameter count of a Llama config.json without building the model (for the size guard)."""
     C, L, V = hf_config["hidden_size"], hf_config["num_hidden_layers"], hf_config["vocab_size"]
@@ -236,7 +232,7 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
     import json
 
     if kind == "hub":
-        folder = _fetch_hub(cleaned)
+        folder = fetch_hub(cleaned)  # the Hub only: never a folder outside the root
         name = cleaned
     else:
         folder = Path(cleaned)
@@ -281,25 +277,6 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
         p.requires_grad_(False)
     tokenizer = load_tokenizer(folder)
     return model, tokenizer, name, cleaned
-
-
-def _fetch_hub(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
-
-    from models.loading import HUB_FILES
-
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=True))
-    except Exception:
-        pass
-    if hub_offline():
-        raise ValueError(f"The app is offline (HF_HUB_OFFLINE=1) and {repo_id!r} is not in the local cache: "
-                         "the default model stays loaded. Load a local folder instead.")
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES, etag_timeout=10))
-    except Exception as exc:
-        raise ValueError(f"Could not fetch {repo_id!r} from the Hugging Face Hub ({type(exc).__name__}): the "
-                         "machine may be offline or the repo id wrong. The previous model stays loaded.") from exc
 
 
 # --- text in --------------------------------------------------------------------------------------

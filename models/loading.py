@@ -34,25 +34,43 @@ def ours_to_hf(name: str) -> str:
     return "model." + name.replace("blocks.", "layers.", 1).replace(".attn.", ".self_attn.")
 
 
+def hub_offline() -> bool:
+    """True when ``HF_HUB_OFFLINE`` says the Hub must not be asked."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def fetch_hub(repo_id: str) -> Path:
+    """A Hub checkpoint's folder: from huggingface_hub's local cache, else downloaded when online.
+
+    Only the files a checkpoint needs are fetched (``HUB_FILES``: no pickles, no code).
+    """
+    if not REPO_ID.match(repo_id) or ".." in repo_id:
+        raise ValueError(f"{repo_id!r} is not a Hugging Face repo id like 'HuggingFaceTB/SmolLM2-135M'.")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=True))
+    except Exception:
+        pass
+    if hub_offline():
+        raise ValueError(f"could not fetch {repo_id!r}: it is not in the local cache and the Hub is switched off "
+                         "(HF_HUB_OFFLINE=1, offline). Load a local folder instead.")
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES, etag_timeout=10))
+    except Exception as exc:  # no network, unknown repo, gated repo: all end the same way for the user
+        raise ValueError(f"could not fetch {repo_id!r} from the Hugging Face Hub ({type(exc).__name__}): the "
+                         "machine may be offline or the repo id wrong. Load a local folder instead.") from exc
+
+
 def resolve_source(source: str | os.PathLike) -> Path:
-    """A local folder as is; a Hub repo id through huggingface_hub's cache, downloading when online."""
+    """A local folder as is; a Hub repo id through ``fetch_hub``."""
     path = Path(source)
     if path.is_dir():
         return path
     source = str(source)
     if not REPO_ID.match(source) or ".." in source:
         raise ValueError(f"{source!r} is neither a folder nor a Hugging Face repo id like 'HuggingFaceTB/SmolLM2-135M'.")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(source, allow_patterns=HUB_FILES, local_files_only=True))
-    except Exception:
-        pass
-    try:
-        return Path(snapshot_download(source, allow_patterns=HUB_FILES))
-    except Exception as exc:  # offline, unknown repo, gated repo: all end the same way for the user
-        raise ValueError(f"could not fetch {source!r} from the Hugging Face Hub ({type(exc).__name__}): check the "
-                         "repo id and the network, or load a local folder.") from exc
+    return fetch_hub(source)
 
 
 def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
