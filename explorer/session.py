@@ -208,18 +208,6 @@ def _resolve_model_source(source: str | None) -> tuple[str, str]:
     return "local", str(path)
 
 
-def estimate_parameters(hf_config: dict) -> int:
-    """Parameter count of a Llama config.json without building the model (for the size guard)."""
-    C, L, V = hf_config["hidden_size"], hf_config["num_hidden_layers"], hf_config["vocab_size"]
-    H = hf_config["num_attention_heads"]
-    Hkv = hf_config.get("num_key_value_heads") or H
-    D = hf_config.get("head_dim") or C // H
-    F = hf_config["intermediate_size"]
-    per_layer = C * H * D * 2 + C * Hkv * D * 2 + 3 * C * F + 2 * C
-    head = 0 if hf_config.get("tie_word_embeddings") else V * C
-    return V * C + L * per_layer + C + head
-
-
 def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
     """Load what the user asked for: (model or None for the default, tokenizer, name, source).
 
@@ -247,11 +235,11 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
         if not isinstance(hf, dict):
             raise TypeError("the file holds no JSON object")
         config = ModelConfig.from_hf(hf)
-        n = estimate_parameters(hf)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as exc:
         raise ValueError(f"{name}: config.json is not a readable Llama config ({exc}).") from exc
-    from .measure import MEMORY_BUDGET_BYTES, format_bytes
+    from .measure import MEMORY_BUDGET_BYTES, format_bytes, parameter_count
 
+    n = parameter_count(config)["total"]
     limit = min(MAX_LOAD_PARAMETERS, MEMORY_BUDGET_BYTES // 4)  # fp32 weights must fit the memory budget
     if n > limit:
         raise ValueError(f"{name} has about {n / 1e6:.0f} M parameters ({4 * n / 2**30:.1f} GiB in float32); this "
