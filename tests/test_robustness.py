@@ -485,6 +485,9 @@ def _numbers_cases():
         "huge learning rate": (lambda: ft(lr=1e9), "learning rate must lie in"),
         "negative sweep length": (lambda: mc(max_T=-5), "max sequence length must be a whole number"),
         "absurd sweep length": (lambda: mc(max_T=10**12), "max sequence length must be a whole number"),
+        "infinite sweep length": (lambda: mc(max_T=float("inf")), "max sequence length must be a whole number"),
+        "infinite trace block": (lambda: memory.memory_trace(64, float("inf"), True, 0), "block size must be"),
+        "infinite fine-tune steps": (lambda: ft(steps=float("inf")), "steps must be a whole number from 1 to"),
         "KV heads not dividing": (lambda: mc(n_heads=3, n_kv_heads=2), "must divide"),
         "absurd trace": (lambda: memory.memory_trace(10**9, 8, True, 0), "trace length must be"),
         "negative KV length": (lambda: generation.kv_calculator("this app's model", -1, 1, "float16", fresh()),
@@ -502,7 +505,8 @@ def _numbers_cases():
     "negative temperature", "infinite temperature", "NaN temperature", "underflowing temperature",
     "denormal temperature", "top_k 0", "rank 0", "rank 0 fine-tune",
     "absurd steps", "negative steps", "absurd time limit", "huge learning rate", "negative sweep length",
-    "absurd sweep length", "KV heads not dividing", "absurd trace", "negative KV length", "theta below 1",
+    "absurd sweep length", "infinite sweep length", "infinite trace block", "infinite fine-tune steps",
+    "KV heads not dividing", "absurd trace", "negative KV length", "theta below 1",
     "token far out", "layer far out"])
 def test_numbers_out_of_range_are_refused_before_anything_runs(monkeypatch, case):
     from explorer import finetune, measure

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 
 import gradio as gr
 
@@ -49,6 +50,30 @@ def user_errors(fn):
         except (ValueError, MemoryError) as exc:
             raise _as_user_error(exc) from exc
     return wrapper
+
+
+def as_number(value, name: str, *, finite: bool = True) -> float:
+    """A number typed in a box or sent through the API; ValueError naming the field otherwise.
+
+    ``finite=False`` lets ±inf through for fields whose own range check says more than "finite" would.
+    """
+    try:
+        x = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a number, got {value!r}.") from None
+    if math.isnan(x):
+        raise ValueError(f"{name} must be a number, got NaN.")
+    if finite and math.isinf(x):
+        raise ValueError(f"{name} must be a finite number, got {value!r}.")
+    return x
+
+
+def as_whole(value, name: str, lo: int, hi: int) -> int:
+    """A whole number in [lo, hi] (3.0 counts, 3.5, inf and NaN do not); ValueError naming the range otherwise."""
+    x = as_number(value, name, finite=False)
+    if not x.is_integer() or not lo <= x <= hi:
+        raise ValueError(f"{name} must be a whole number from {lo} to {hi}, got {value!r}.")
+    return int(x)
 
 
 def layer_choices(n_layers: int) -> list[tuple[str, int]]:

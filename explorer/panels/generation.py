@@ -13,7 +13,7 @@ from models.config import ModelConfig
 from models.lora import lora_layers
 from explorer.figures import generation as figs
 
-from . import user_errors
+from . import as_number, as_whole, user_errors
 from .memory import MEASURE_LOCK
 
 MAX_NEW_TOKENS = 128
@@ -37,27 +37,10 @@ query heads, and multi-query attention (MQA) keeps a single one. Configurations 
 published config.json."""
 
 
-def _float(value, name: str) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}.") from None
-    if math.isnan(x):
-        raise ValueError(f"{name} must be a number, got NaN.")
-    return x
-
-
-def _int(value, name: str, lo: int, hi: int) -> int:
-    x = _float(value, name)
-    if not x.is_integer() or not lo <= x <= hi:
-        raise ValueError(f"{name} must be a whole number from {lo} to {hi}, got {value!r}.")
-    return int(x)
-
-
 def check_settings(max_new_tokens, temperature, top_k, top_p, seed, context: int) -> dict:
     """The sampling settings as clean numbers; ValueError with what to change otherwise."""
-    max_new = _int(max_new_tokens, "new tokens", 1, MAX_NEW_TOKENS)
-    temperature = _float(temperature, "temperature")
+    max_new = as_whole(max_new_tokens, "new tokens", 1, MAX_NEW_TOKENS)
+    temperature = as_number(temperature, "temperature", finite=False)
     if temperature < 0:
         raise ValueError(f"temperature must be 0 (greedy) or positive, got {temperature:g}.")
     if math.isinf(temperature) or temperature > 1e12:
@@ -68,18 +51,18 @@ def check_settings(max_new_tokens, temperature, top_k, top_p, seed, context: int
     if top_k in (None, ""):
         top_k = None
     else:
-        top_k = _float(top_k, "top-k")
+        top_k = as_number(top_k, "top-k", finite=False)
         if top_k < 1 or not top_k.is_integer():
             raise ValueError(f"top-k must be a whole number of at least 1 (or blank for no cut-off), got {top_k:g}.")
         top_k = int(top_k)
     if top_p in (None, ""):
         top_p = None
     else:
-        top_p = _float(top_p, "top-p")
+        top_p = as_number(top_p, "top-p", finite=False)
         if not 0 < top_p <= 1:
             raise ValueError(f"top-p must lie in (0, 1] (1 = no cut-off), got {top_p:g}.")
         top_p = None if top_p == 1 else top_p
-    seed = 0 if seed in (None, "") else _int(seed, "seed", 0, 2**31 - 1)
+    seed = 0 if seed in (None, "") else as_whole(seed, "seed", 0, 2**31 - 1)
     return {"max_new_tokens": max_new, "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
             "context": context}
 
@@ -197,7 +180,7 @@ def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state):
 def generate_step(view, step):
     if not view:
         raise ValueError("Press “Generate” first.")
-    step = _int(step, "step", 0, len(view["steps"]) - 1)
+    step = as_whole(step, "step", 0, len(view["steps"]) - 1)
     return _step_view(view, step)
 
 
@@ -227,8 +210,8 @@ def _kind(n_heads: int, n_kv: int) -> str:
 @user_errors
 def kv_calculator(config_name, seq_len, batch, dtype, state):
     """KV-cache bytes of one configuration as MHA / its own GQA / MQA vs sequence length, and a table of all."""
-    seq_len = _int(seq_len, "sequence length", 1, MAX_KV_SEQ)
-    batch = _int(batch, "batch", 1, 1024)
+    seq_len = as_whole(seq_len, "sequence length", 1, MAX_KV_SEQ)
+    batch = as_whole(batch, "batch", 1, 1024)
     if dtype not in KV_DTYPES:
         raise ValueError(f"dtype must be one of {list(KV_DTYPES)}, got {dtype!r}.")
     config, label = _config_for(config_name, state)

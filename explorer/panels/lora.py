@@ -15,7 +15,7 @@ from explorer.figures.common import head_label
 from models.generate import generate as generate_tokens
 from models.lora import PROJECTIONS, attach_lora, detach_lora, lora_layers, merge_lora, set_lora_enabled
 
-from . import as_index, head_choices, layer_choices, user_errors
+from . import as_index, as_number, as_whole, head_choices, layer_choices, user_errors
 
 MAX_RANK = 64
 MAX_TEXT_TOKENS = 2048
@@ -47,26 +47,9 @@ Switch the adapter off, on, or merge it into the weights (W₀ + (alpha / r)·B�
 work per token). The left side is always the base model (adapter off), the right side the adapter on."""
 
 
-def _number(value, name: str) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}.") from None
-    if not math.isfinite(x):
-        raise ValueError(f"{name} must be a finite number, got {value!r}.")
-    return x
-
-
-def _whole(value, name: str, lo: int, hi: int) -> int:
-    x = _number(value, name)
-    if not x.is_integer() or not lo <= x <= hi:
-        raise ValueError(f"{name} must be a whole number from {lo} to {hi}, got {value!r}.")
-    return int(x)
-
-
 def check_adapter(rank, alpha, targets, config) -> tuple[int, float, tuple[str, ...]]:
-    rank = _whole(rank, "rank", 1, MAX_RANK)
-    alpha = _number(alpha, "alpha")
+    rank = as_whole(rank, "rank", 1, MAX_RANK)
+    alpha = as_number(alpha, "alpha")
     if not 0 < alpha <= 1024:
         raise ValueError(f"alpha must be a positive number up to 1024, got {alpha:g}.")
     if isinstance(targets, str):
@@ -163,9 +146,9 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
     """Fine-tune a fresh adapter on the user's own copy; yields the loss curve as it falls."""
     model, tokenizer, _ = session.get_model(state)
     rank, alpha, targets = check_adapter(rank, alpha, targets, model.config)
-    steps = _whole(steps, "steps", 1, finetune.MAX_STEPS)
-    lr = _number(lr, "learning rate")
-    max_seconds = _number(max_seconds, "time limit")
+    steps = as_whole(steps, "steps", 1, finetune.MAX_STEPS)
+    lr = as_number(lr, "learning rate")
+    max_seconds = as_number(max_seconds, "time limit")
     finetune.check_settings(steps, lr, max_seconds, 2, 1)
     ids, notice = _encode_text(tokenizer, text)
     seq_len = min(model.config.max_seq_len - 1, FT_SEQ_LEN)
@@ -283,7 +266,7 @@ def lora_compare(prompt, layer, head, new_tokens, state):
     c = model.config
     layer = as_index(layer, c.n_layers, "layer")
     head = as_index(head, c.n_heads, "head")
-    n = _whole(new_tokens, "new tokens", 1, MAX_CONTINUATION)
+    n = as_whole(new_tokens, "new tokens", 1, MAX_CONTINUATION)
     ids, labels, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_PROMPT_TOKENS, c.max_seq_len - n))
     tokens = session.as_tensor(ids, model)
     has_adapter = bool(lora_layers(model))

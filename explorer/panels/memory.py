@@ -11,7 +11,7 @@ import torch
 from explorer import measure, session
 from explorer.figures import memory as figs
 
-from . import user_errors
+from . import as_whole, user_errors
 
 IMPLS = ("naive", "sdpa", "tiled")
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")
@@ -35,16 +35,6 @@ partial output are scaled down by exp(m_old − m_new). Move the slider: the out
 final shape without the T×T matrix ever being stored."""
 
 
-def _int(value, name: str, lo: int, hi: int) -> int:
-    try:
-        i = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a whole number from {lo} to {hi}, got {value!r}.") from None
-    if isinstance(value, float) and value != i or not lo <= i <= hi:
-        raise ValueError(f"{name} must be a whole number from {lo} to {hi}, got {value!r}.")
-    return i
-
-
 def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -61,10 +51,10 @@ def sweep_lengths(max_T: int) -> list[int]:
 
 
 def _check_request(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype) -> dict:
-    max_T = _int(max_T, "max sequence length", MIN_T, MAX_T)
-    n_heads = _int(n_heads, "heads", 1, 64)
-    head_dim = _int(head_dim, "head_dim", 8, 256)
-    n_kv_heads = _int(n_kv_heads, "KV heads", 1, 64)
+    max_T = as_whole(max_T, "max sequence length", MIN_T, MAX_T)
+    n_heads = as_whole(n_heads, "heads", 1, 64)
+    head_dim = as_whole(head_dim, "head_dim", 8, 256)
+    n_kv_heads = as_whole(n_kv_heads, "KV heads", 1, 64)
     if n_heads % n_kv_heads:
         divisors = [d for d in range(1, n_heads + 1) if n_heads % d == 0]
         raise ValueError(f"KV heads ({n_kv_heads}) must divide the {n_heads} query heads: choose one of {divisors}.")
@@ -237,9 +227,9 @@ def _trace_info(trace: dict) -> str:
 
 @user_errors
 def memory_trace(seq_len, block_size, causal, head):
-    seq_len = _int(seq_len, "trace length", 4, 256)
-    block_size = _int(block_size, "block size", 1, 256)
-    head = _int(head, "head", 0, TRACE_HEADS - 1)
+    seq_len = as_whole(seq_len, "trace length", 4, 256)
+    block_size = as_whole(block_size, "block size", 1, 256)
+    head = as_whole(head, "head", 0, TRACE_HEADS - 1)
     trace = measure.tiled_trace(seq_len, TRACE_HEADS, TRACE_HEAD_DIM, block_size, seed=0, causal=bool(causal))
     n = len(trace["blocks"])
     return (trace, gr.Slider(minimum=0, maximum=max(n - 1, 1), value=0, step=1,  # one block: Gradio refuses min == max
@@ -252,8 +242,8 @@ def memory_trace_step(trace, block, head):
     if not trace:
         return gr.skip()  # the slider moved before any trace exists (page still loading): nothing to redraw
     n = len(trace["blocks"])
-    block = _int(block, "key block", 0, n - 1)
-    head = _int(head, "head", 0, TRACE_HEADS - 1)
+    block = as_whole(block, "key block", 0, n - 1)
+    head = as_whole(head, "head", 0, TRACE_HEADS - 1)
     return _trace_figure(trace, block, head)
 
 
@@ -261,7 +251,7 @@ def memory_trace_play(trace, head):
     """Step through every key block, one frame every ~0.6 s (the slider follows)."""
     if not trace:
         raise ValueError("Press “Trace” first.")
-    head = _int(head, "head", 0, TRACE_HEADS - 1)
+    head = as_whole(head, "head", 0, TRACE_HEADS - 1)
     n = len(trace["blocks"])
     for block in range(n):
         yield block, _trace_figure(trace, block, head)
