@@ -19,18 +19,17 @@ tensor is allocated.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import re
 import statistics
+import threading
 import time
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-import numpy as np
 import torch
 
 from models.attention import naive_attention, sdpa_attention, tiled_attention
@@ -315,6 +314,11 @@ def _sync(device: str | torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+# torch's profiler is one per process: two threads profiling at once crash it (seen in the app), so every
+# CPU peak measurement takes this lock, whoever calls it.
+_PROFILER_LOCK = threading.Lock()
+
+
 def peak_bytes_cpu(fn: Callable[[], Any]) -> tuple[Any, int]:
     """Run ``fn`` once under the profiler; return (its result, peak bytes allocated above the start).
 
@@ -325,7 +329,7 @@ def peak_bytes_cpu(fn: Callable[[], Any]) -> tuple[Any, int]:
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _PROFILER_LOCK, profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
     events: list[tuple[int, int]] = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())

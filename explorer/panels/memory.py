@@ -142,8 +142,8 @@ def run_sweep(req: dict, progress=None):
         if progress is not None:
             progress((i, len(lens)), desc=f"measuring T = {T}")
         s0 = time.perf_counter()
-        # torch's profiler (the CPU peak-memory tracker) cannot run in two threads at once; the start-up thread
-        # count whatever another request set (SDPA's scratch memory grows with it)
+        # one measurement on the cores at a time (generation timings wait for it too; the profiler itself is
+        # guarded in measure); the start-up thread count whatever another request set (SDPA's scratch grows with it)
         with session.default_threads(), MEASURE_LOCK:
             rows += measure.attention_sweep([T], req["n_heads"], req["head_dim"], impls=tuple(req["impls"]),
                                             repeats=REPEATS, **kw)
