@@ -384,7 +384,7 @@ def _impl_fn(impl: str, causal: bool, block_size: int) -> Callable:
     if impl == "sdpa":
         return lambda q, k, v: sdpa_attention(q, k, v, causal=causal)
     if impl == "tiled":
-        return lambda q, k, v: tiled_attention(q, k, v, causal=causal, block_size=block_size)
+        return lambda q, k, v: tiled_attention(q, k, v, causal=causal, tile_size=block_size)
     raise ValueError(f"attention implementation must be one of {ATTN_IMPLS}, got {impl!r}.")
 
 
@@ -551,7 +551,7 @@ def tiled_trace(seq_len: int, n_heads: int, head_dim: int, block_size: int, seed
                        "m": st["m"][0].numpy(), "l": st["l"][0].numpy(), "out": st["out"][0].numpy()})
 
     with torch.inference_mode():
-        out = tiled_attention(q, k, v, causal=causal, block_size=block_size, on_block=on_block)
+        out = tiled_attention(q, k, v, causal=causal, tile_size=block_size, on_block=on_block)
         ref, weights = naive_attention(q, k, v, causal=causal)
     return {"blocks": blocks, "out": out[0].numpy(), "reference": ref[0].numpy(), "weights": weights[0].numpy(),
             "max_abs_diff": float((out - ref).abs().max()), "seq_len": seq_len, "n_heads": n_heads,

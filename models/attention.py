@@ -33,7 +33,6 @@ from .kv_cache import KVCache
 from .rope import apply_rope
 
 
-
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """(B, Hkv, S, D) -> (B, Hkv * n_rep, S, D): KV head ``j`` serves query heads ``j*n_rep ... j*n_rep + n_rep - 1``."""
     if n_rep == 1:
@@ -145,20 +144,20 @@ def tiled_attention(
     causal: bool,
     key_padding: torch.Tensor | None = None,
     scale: float | None = None,
-    block_size: int = 64,
+    tile_size: int = 64,
     on_block: Callable[[dict], None] | None = None,
 ) -> torch.Tensor:
     """FlashAttention's online softmax over key blocks. Returns (B, H, T, D).
 
     Per key block ``[s0, s1)``: scores ``s`` (B, H, T, s1 - s0); new running max ``m' = max(m, rowmax s)``;
     ``p = exp(s - m')``; the old sum and accumulator are rescaled by ``exp(m - m')`` before ``p`` is added.
-    At the end ``out = acc / l``. Peak extra memory is O(T · block_size + T · D), not O(T · S): the running sum and accumulator are
-    updated in place, and each block's scores turn into its probabilities in place.
+    At the end ``out = acc / l``. Peak extra memory is O(T · tile_size + T · D), not O(T · S): the running
+    sum and accumulator are updated in place, and each block's scores turn into its probabilities in place.
     ``on_block`` (optional) receives after every block a dict with ``block``, ``start``, ``stop`` and copies
     of ``m`` (B, H, T), ``l`` (B, H, T) and the output so far ``acc / l`` (B, H, T, D).
     """
-    if block_size <= 0:
-        raise ValueError(f"block_size must be a positive integer, got {block_size}.")
+    if tile_size <= 0:
+        raise ValueError(f"tile_size must be a positive integer, got {tile_size}.")
     B, H, T, D = q.shape
     S = k.shape[2]
     n_rep = H // k.shape[1]
@@ -167,8 +166,8 @@ def tiled_attention(
     m = torch.full((B, H, T, 1), fill, dtype=torch.float32, device=q.device)  # running row max
     l = torch.zeros((B, H, T, 1), dtype=torch.float32, device=q.device)  # running row sum of exp
     acc = torch.zeros((B, H, T, D), dtype=torch.float32, device=q.device)  # unnormalised output
-    for block, s0 in enumerate(range(0, S, block_size)):
-        s1 = min(s0 + block_size, S)
+    for block, s0 in enumerate(range(0, S, tile_size)):
+        s1 = min(s0 + tile_size, S)
         kb = repeat_kv(k[:, :, s0:s1], n_rep)  # (B, H, s1 - s0, D)
         vb = repeat_kv(v[:, :, s0:s1], n_rep)  # (B, H, s1 - s0, D)
         s = torch.matmul(q, kb.transpose(2, 3)).float().mul_(scale)  # (B, H, T, s1 - s0)
@@ -202,7 +201,7 @@ def attention(
     causal: bool = True,
     key_padding: torch.Tensor | None = None,
     scale: float | None = None,
-    block_size: int = 64,
+    tile_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Dispatch to one implementation. q (B, H, T, D), k/v (B, Hkv, S, D) with H % Hkv == 0.
 
@@ -215,12 +214,12 @@ def attention(
         return naive_attention(q, k, v, causal=causal, key_padding=key_padding, scale=scale)
     if impl == "sdpa":
         return sdpa_attention(q, k, v, causal=causal, key_padding=key_padding, scale=scale), None
-    out = tiled_attention(q, k, v, causal=causal, key_padding=key_padding, scale=scale, block_size=block_size)
+    out = tiled_attention(q, k, v, causal=causal, key_padding=key_padding, scale=scale, tile_size=tile_size)
     return out, None
 
 
 class Attention(nn.Module):
-    """Multi-head attention with grouped-query heads, optional RoPE and optional cross-attention.
+    """Multi-head attention with grouped-query heads, optional RoPE, optional cross-attention (``context``).
 
     ``n_kv_heads`` from 1 (multi-query) to ``n_heads`` (multi-head); query head ``h`` reads KV head
     ``h // (n_heads // n_kv_heads)``. Projections are bias-free and named like transformers' Llama.
@@ -237,9 +236,8 @@ class Attention(nn.Module):
         *,
         causal: bool = True,
         use_rope: bool = True,
-        cross: bool = False,
         impl: str = "sdpa",
-        block_size: int = 64,
+        tile_size: int = 64,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -250,8 +248,8 @@ class Attention(nn.Module):
         check_attn_impl(impl)
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
-        self.causal, self.use_rope, self.cross = causal, use_rope, cross
-        self.impl, self.block_size = impl, block_size
+        self.causal, self.use_rope = causal, use_rope
+        self.impl, self.tile_size = impl, tile_size
         self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
@@ -302,7 +300,7 @@ class Attention(nn.Module):
         if context is not None:
             causal = False
         out, weights = attention(
-            q, k, v, impl=impl, causal=causal, key_padding=key_padding, block_size=self.block_size
+            q, k, v, impl=impl, causal=causal, key_padding=key_padding, tile_size=self.tile_size
         )
         if self.hook_attn_scores.active:
             scores = attention_scores(q, k)  # (B, H, T, S)

@@ -26,7 +26,7 @@ class DecoderBlock(PreNormBlock):
         super().__init__(
             RMSNorm(config.d_model, config.norm_eps),
             Attention(config.d_model, config.n_heads, config.n_kv_heads, causal=True, use_rope=True,
-                      impl=config.attn_impl, block_size=config.tile_size),
+                      impl=config.attn_impl, tile_size=config.tile_size),
             RMSNorm(config.d_model, config.norm_eps),
             SwiGLU(config.d_model, config.d_ff),
         )

@@ -24,7 +24,7 @@ class EncoderBlock(PreNormBlock):
         super().__init__(
             LayerNorm(config.d_model, config.norm_eps),
             Attention(config.d_model, config.n_heads, config.n_kv_heads, causal=False, use_rope=False,
-                      impl=config.attn_impl, block_size=config.tile_size),
+                      impl=config.attn_impl, tile_size=config.tile_size),
             LayerNorm(config.d_model, config.norm_eps),
             GeluMLP(config.d_model, config.d_ff),
         )

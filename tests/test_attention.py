@@ -20,7 +20,7 @@ def _qkv(B, H, Hkv, T, S, D, seed=0):
 @pytest.mark.parametrize("T,S", [(13, 13), (1, 9), (5, 19)])
 def test_implementations_match_numpy(impl, causal, H, Hkv, T, S):
     q, k, v = _qkv(2, H, Hkv, T, S, 8)
-    out, _ = attention(q, k, v, impl=impl, causal=causal, block_size=4)
+    out, _ = attention(q, k, v, impl=impl, causal=causal, tile_size=4)
     for b in range(2):
         for h in range(H):
             ref, _ = numpy_attention(q[b, h], k[b, h // (H // Hkv)], v[b, h // (H // Hkv)], causal=causal)
@@ -34,7 +34,7 @@ def test_padding_mask_matches_numpy(impl, causal):
     pad = torch.ones(2, 11, dtype=torch.bool)
     pad[0, 7:] = False  # right padding on the first sequence
     pad[1, 3] = False  # a hole in the second
-    out, _ = attention(q, k, v, impl=impl, causal=causal, key_padding=pad, block_size=3)
+    out, _ = attention(q, k, v, impl=impl, causal=causal, key_padding=pad, tile_size=3)
     for b in range(2):
         for h in range(4):
             ref, w = numpy_attention(q[b, h], k[b, h // 2], v[b, h // 2], causal=causal, key_padding=pad[b].numpy())
@@ -59,12 +59,12 @@ def test_causal_and_bidirectional_masks_differ_exactly_above_the_diagonal():
     assert torch.equal(diff, torch.ones(6, 6, dtype=torch.bool).triu(1))
 
 
-def test_tiled_block_size_does_not_change_the_result_and_reports_state():
+def test_tiled_tile_size_does_not_change_the_result_and_reports_state():
     q, k, v = _qkv(1, 2, 2, 17, 17, 8, seed=3)
     ref, _ = attention(q, k, v, impl="naive", causal=True)
     states = []
     for bs in (1, 5, 16, 64):
-        out = tiled_attention(q, k, v, causal=True, block_size=bs, on_block=states.append if bs == 5 else None)
+        out = tiled_attention(q, k, v, causal=True, tile_size=bs, on_block=states.append if bs == 5 else None)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
     assert [s["block"] for s in states] == [0, 1, 2, 3]
     assert states[-1]["stop"] == 17
@@ -76,7 +76,7 @@ def test_tiled_block_size_does_not_change_the_result_and_reports_state():
 
 def test_attention_module_cross_attention_shapes_and_reference():
     torch.manual_seed(0)
-    attn = Attention(32, 4, 2, causal=True, use_rope=True, cross=True, impl="naive")
+    attn = Attention(32, 4, 2, causal=True, use_rope=True, impl="naive")
     x, ctx = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
     out = attn(x, context=ctx)
     assert out.shape == (2, 5, 32)
@@ -109,5 +109,5 @@ def test_dispatcher_rejects_unknown_impl_and_bad_head_ratio():
     q, k, v = _qkv(1, 4, 2, 2, 2, 4)
     with pytest.raises(ValueError, match="must be one of"):
         attention(q, k, v, impl="flash3")
-    with pytest.raises(ValueError, match="block_size"):
-        tiled_attention(q, k, v, causal=True, block_size=0)
+    with pytest.raises(ValueError, match="tile_size"):
+        tiled_attention(q, k, v, causal=True, tile_size=0)

@@ -245,7 +245,7 @@ def test_concurrent_captures_on_one_model_do_not_mix():
 def test_pattern_equals_transformers_output_attentions(impl, tmp_path):
     ref, ours = _hf_pair(tmp_path)
     for block in ours.blocks:
-        block.attn.block_size = 5  # several key blocks for the tiled path
+        block.attn.tile_size = 5  # several key blocks for the tiled path
     tokens = _tokens(17, vocab=61, n=2)
     with torch.no_grad():
         hf = ref(tokens, output_attentions=True)
