@@ -69,9 +69,19 @@ def test_tiled_tile_size_does_not_change_the_result_and_reports_state():
     assert [s["block"] for s in states] == [0, 1, 2, 3]
     assert states[-1]["stop"] == 17
     torch.testing.assert_close(states[-1]["out"], ref, atol=1e-5, rtol=0)
-    # the running sum only ever grows as blocks arrive (after rescaling to the final max it is the softmax denominator)
     final_l = states[-1]["l"]
     assert torch.all(final_l >= 1.0 - 1e-6)  # the row max contributes exp(0) = 1
+    # After each block, m is the row max of the scores seen so far and l the sum of exp(score - m) over them.
+    # l can shrink from one block to the next: when a block raises the max, the old sum is rescaled by
+    # exp(m - m') < 1 before the block's terms are added. Checked against float64 NumPy scores.
+    qn, kn = q[0].double().numpy(), k[0].double().numpy()  # (H, T, D), (H, S, D)
+    scores = qn @ kn.transpose(0, 2, 1) / np.sqrt(8)  # (H, T, S)
+    visible = np.arange(17)[None, :] <= np.arange(17)[:, None]  # (T, S) causal
+    for st in states:
+        seen = np.where(visible[:, :st["stop"]], scores[:, :, :st["stop"]], -np.inf)  # (H, T, stop)
+        m_ref = seen.max(-1)  # (H, T)
+        np.testing.assert_allclose(st["m"][0].numpy(), m_ref, atol=1e-5)
+        np.testing.assert_allclose(st["l"][0].numpy(), np.exp(seen - m_ref[..., None]).sum(-1), rtol=1e-5)
 
 
 def test_attention_module_cross_attention_shapes_and_reference():
