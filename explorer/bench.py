@@ -27,6 +27,7 @@ import torch
 from explorer import measure
 from models.config import ATTN_IMPLS, ModelConfig
 from models.decoder import Decoder
+from models.fast import optimize_for_decode
 from models.generate import generate
 from models.loading import load_pretrained, save_pretrained
 
@@ -452,6 +453,7 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
 
     torch.manual_seed(0)
     model = Decoder(cfg).to(device=device, dtype=torch_dtype).eval()  # N(0, 0.02) weights from the initializer
+    optimize_for_decode(model)  # the (in, out) weight layout the app serves
     n_params = model.num_parameters()
     report["model"] = {"config": cfg.to_dict(), "parameters": n_params,
                        "description": f"SmolLM2-135M shape, random N(0, 0.02) weights: {cfg.n_layers} layers, "
@@ -472,7 +474,7 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
     from explorer import session
 
     if (session.default_model_dir() / "config.json").is_file():
-        app_models = {SHIPPED_NAME: load_pretrained(session.default_model_dir()), **app_models}
+        app_models = {SHIPPED_NAME: optimize_for_decode(load_pretrained(session.default_model_dir())), **app_models}
     report["app"] = bench_app(app_models, settings) if device == "cpu" and torch_dtype == torch.float32 else {
         "skipped": "the app serves float32 on the CPU; run the CPU float32 benchmark for these numbers"}
     report["targets"] = evaluate_targets(report)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from models import Decoder, load_pretrained
+from models import Decoder, load_pretrained, optimize_for_decode
 from models.loading import REPO_ID, fetch_hub, load_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +68,7 @@ def load_default() -> tuple[Decoder, Any]:
             folder = default_model_dir()
             if not (folder / "config.json").is_file():
                 raise RuntimeError(f"the default model is missing: {folder} has no config.json.")
-            model = load_pretrained(folder)
+            model = optimize_for_decode(load_pretrained(folder))
             for p in model.parameters():
                 p.requires_grad_(False)
             _default = (model, load_tokenizer(folder))
@@ -259,7 +259,7 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
                          "they were not read. Choose a checkpoint whose files match its config.")
     with _private_lock:  # one load at a time: two loads must not both pass the check below
         reserve_private(4 * n + tables, f"{name} (float32 weights and rotary tables)")
-        model = load_pretrained(folder)
+        model = optimize_for_decode(load_pretrained(folder))
         _private_models.add(model)
     for p in model.parameters():
         p.requires_grad_(False)

@@ -2,8 +2,10 @@
 from .config import ModelConfig
 from .decoder import Decoder
 from .encoder import Encoder
+from .fast import optimize_for_decode
 from .generate import generate
 from .kv_cache import KVCache
 from .loading import load_pretrained, save_pretrained
 
-__all__ = ["ModelConfig", "Decoder", "Encoder", "KVCache", "generate", "load_pretrained", "save_pretrained"]
+__all__ = ["ModelConfig", "Decoder", "Encoder", "KVCache", "generate", "load_pretrained", "optimize_for_decode",
+           "save_pretrained"]

@@ -1,11 +1,13 @@
 """Decoder, encoder, RoPE, KV cache, generation and config: behaviour and every ValueError path."""
+import copy
 import math
 
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
-from models import Decoder, Encoder, KVCache, ModelConfig, generate
+from models import Decoder, Encoder, KVCache, ModelConfig, generate, optimize_for_decode
 from models.attention import build_mask
 from models.generate import sampling_probs
 from models.rope import apply_rope, rope_angles, rope_tables, sinusoidal_table
@@ -141,6 +143,32 @@ def test_bidirectional_view_differs_from_causal_and_last_only_matches():
 def test_decoder_rejects_bad_tokens(tokens, message):
     with pytest.raises(ValueError, match=message):
         Decoder(tiny())(tokens)
+
+
+# --- the opt-in decode layout ------------------------------------------------------------------------
+def test_the_decoder_keeps_plain_weights_and_optimize_for_decode_only_changes_memory_order(tmp_path):
+    torch.manual_seed(6)
+    model = _spread(Decoder(tiny(tie_embeddings=True)))
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert all(m.weight.is_contiguous() for m in linears)  # the tutorial's (out, in) layout
+    tokens = torch.randint(0, 61, (2, 10))
+    with torch.no_grad():
+        before, state = model(tokens), copy.deepcopy(model.state_dict())
+    assert optimize_for_decode(model) is model
+    for m in linears:
+        out, in_ = m.weight.shape
+        assert m.weight.stride() == (1, out) and m.weight.shape == (out, in_)
+    assert model.lm_head.weight is model.embed_tokens.weight
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    ptrs = [m.weight.data_ptr() for m in linears]
+    optimize_for_decode(model)
+    assert [m.weight.data_ptr() for m in linears] == ptrs  # a second call copies nothing
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), before, atol=1e-5, rtol=1e-5)
+    fresh = Decoder(tiny(tie_embeddings=True))
+    optimize_for_decode(fresh).load_state_dict(state)
+    for kept in (fresh, copy.deepcopy(model), model.to(torch.float64)):  # loading, copying and casting keep it
+        assert all(m.weight.stride() == (1, m.weight.shape[0]) for m in kept.modules() if isinstance(m, nn.Linear))
 
 
 def test_unknown_attention_impl_is_refused():
