@@ -24,6 +24,7 @@ from torch import nn
 
 from models.attention import Attention
 from models.config import ATTN_IMPLS, ModelConfig, check_attn_impl
+from models.decoder import check_tokens
 from models.generate import check_sampling, generate, sampling_probs
 from models.heads import (
     duplicate_token_score,
@@ -195,6 +196,7 @@ def _as_tokens(model: nn.Module, tokens) -> torch.Tensor:
         t = t[None]
     if t.dim() != 2:
         raise ValueError(f"tokens must have shape (length,) or (batch, length), got {tuple(t.shape)}.")
+    check_tokens(t.long(), model.config)  # here, on the host, once: the forward no longer reads the ids
     return t.to(device=_device(model), dtype=torch.long)
 
 

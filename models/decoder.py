@@ -66,8 +66,11 @@ class Decoder(SwitchableAttention, nn.Module):
         attention covers positions 0 .. start_pos + T - 1. key_padding: bool (B, S), False on padding keys.
         causal=False lets every token see every other (a view for teaching; the model was trained causal).
         attn_impl: use this implementation for this call only.
+
+        The token ids are not range-checked here: reading them is a host sync on a GPU, once per decode
+        step. Callers that take ids from outside call ``check_tokens`` once (``generate`` does).
         """
-        _check_tokens(tokens, self.config, start_pos)
+        _check_positions(tokens, self.config, start_pos)
         if attn_impl is not None:
             check_attn_impl(attn_impl)
         T = tokens.shape[1]
@@ -93,7 +96,21 @@ class Decoder(SwitchableAttention, nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-def _check_tokens(tokens: torch.Tensor, config: ModelConfig, start_pos: int = 0) -> None:
+def check_tokens(tokens: torch.Tensor, config: ModelConfig, start_pos: int = 0) -> None:
+    """Raise ValueError, saying what to change, unless ``tokens`` is a (B, T) integer tensor of ids in
+    0 .. V-1 at positions ``start_pos`` .. ``start_pos + T - 1`` inside the context.
+
+    Reading the ids (min and max) waits for the device: call this once where ids come in from outside
+    (``generate``, the app), not inside every forward.
+    """
+    _check_positions(tokens, config, start_pos)
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= config.vocab_size:
+        raise ValueError(f"token ids must lie in 0..{config.vocab_size - 1}, got {lo}..{hi}.")
+
+
+def _check_positions(tokens: torch.Tensor, config: ModelConfig, start_pos: int = 0) -> None:
+    # Shape, dtype and positions only: metadata the host already knows, so this costs no device sync.
     if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"tokens must be an integer tensor of shape (batch, length), got {tuple(tokens.shape)} "
                          f"{tokens.dtype}.")
@@ -102,9 +119,6 @@ def _check_tokens(tokens: torch.Tensor, config: ModelConfig, start_pos: int = 0)
     if start_pos < 0 or start_pos + tokens.shape[1] > config.max_seq_len:
         raise ValueError(f"positions {start_pos}..{start_pos + tokens.shape[1] - 1} exceed the model's context "
                          f"of {config.max_seq_len}: shorten the input.")
-    lo, hi = int(tokens.min()), int(tokens.max())
-    if lo < 0 or hi >= config.vocab_size:
-        raise ValueError(f"token ids must lie in 0..{config.vocab_size - 1}, got {lo}..{hi}.")
 
 
 def _init_weights(module: nn.Module) -> None:

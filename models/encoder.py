@@ -13,7 +13,7 @@ from torch import nn
 from .attention import Attention
 from .block import PreNormBlock, SwitchableAttention
 from .config import ModelConfig
-from .decoder import _check_tokens, _init_weights
+from .decoder import _check_positions, _init_weights
 from .hooks import HookPoint
 from .layers import GeluMLP, LayerNorm
 from .rope import sinusoidal_table
@@ -43,8 +43,11 @@ class Encoder(SwitchableAttention, nn.Module):
 
     def forward(self, tokens: torch.Tensor, *, key_padding: torch.Tensor | None = None, causal: bool = False,
                 attn_impl: str | None = None) -> torch.Tensor:
-        """tokens (B, T) -> hidden states (B, T, C). key_padding: bool (B, T), False on padding tokens."""
-        _check_tokens(tokens, self.config)
+        """tokens (B, T) -> hidden states (B, T, C). key_padding: bool (B, T), False on padding tokens.
+
+        Token ids are not range-checked here (see ``models.decoder.check_tokens``, called where ids come in).
+        """
+        _check_positions(tokens, self.config)
         T = tokens.shape[1]
         x = self.embed_tokens(tokens) * math.sqrt(self.config.d_model) + self.positions[:T]  # (B, T, C)
         self.hook_embed.observe(x)

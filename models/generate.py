@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch
 
+from .decoder import check_tokens
 from .kv_cache import KVCache
 
 
@@ -57,17 +58,17 @@ def sample(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int | None 
     if temperature == 0:
         return logits.argmax(-1)
     probs = sampling_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B, 1) -> (B,)
 
 
 def prefill(model, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Run the prompt (B, T) through the model, filling the cache; next-token logits (B, V)."""
-    return model(tokens, start_pos=0, cache=cache, last_only=True)[:, -1]
+    return model(tokens, start_pos=0, cache=cache, last_only=True)[:, -1]  # (B, 1, V) -> (B, V)
 
 
 def decode_one(model, token: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor:
     """One new token (B, 1) at position ``pos``; next-token logits (B, V)."""
-    return model(token, start_pos=pos, cache=cache, last_only=True)[:, -1]
+    return model(token, start_pos=pos, cache=cache, last_only=True)[:, -1]  # (B, 1, V) -> (B, V)
 
 
 @torch.inference_mode()
@@ -87,10 +88,14 @@ def generate(
     use_cache=False recomputes the whole sequence every step (the slow way the cache exists to avoid).
     seed makes sampling repeatable. on_step(step, logits (B, V), next_token (B,), cache or None) is
     called after each token is chosen.
+
+    The prompt is checked here, once (``check_tokens``): no step after it validates ids, which on a GPU
+    would wait for the device at every token.
     """
     check_sampling(temperature, top_k, top_p)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}.")
+    check_tokens(tokens, model.config)
     B, T = tokens.shape
     total = T + max_new_tokens
     if total > model.config.max_seq_len:

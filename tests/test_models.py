@@ -1,16 +1,21 @@
 """Decoder, encoder, RoPE, KV cache, generation and config: behaviour and every ValueError path."""
 import copy
+import importlib
 import math
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from models import Decoder, Encoder, KVCache, ModelConfig, generate, optimize_for_decode
+from models import Decoder, Encoder, KVCache, ModelConfig, check_tokens, generate, optimize_for_decode
 from models.attention import build_mask
-from models.generate import sampling_probs
+from models.generate import decode_one, prefill, sampling_probs
 from models.rope import apply_rope, rope_angles, rope_tables, sinusoidal_table
+
+decoder_module = importlib.import_module("models.decoder")
+generate_module = importlib.import_module("models.generate")  # ``models.generate`` is the function
 
 
 def tiny(**kw):
@@ -140,9 +145,61 @@ def test_bidirectional_view_differs_from_causal_and_last_only_matches():
     (torch.full((1, 3), -1), "token ids"),
     (torch.zeros(1, 3), "integer"),
 ])
-def test_decoder_rejects_bad_tokens(tokens, message):
+def test_bad_tokens_are_refused_where_they_come_in(tokens, message):
+    cfg = tiny()
+    model = Decoder(cfg)
     with pytest.raises(ValueError, match=message):
-        Decoder(tiny())(tokens)
+        check_tokens(tokens, cfg)
+    with pytest.raises(ValueError, match=message):
+        generate(model, tokens, 1)
+    if message != "token ids":  # shape, dtype and positions need no device read: the forward checks them too
+        with pytest.raises(ValueError, match=message):
+            model(tokens)
+
+
+def test_check_tokens_counts_positions_from_start_pos():
+    cfg = tiny()
+    check_tokens(torch.zeros(1, 4, dtype=torch.int32), cfg, start_pos=60)  # positions 60..63 fit a context of 64
+    with pytest.raises(ValueError, match="positions 61..64 exceed the model's context of 64"):
+        check_tokens(torch.zeros(1, 4, dtype=torch.long), cfg, start_pos=61)
+    with pytest.raises(ValueError, match="context"):
+        Decoder(cfg)(torch.zeros(1, 4, dtype=torch.long), start_pos=61)
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts the ops that copy a tensor's value to Python (``int(t)``, ``t.item()``): on a GPU each waits."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_generate_checks_the_prompt_once_and_no_decode_step_reads_the_device(monkeypatch):
+    torch.manual_seed(4)
+    model = _spread(Decoder(tiny()))
+    prompt = torch.randint(0, 61, (2, 5))
+    calls = []
+    monkeypatch.setattr(generate_module, "check_tokens", lambda *a: calls.append(a) or check_tokens(*a))
+    monkeypatch.setattr(decoder_module, "check_tokens", lambda *a: pytest.fail("the forward validated the ids"))
+    generate(model, prompt, 6, temperature=1.0, top_k=10, top_p=0.9, seed=0)
+    assert len(calls) == 1
+    reads = {}
+    for n in (2, 12):
+        with _HostReads() as mode:
+            generate(model, prompt, n, temperature=1.0, top_k=10, top_p=0.9, seed=0)
+        reads[n] = mode.count
+    assert reads[2] == reads[12] > 0  # the prompt check reads min and max once, whatever the length
+    cache = model.new_cache(2, 8)
+    with torch.inference_mode():
+        prefill(model, prompt, cache)
+        with _HostReads() as mode:
+            decode_one(model, prompt[:, :1], cache, 5)
+    assert mode.count == 0
 
 
 # --- the opt-in decode layout ------------------------------------------------------------------------

@@ -160,8 +160,11 @@ def test_hooks_are_removed_and_lock_released_when_the_forward_raises():
 
     HookPoint.register_forward_hook = spy
     try:
-        with pytest.raises(ValueError, match="token ids must lie"):
+        with pytest.raises(ValueError, match="token ids must lie"):  # refused where the ids come in
             probes.run_with_cache(model, torch.tensor([[1, 2, 999]]))
+        assert registered == []
+        with pytest.raises(ValueError, match="context"):  # the forward itself raises: positions past the context
+            probes.run_with_cache(model, torch.tensor([[1, 2, 3]]), start_pos=model.config.max_seq_len - 1)
     finally:
         HookPoint.register_forward_hook = orig
     assert len(registered) == len(probes.hook_names(model))  # the hooks were in place when it raised
