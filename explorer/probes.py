@@ -264,17 +264,18 @@ def _causal_kwargs(causal: bool | None) -> dict:
 
 
 def attention_pattern(model: nn.Module, tokens, layer: int, head: int | None = None, *,
-                      causal: bool | None = None, attn_impl: str | None = None) -> np.ndarray:
+                      causal: bool | None = None, attn_impl: str | None = None, **forward_kwargs) -> np.ndarray:
     """Attention weights of one layer for the first sequence: (H, T, T), or (T, T) for one ``head``.
 
     causal: None keeps the model's own masking (decoder causal, encoder bidirectional).
+    forward_kwargs: passed to the model for this call (a decoder's ``rope_theta``, for instance).
     Rows are queries (the token asking), columns keys (the token looked at); each row sums to 1.
     """
     _check_layer(model, layer)
     if head is not None:
         _check_head(model, head)
     name = f"blocks.{layer}.attn.hook_pattern"
-    _, cache = run_with_cache(model, tokens, [name], attn_impl=attn_impl, **_causal_kwargs(causal))
+    _, cache = run_with_cache(model, tokens, [name], attn_impl=attn_impl, **_causal_kwargs(causal), **forward_kwargs)
     p = cache[name][0].float().cpu().numpy()  # (H, T, S)
     return p if head is None else p[head]
 

@@ -341,33 +341,6 @@ def runtime_info(model: torch.nn.Module | None = None) -> dict[str, str]:
     return {"device": device, "dtype": dtype, "torch": torch.__version__}
 
 
-# --- views of a model (no weights copied, the shared model untouched) ----------------------------
-
-def with_rope_theta(model: Decoder, theta: float) -> Decoder:
-    """A view of ``model`` whose rotary tables are rebuilt for ``theta``; every weight is shared, not copied.
-
-    Only the ``rope_cos``/``rope_sin`` buffers and the config differ: the blocks, embeddings and head are
-    the same module objects, so nothing here changes what ``model`` computes. Raises ValueError for a bad
-    theta.
-    """
-    from dataclasses import replace
-
-    from models.rope import rope_tables
-
-    theta = float(theta)
-    if not theta > 1.0:
-        raise ValueError(f"rope_theta must be greater than 1, got {theta:g}.")
-    view = copy.copy(model)  # new Module object; its dicts below are replaced, never written through
-    view.__dict__ = dict(model.__dict__)
-    view._buffers = dict(model._buffers)
-    view.config = replace(model.config, rope_theta=theta)
-    p = model.embed_tokens.weight
-    cos, sin = rope_tables(model.config.max_seq_len, model.config.head_dim, theta)
-    view._buffers["rope_cos"] = cos.to(p.device)
-    view._buffers["rope_sin"] = sin.to(p.device)
-    return view
-
-
 ENCODER_SEED = 0
 _encoders: dict[tuple, Any] = {}
 

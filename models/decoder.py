@@ -9,6 +9,9 @@ for ``model.layers.{i}.self_attn.q_proj``); ``models.loading`` maps the two pref
 """
 from __future__ import annotations
 
+import math
+from functools import lru_cache
+
 import torch
 from torch import nn
 
@@ -59,6 +62,7 @@ class Decoder(SwitchableAttention, nn.Module):
         causal: bool = True,
         attn_impl: str | None = None,
         last_only: bool = False,
+        rope_theta: float | None = None,
     ) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T, V), or (B, 1, V) with ``last_only``.
 
@@ -66,6 +70,8 @@ class Decoder(SwitchableAttention, nn.Module):
         attention covers positions 0 .. start_pos + T - 1. key_padding: bool (B, S), False on padding keys.
         causal=False lets every token see every other (a view for teaching; the model was trained causal).
         attn_impl: use this implementation for this call only.
+        rope_theta: rotate q and k with tables for this theta, this call only (the model's own tables and
+        config stay as they are): the same weights seen through other rotary frequencies.
 
         The token ids are not range-checked here: reading them is a host sync on a GPU, once per decode
         step. Callers that take ids from outside call ``check_tokens`` once (``generate`` does).
@@ -74,7 +80,12 @@ class Decoder(SwitchableAttention, nn.Module):
         if attn_impl is not None:
             check_attn_impl(attn_impl)
         T = tokens.shape[1]
-        rope = (self.rope_cos[start_pos:start_pos + T], self.rope_sin[start_pos:start_pos + T])  # (T, D) each
+        if rope_theta is None:
+            cos, sin = self.rope_cos, self.rope_sin  # (T_max, D) each
+        else:
+            cos, sin = _rope_tables_for(start_pos + T, self.config.head_dim, _check_theta(rope_theta),
+                                        self.rope_cos.dtype, self.rope_cos.device)  # (start_pos + T, D) each
+        rope = (cos[start_pos:start_pos + T], sin[start_pos:start_pos + T])  # (T, D) each
         x = self.embed_tokens(tokens)  # (B, T, C)
         self.hook_embed.observe(x)
         for i, block in enumerate(self.blocks):
@@ -119,6 +130,22 @@ def _check_positions(tokens: torch.Tensor, config: ModelConfig, start_pos: int =
     if start_pos < 0 or start_pos + tokens.shape[1] > config.max_seq_len:
         raise ValueError(f"positions {start_pos}..{start_pos + tokens.shape[1] - 1} exceed the model's context "
                          f"of {config.max_seq_len}: shorten the input.")
+
+
+def _check_theta(theta) -> float:
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 1:
+        raise ValueError(f"rope_theta must be a finite number greater than 1, got {theta!r}.")
+    return float(theta)
+
+
+@lru_cache(maxsize=2)
+def _rope_tables_for(length: int, head_dim: int, theta: float, dtype: torch.dtype,
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # The last two (length, theta) asked for: a figure redrawn for one theta builds its tables once.
+    # Built outside inference mode so a later call with autograd on may still use them.
+    with torch.inference_mode(False), torch.no_grad():
+        cos, sin = rope_tables(length, head_dim, theta)  # (length, D) each, fp32
+        return cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -202,6 +202,42 @@ def test_generate_checks_the_prompt_once_and_no_decode_step_reads_the_device(mon
     assert mode.count == 0
 
 
+# --- rotary tables for another theta, this call only -------------------------------------------------
+def test_rope_theta_override_equals_a_model_built_with_that_theta_and_changes_nothing():
+    torch.manual_seed(5)
+    model = _spread(Decoder(tiny()))
+    other = Decoder(tiny(rope_theta=100.0)).eval()
+    other.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, 61, (2, 12))
+    cos = model.rope_cos.clone()
+    with torch.no_grad():
+        own = model(tokens)
+        torch.testing.assert_close(model(tokens, rope_theta=100.0), other(tokens), atol=0, rtol=0)
+        assert torch.equal(model(tokens, rope_theta=model.config.rope_theta), own)
+        assert (model(tokens, rope_theta=100.0) - own).abs().max() > 1e-3
+        cache = model.new_cache(2, 12)  # the override with a cache: positions still count from start_pos
+        steps = [model(tokens[:, :7], cache=cache, rope_theta=100.0)]
+        steps += [model(tokens[:, p:p + 1], start_pos=p, cache=cache, rope_theta=100.0) for p in range(7, 12)]
+        torch.testing.assert_close(torch.cat(steps, 1), other(tokens), atol=1e-5, rtol=1e-5)
+        assert torch.equal(model(tokens), own)
+    assert torch.equal(model.rope_cos, cos) and model.config.rope_theta == 10000.0
+
+
+def test_rope_theta_tables_built_under_inference_mode_still_train():
+    model = _spread(Decoder(tiny(n_layers=1)))
+    tokens = torch.randint(0, 61, (1, 6))
+    with torch.inference_mode():
+        model(tokens, rope_theta=321.0)
+    model(tokens, rope_theta=321.0).sum().backward()  # the cached tables must not be inference tensors
+    assert model.blocks[0].attn.q_proj.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("theta", [1.0, 0.5, float("nan"), float("inf"), True, "100"])
+def test_rope_theta_override_refuses_what_cannot_rotate(theta):
+    with pytest.raises(ValueError, match="rope_theta must be a finite number greater than 1"):
+        Decoder(tiny())(torch.zeros(1, 3, dtype=torch.long), rope_theta=theta)
+
+
 # --- the opt-in decode layout ------------------------------------------------------------------------
 def test_the_decoder_keeps_plain_weights_and_optimize_for_decode_only_changes_memory_order(tmp_path):
     torch.manual_seed(6)

@@ -75,8 +75,7 @@ def _rope_view(prompt, theta, position, pairs, layer, head, state):
                  f"(largest gap between scores at the same distance: {rel['max_deviation']:.1e})")
 
     before = probes.attention_pattern(model, ids, layer, head)
-    view = session.with_rope_theta(model, theta)
-    after = probes.attention_pattern(view, ids, layer, head)
+    after = probes.attention_pattern(model, ids, layer, head, rope_theta=theta)
     hl = head_label(head, c.n_heads, c.n_kv_heads)
     compare = figs.theta_attention_figure(before, after, labels, theta_before=trained, theta_after=theta,
                                           layer=layer, head_text=hl)
