@@ -15,16 +15,23 @@ from .layers import replace_linears
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def check_lora(rank: int, alpha: float, linears=()) -> None:
-    """Raise ValueError, saying what to change, unless ``rank`` and ``alpha`` fit every given linear."""
+def check_lora(rank: int, alpha: float, linears=(), *, shapes=()) -> None:
+    """Raise ValueError, saying what to change, unless ``rank`` and ``alpha`` fit every given projection.
+
+    linears: ``nn.Linear`` layers to adapt; shapes: (out_features, in_features) pairs of projections not
+    built yet (a form checking its settings before any model is touched). The rank must be at most the
+    smaller side of each: above it, B A (out x r times r x in) holds more numbers than the weight it
+    updates, and its rank is capped by that side anyway.
+    """
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise ValueError(f"LoRA rank must be a positive integer, got {rank!r}.")
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha) or alpha <= 0:
         raise ValueError(f"LoRA alpha must be a positive number, got {alpha!r}.")
-    smallest = min((min(lin.in_features, lin.out_features) for lin in linears), default=rank)
+    sides = [min(lin.out_features, lin.in_features) for lin in linears] + [min(out, in_) for out, in_ in shapes]
+    smallest = min(sides, default=rank)
     if rank > smallest:
-        raise ValueError(f"LoRA rank {rank} exceeds the smallest adapted projection side ({smallest}): "
-                         "choose a smaller rank.")
+        raise ValueError(f"rank {rank} exceeds the smaller side ({smallest}) of a chosen projection: choose a rank "
+                         f"of at most {smallest}, where a low-rank update is still smaller than the weight.")
 
 
 class LoRALinear(nn.Module):
@@ -121,6 +128,46 @@ def set_lora_enabled(model: nn.Module, enabled: bool) -> None:
         if not enabled:
             layer.unmerge()
         layer.disabled = not enabled
+
+
+ADAPTER_MODES = ("off", "on", "merged")
+
+
+def adapter_mode(model: nn.Module) -> str | None:
+    """The adapters' state: "off" (W0 x), "on" (W0 x + (alpha/r) B A x), "merged" (B A added into W0),
+    or None when the model has no LoRA layers. Raises ValueError when layers disagree in a way no single
+    mode describes (some off, some on): ``set_adapter_mode`` puts them in one state.
+    """
+    layers = lora_layers(model)
+    if not layers:
+        return None
+    if all(layer.disabled for layer in layers):
+        return "off"
+    if any(layer.disabled for layer in layers):
+        raise ValueError("some LoRA adapters are off and others on: call set_adapter_mode(model, mode) to put them "
+                         "all in one state.")
+    # A mix of merged and unmerged layers computes what "on" computes (up to rounding).
+    return "merged" if all(layer.merged for layer in layers) else "on"
+
+
+def set_adapter_mode(model: nn.Module, mode: str) -> None:
+    """Put every adapter in ``mode``: "off", "on" or "merged" (see ``adapter_mode``).
+
+    "merged" gives the outputs of "on" up to rounding, without the extra B A work per token. "off" gives
+    W0 x to the bit unless the adapter has been merged since it was attached: unmerging subtracts B A
+    again, which brings W0 back only up to float rounding.
+    """
+    if mode not in ADAPTER_MODES:
+        raise ValueError(f"adapter mode must be one of {ADAPTER_MODES}, got {mode!r}.")
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError("this model has no LoRA adapters to switch: attach (fine-tune) one first.")
+    for layer in layers:
+        if mode != "merged":  # a merged layer staying merged is left alone: each round trip adds rounding
+            layer.unmerge()
+        layer.disabled = mode == "off"
+        if mode == "merged":
+            layer.merge()
 
 
 def count_parameters(model: nn.Module) -> dict[str, int]:

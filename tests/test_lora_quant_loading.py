@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from models import Decoder, ModelConfig, load_pretrained, save_pretrained
-from models.lora import (LoRALinear, attach_lora, count_parameters, detach_lora, merge_lora, set_lora_enabled,
-                         unmerge_lora)
+from models import Decoder, ModelConfig, load_pretrained, optimize_for_decode, save_pretrained
+from models.lora import (LoRALinear, adapter_mode, attach_lora, check_lora, count_parameters, detach_lora, merge_lora,
+                         set_adapter_mode, set_lora_enabled, unmerge_lora)
 from models.quant import Int8Linear, quantize_int8
 
 
@@ -99,6 +99,70 @@ def test_lora_errors(kwargs, message):
         attach_lora(model, targets, **kwargs)
     assert not any(isinstance(m, LoRALinear) for m in model.modules())
     assert all(p.requires_grad for p in model.parameters())  # nothing was frozen either
+
+
+@pytest.mark.parametrize("decode_layout", [False, True])
+def test_adapter_modes_switch_what_the_model_computes(decode_layout):
+    model, tokens = model_and_tokens()
+    if decode_layout:  # the app fine-tunes and merges into the (in, out)-ordered weights
+        optimize_for_decode(model)
+    base = model(tokens).detach()
+    assert adapter_mode(model) is None
+    attach_lora(model, ("q_proj", "v_proj", "up_proj"), rank=3, alpha=6)
+    _randomise_b(model)
+    assert adapter_mode(model) == "on"
+    on = model(tokens).detach()
+    assert (on - base).abs().max() > 1e-3
+    set_adapter_mode(model, "off")  # never merged: W0 x exactly
+    assert adapter_mode(model) == "off" and torch.equal(model(tokens), base)
+    set_adapter_mode(model, "on")
+    assert adapter_mode(model) == "on" and torch.equal(model(tokens), on)
+    set_adapter_mode(model, "merged")
+    assert adapter_mode(model) == "merged" and all(layer.merged for layer in model.modules()
+                                                   if isinstance(layer, LoRALinear))
+    merged = model(tokens).detach()
+    torch.testing.assert_close(merged, on, atol=1e-5, rtol=1e-5)
+    set_adapter_mode(model, "merged")  # choosing it again leaves the merged weights alone
+    assert torch.equal(model(tokens), merged)
+    set_adapter_mode(model, "on")
+    assert adapter_mode(model) == "on"
+    torch.testing.assert_close(model(tokens), on, atol=1e-5, rtol=1e-5)
+    set_adapter_mode(model, "merged")
+    set_adapter_mode(model, "off")  # from merged: W0 is back up to float rounding
+    assert adapter_mode(model) == "off"
+    torch.testing.assert_close(model(tokens), base, atol=1e-5, rtol=1e-5)
+    set_adapter_mode(model, "merged")  # straight from off
+    assert adapter_mode(model) == "merged"
+    torch.testing.assert_close(model(tokens), on, atol=1e-5, rtol=1e-5)
+
+
+def test_adapter_mode_errors_say_what_to_do():
+    model, _ = model_and_tokens()
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        set_adapter_mode(model, "on")
+    attach_lora(model, ("q_proj",), rank=2, alpha=2)
+    with pytest.raises(ValueError, match="must be one of"):
+        set_adapter_mode(model, "enabled")
+    model.blocks[0].attn.q_proj.disabled = True  # one layer off, the other on: no single mode
+    with pytest.raises(ValueError, match="set_adapter_mode"):
+        adapter_mode(model)
+    set_adapter_mode(model, "off")
+    assert adapter_mode(model) == "off"
+
+
+def test_check_lora_takes_projection_shapes_before_any_model_exists():
+    check_lora(16, 32.0, shapes=[(576, 576), (192, 576)])
+    check_lora(192, 1.0, shapes=[(192, 576)])  # at most the smaller side: equal is allowed
+    with pytest.raises(ValueError, match=r"rank 193 exceeds the smaller side \(192\) of a chosen projection: "
+                                         r"choose a rank of at most 192"):
+        check_lora(193, 1.0, shapes=[(576, 576), (192, 576)])
+    with pytest.raises(ValueError, match=r"smaller side \(8\)"):  # (out, in) and linears together
+        check_lora(9, 1.0, [nn.Linear(32, 16)], shapes=[(64, 8)])
+    with pytest.raises(ValueError, match=r"smaller side \(16\)"):
+        check_lora(17, 1.0, [nn.Linear(32, 16)], shapes=[(64, 64)])
+    check_lora(10_000, 1.0)  # nothing to fit: only rank and alpha themselves are checked
+    with pytest.raises(ValueError, match="alpha"):
+        check_lora(2, float("inf"), shapes=[(8, 8)])
 
 
 def test_attaching_twice_is_refused():
