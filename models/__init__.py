@@ -1,4 +1,24 @@
-"""From-scratch transformer models: a Llama-style decoder and a classic encoder."""
+"""From-scratch transformer models: a Llama-style decoder and a classic encoder.
+
+Reading order (each file uses only the ones above it, except that attention takes a KV cache):
+    config.py      ModelConfig: every size in one validated dataclass
+    rope.py        rotary tables (decoder) and the sinusoidal table (encoder)
+    hooks.py       HookPoint: named places where probes observe activations
+    layers.py      RMSNorm, LayerNorm, SwiGLU and GELU feed-forwards
+    attention.py   naive, SDPA and tiled ("flash") attention; the grouped-query Attention module
+    block.py       the pre-norm residual block both models share
+    decoder.py     Decoder (Llama) and check_tokens
+    encoder.py     Encoder (classic, bidirectional)
+    kv_cache.py    the preallocated cache written at explicit positions
+    generate.py    prefill, decode_one, sampling, generate
+    lora.py        low-rank adapters and their off / on / merged modes
+    quant.py       weight-only int8
+    loading.py     transformers checkpoints (safetensors) in and out
+    fast.py        opt-in speed choices kept out of the code above (optimize_for_decode)
+
+Notation in every shape comment: B batch, T positions (queries), S keys, H query heads, Hkv key/value
+heads, D head dim, C model dim, V vocabulary.
+"""
 from .config import ModelConfig
 from .decoder import Decoder, check_tokens
 from .encoder import Encoder
@@ -7,5 +27,5 @@ from .generate import generate
 from .kv_cache import KVCache
 from .loading import load_pretrained, save_pretrained
 
-__all__ = ["ModelConfig", "Decoder", "Encoder", "KVCache", "check_tokens", "generate", "load_pretrained", "optimize_for_decode",
-           "save_pretrained"]
+__all__ = ["ModelConfig", "Decoder", "Encoder", "KVCache", "check_tokens", "generate", "load_pretrained",
+           "optimize_for_decode", "save_pretrained"]

@@ -2,6 +2,8 @@
 
 ``W ≈ scale[:, None] · Q`` with ``Q = round(W / scale)`` in [-127, 127] and ``scale = max|W_row| / 127``.
 Activations stay in floating point; the matmul runs on the dequantised weight.
+
+Notation: ``in``/``out`` the features of the quantised linear; ``x`` is (..., in), the output (..., out).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ class Int8Linear(nn.Module):
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
         w = linear.weight.detach().float()  # (out, in)
         scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)  # (out,)
-        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)  # (out, in) / (out, 1)
         bias = None if linear.bias is None else linear.bias.detach().clone()
         return cls(q, scale, bias)
 

@@ -35,7 +35,7 @@ def rope_tables(seq_len: int, head_dim: int, theta: float = 10000.0) -> tuple[to
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """(x1, x2) -> (-x2, x1) on the two halves of the last dim."""
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (..., D/2) twice -> (..., D)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
