@@ -3,7 +3,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from models import generate
+from models import generate, optimize_for_decode
 from models.loading import save_pretrained
 from tests.llama_pair import llama_pair
 
@@ -64,6 +64,7 @@ def test_greedy_tokens_equal_transformers_generate(case, tmp_path):
                                 min_new_tokens=32, do_sample=False)
     assert torch.equal(generate(ours, prompt, 32), expected)
     assert torch.equal(generate(ours, prompt, 32, use_cache=False), expected)
+    assert torch.equal(generate(optimize_for_decode(ours), prompt, 32), expected)  # the layout the app serves
 
 
 def test_save_pretrained_round_trips_into_transformers(tmp_path):
