@@ -12,8 +12,10 @@ import torch
 from explorer import finetune, measure, probes, session
 from explorer.figures import lora as figs
 from explorer.figures.common import head_label
+from explorer.finetune import adapter_mode, check_lora, set_adapter_mode  # TEMP until h2 merges: from models.lora
+from explorer.locks import model_lock
 from models.generate import generate as generate_tokens
-from models.lora import PROJECTIONS, attach_lora, detach_lora, lora_layers, merge_lora, set_lora_enabled
+from models.lora import PROJECTIONS, attach_lora, detach_lora
 
 from . import as_index, as_number, as_whole, head_choices, layer_choices, user_errors
 
@@ -60,11 +62,8 @@ def check_adapter(rank, alpha, targets, config) -> tuple[int, float, tuple[str, 
     targets = tuple(t for t in PROJECTIONS if t in (targets or []))
     if not targets or unknown:
         raise ValueError(f"Tick at least one projection to adapt, among {list(PROJECTIONS)}.")
-    shapes = measure.projection_shapes(config)
-    smallest = min(min(shapes[t]) for t in targets)
-    if rank > smallest:
-        raise ValueError(f"rank {rank} exceeds the smaller side ({smallest}) of a chosen projection: choose a rank "
-                         f"of at most {smallest}, where a low-rank update is still smaller than the weight.")
+    shapes = measure.projection_shapes(config)  # (in, out) by name
+    check_lora(rank, alpha, shapes=[(shapes[t][1], shapes[t][0]) for t in targets])
     return rank, alpha, targets
 
 
@@ -76,7 +75,7 @@ def lora(rank, alpha, targets, state):
     rank, alpha, targets = check_adapter(rank, alpha, targets, c)
     counted = finetune.count_adapted(c, targets, rank=rank, alpha=alpha)
     formula = measure.lora_parameters(c, rank, targets)
-    dtype = session.runtime_info(model)["dtype"]
+    dtype = measure.runtime_info(model)["dtype"]
     nbytes = measure.element_size(dtype) if dtype in measure.DTYPES else 4
     memory = finetune.training_memory(counted["trainable"], counted["frozen"], bytes_per_value=nbytes)
     fig = figs.parameter_figure(counted, formula["trainable"], memory, rank=rank, alpha=alpha, targets=targets,
@@ -117,30 +116,6 @@ def _encode_text(tokenizer, text: str) -> tuple[list[int], str]:
     return ids, notice
 
 
-FT_BATCH = 8  # rows per step (iter_finetune's default)
-
-
-def training_bytes(config, rows) -> int:
-    """Predicted peak bytes of one fine-tuning step (float32), beyond the weights.
-
-    Per token and layer the backward pass keeps about 8 model-width and 5 feed-forward-width vectors
-    (norm inputs, q/k/v, attention output, SwiGLU gate/up/product); the logits, their log-softmax and its
-    gradient add 3 vocabulary-width vectors per token. Half again as a margin.
-    """
-    tokens = min(int(rows.shape[0]), FT_BATCH) * int(rows.shape[1])
-    per_token = config.n_layers * (8 * config.d_model + 5 * config.d_ff) * 4 + 3 * config.vocab_size * 4
-    return int(1.5 * tokens * per_token)
-
-
-def check_training_memory(config, rows) -> None:
-    need = training_bytes(config, rows)
-    if need > measure.MEMORY_BUDGET_BYTES:
-        tokens = min(int(rows.shape[0]), FT_BATCH) * int(rows.shape[1])
-        raise ValueError(f"Fine-tuning this model on {tokens:,} tokens per step is predicted to need "
-                         f"{measure.format_bytes(need)}, over the memory budget of "
-                         f"{measure.format_bytes(measure.MEMORY_BUDGET_BYTES)}: paste a shorter text.")
-
-
 @user_errors
 def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, progress=gr.Progress()):
     """Fine-tune a fresh adapter on the user's own copy; yields the loss curve as it falls."""
@@ -152,10 +127,10 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
     finetune.check_settings(steps, lr, max_seconds, 2, 1)
     ids, notice = _encode_text(tokenizer, text)
     seq_len = min(model.config.max_seq_len - 1, FT_SEQ_LEN)
-    check_training_memory(model.config, finetune.make_rows(ids, seq_len))  # before any copy or allocation
+    finetune.check_step_memory(model.config, finetune.make_rows(ids, seq_len))  # before any copy or allocation
     model, tokenizer, name = session.private_model(state)  # the user's own copy; the shared model is never touched
-    prov = session.runtime_info(model)
-    lock = probes.model_lock(model)
+    prov = measure.runtime_info(model)
+    lock = model_lock(model)
     with session.threads_for(model), lock:  # a defined thread count: the same numbers under load as alone
         detach_lora(model)
         attach_lora(model, targets, rank=rank, alpha=alpha)
@@ -167,7 +142,7 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
     yield (figs.loss_curve_figure(xs, ys, max_steps=steps, status="starting", provenance=prov),
            f"{head}Training a rank-{rank} adapter on {len(ids)} tokens…", state)
     gen = finetune.iter_finetune(model, ids, steps=steps, lr=lr, max_seconds=max_seconds, seq_len=seq_len,
-                                 batch=FT_BATCH)
+                                 batch=finetune.DEFAULT_BATCH)
     last_yield = time.perf_counter()
     record = None
     try:
@@ -210,28 +185,9 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
 
 def _adapted(state) -> torch.nn.Module:
     model, _, _ = session.get_model(state)
-    if session.is_shared(model) or not lora_layers(model):
+    if session.is_shared(model) or adapter_mode(model) is None:
         raise ValueError("Fine-tune first: there is no adapter on your model yet.")
     return model
-
-
-def _set_mode(model, mode: str) -> None:
-    if mode == "off":
-        set_lora_enabled(model, False)
-    elif mode == "on":
-        set_lora_enabled(model, True)
-        for layer in lora_layers(model):
-            layer.unmerge()
-    else:
-        set_lora_enabled(model, True)
-        merge_lora(model)
-
-
-def _mode_of(model) -> str:
-    layers = lora_layers(model)
-    if all(layer.disabled for layer in layers):
-        return "off"
-    return "merged" if all(layer.merged for layer in layers) else "on"
 
 
 @user_errors
@@ -240,8 +196,8 @@ def lora_adapter(mode, state):
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}.")
     model = _adapted(state)
-    with probes.model_lock(model):
-        _set_mode(model, mode)
+    with model_lock(model):
+        set_adapter_mode(model, mode)
     state.setdefault("lora", {})["mode"] = mode
     words = {"off": "Adapter **off**: your copy computes exactly the base model.",
              "on": "Adapter **on**: y = W₀x + (alpha/r)·B·A·x, computed beside the frozen weight.",
@@ -269,26 +225,26 @@ def lora_compare(prompt, layer, head, new_tokens, state):
     n = as_whole(new_tokens, "new tokens", 1, MAX_CONTINUATION)
     ids, labels, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_PROMPT_TOKENS, c.max_seq_len - n))
     tokens = session.as_tensor(ids, model)
-    has_adapter = bool(lora_layers(model))
-    with session.threads_for(model), probes.model_lock(model):  # a defined thread count, whatever ran here before
-        mode = _mode_of(model) if has_adapter else None
+    has_adapter = adapter_mode(model) is not None
+    with session.threads_for(model), model_lock(model):  # a defined thread count, whatever ran here before
+        mode = adapter_mode(model)
         after_mode = "merged" if mode == "merged" else "on"
         try:
             if has_adapter:
-                _set_mode(model, "off")
+                set_adapter_mode(model, "off")
             before_pat = probes.attention_pattern(model, ids, layer, head)
             with torch.inference_mode():
                 before_logits = model(tokens).float()
             before_new = _continue(model, ids, n)
             merge_note = ""
             if has_adapter:
-                _set_mode(model, after_mode)
+                set_adapter_mode(model, after_mode)
                 after_pat = probes.attention_pattern(model, ids, layer, head)
                 with torch.inference_mode():
                     after_logits = model(tokens).float()
                 after_new = _continue(model, ids, n)
                 if after_mode == "merged":
-                    _set_mode(model, "on")
+                    set_adapter_mode(model, "on")
                     with torch.inference_mode():
                         unmerged = model(tokens).float()
                     merge_note = (" Merged vs unmerged adapter: max |Δlogit| = "
@@ -297,7 +253,7 @@ def lora_compare(prompt, layer, head, new_tokens, state):
                 after_pat, after_logits, after_new = before_pat, before_logits, before_new
         finally:
             if has_adapter:
-                _set_mode(model, mode)
+                set_adapter_mode(model, mode)
     after_title = f"adapter {after_mode}" if has_adapter else "no adapter yet (B = 0 would give exactly this)"
     fig = figs.attention_before_after_figure(
         before_pat, after_pat, labels, layer=layer, head_name=head_label(head, c.n_heads, c.n_kv_heads),

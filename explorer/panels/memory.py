@@ -20,7 +20,6 @@ SWEEP_SECONDS = 90.0  # a sweep stops before a size predicted to take it past th
 OPENING = dict(max_T=1024, n_heads=8, head_dim=64, n_kv_heads=8, impls=list(IMPLS), causal=True, dtype="float32")
 REPEATS = 3
 TRACE_HEADS, TRACE_HEAD_DIM = 2, 16
-MEASURE_LOCK = threading.Lock()
 
 INTRO = """### Memory lab: naive vs flash attention, measured side by side
 Naive attention builds the whole T×T score matrix, so its memory grows with the square of the sequence
@@ -114,41 +113,31 @@ TABLE_HEADERS = ["T", "implementation", "measured peak (bytes)", "predicted peak
 
 
 def _figure(rows: list[dict], req: dict):
-    prov = {"device": device(), "dtype": req["dtype"], "torch": torch.__version__}
+    prov = measure.runtime_info(device=device(), dtype=req["dtype"])
     source = next((r.get("memory_source") for r in rows if r.get("memory_source")), None)
     return figs.memory_sweep_figure(rows, provenance=prov, n_heads=req["n_heads"], head_dim=req["head_dim"],
                                     n_kv_heads=req["n_kv_heads"], causal=req["causal"], memory_source=source)
 
 
 def run_sweep(req: dict, progress=None):
-    """Yield (rows so far, notes, elapsed) after each sequence length; every size is budget-checked first."""
-    lens = sweep_lengths(req["max_T"])
-    kw = dict(n_kv_heads=req["n_kv_heads"], dtype=req["dtype"], causal=req["causal"], device=device())
-    with session.default_threads():  # predictions at the thread count the measurement runs with
-        for T in lens:  # nothing is allocated unless every size of the sweep fits the budget
-            measure.check_budget(T, req["n_heads"], req["head_dim"], impls=tuple(req["impls"]), **kw)
-    rows: list[dict] = []
-    notes: list[str] = []
-    t0 = time.perf_counter()
-    last = None  # (T, seconds) of the previous size, to predict the next one
-    for i, T in enumerate(lens):
-        if last is not None:
-            expect = last[1] * (T / last[0]) ** 2  # attention time grows at most like T²
-            if time.perf_counter() - t0 + expect > SWEEP_SECONDS:
-                notes.append(f"\n⏱️ Stopped before T = {T}: it would take about {expect:.0f} s and the sweep is "
-                             f"limited to {SWEEP_SECONDS:.0f} s. Lower the maximum, or leave out the slow "
-                             "implementations.")
-                break
+    """Yield (rows so far, notes, elapsed) after each sequence length (``measure.timed_sweep``: every size is
+    budget-checked first, and the sweep stops before a length predicted to pass ``SWEEP_SECONDS``)."""
+    def on_start(i: int, T: int) -> None:
         if progress is not None:
             progress((i, len(lens)), desc=f"measuring T = {T}")
-        s0 = time.perf_counter()
-        # one measurement on the cores at a time (generation timings wait for it too; the profiler itself is
-        # guarded in measure); the start-up thread count whatever another request set (SDPA's scratch grows with it)
-        with session.default_threads(), MEASURE_LOCK:
-            rows += measure.attention_sweep([T], req["n_heads"], req["head_dim"], impls=tuple(req["impls"]),
-                                            repeats=REPEATS, **kw)
-        last = (T, time.perf_counter() - s0)
-        yield rows, notes, time.perf_counter() - t0
+
+    lens = sweep_lengths(req["max_T"])
+    notes: list[str] = []
+    for step in measure.timed_sweep(lens, req["n_heads"], req["head_dim"], impls=tuple(req["impls"]),
+                                    time_limit=SWEEP_SECONDS, repeats=REPEATS, on_start=on_start,
+                                    n_kv_heads=req["n_kv_heads"], dtype=req["dtype"], causal=req["causal"],
+                                    device=device()):
+        if step.stopped_before is not None:
+            T, expect = step.stopped_before
+            notes.append(f"\n⏱️ Stopped before T = {T}: it would take about {expect:.0f} s and the sweep is "
+                         f"limited to {SWEEP_SECONDS:.0f} s. Lower the maximum, or leave out the slow "
+                         "implementations.")
+        yield step.rows, notes, step.elapsed
 
 
 _opening: dict = {}
