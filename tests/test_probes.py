@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from explorer import probes
+from explorer import locks, probes
 from models import Decoder, Encoder, ModelConfig, generate
 from models.hooks import HookPoint
 from tests.llama_pair import llama_pair
@@ -50,7 +50,7 @@ def _acquire_and_release_elsewhere(model):
     ok = []
 
     def worker():
-        lock = probes.model_lock(model)
+        lock = locks.model_lock(model)
         if lock.acquire(timeout=2):
             lock.release()
             ok.append(True)
