@@ -287,3 +287,30 @@ def test_machine_info_has_provenance():
     for key in ("cpu", "cores", "torch", "device", "dtype", "date"):
         assert info[key]
     assert info["dtype"] == "float32"
+
+
+def test_timed_sweep_stops_before_a_length_predicted_to_pass_the_time_limit(monkeypatch):
+    import time
+
+    ran = []
+
+    def fake_sweep(seq_lens, n_heads, head_dim, **kw):
+        ran.append(seq_lens[0])
+        time.sleep(0.05 * (seq_lens[0] / 64) ** 2)  # a length costs as T² would
+        return [{"seq_len": seq_lens[0], "impl": "sdpa"}]
+
+    monkeypatch.setattr(measure.run, "attention_sweep", fake_sweep)
+    steps = list(measure.timed_sweep([64, 128, 256], 2, 16, impls=("sdpa",), time_limit=0.2))
+    # 64 took at least 0.05 s, so 128 is predicted at 0.2 s or more: past the limit, it never starts
+    assert ran == [64]
+    T, expect = steps[-1].stopped_before
+    assert T == 128 and expect >= 0.2  # four times the 0.05 s (at least) that 64 took
+    assert [r["seq_len"] for r in steps[-1].rows] == [64] and steps[0].stopped_before is None
+    ran.clear()
+    steps = list(measure.timed_sweep([64, 128], 2, 16, impls=("sdpa",), time_limit=60))
+    assert ran == [64, 128] and all(s.stopped_before is None for s in steps)
+    assert [len(s.rows) for s in steps] == [1, 2]
+    ran.clear()
+    with pytest.raises(ValueError, match="over the memory budget"):  # every size is checked before any runs
+        list(measure.timed_sweep([64, 8192], 8, 64, time_limit=60, budget_bytes=4_000_000))
+    assert ran == []

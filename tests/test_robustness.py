@@ -348,7 +348,7 @@ def test_memory_trace_any_input(args, step):
     from explorer.panels.memory import memory_trace, memory_trace_play, memory_trace_step
 
     out = answered(args, run(memory_trace, *args))
-    trace = None if isinstance(out, gr.Error) else out[0]
+    trace = None if isinstance(out, gr.Error) else out.trace
     run(memory_trace_step, trace, step, args[3])
     if trace is None:  # playing a real trace sleeps 0.6 s per block
         run(user_errors(memory_trace_play), trace, args[3])  # wrapped as where it is wired
@@ -467,6 +467,21 @@ def test_a_prompt_longer_than_the_context_is_refused_by_generate(monkeypatch):
     forbid(monkeypatch, probes, "compare_cache", "generation_trace")
     with pytest.raises(gr.Error, match="shorten it.*context"):
         generate("the cat sat. " * 2000, 8, 0.8, 50, 0.95, 0, fresh())
+    with pytest.raises(gr.Error) as info:  # another refusal of the prompt keeps its own sentence, nothing added
+        generate(" \n ", 8, 0.8, 50, 0.95, 0, fresh())
+    assert "The prompt is empty" in info.value.message and "must fit" not in info.value.message
+
+
+def test_a_prompt_too_long_is_its_own_error_type():
+    from explorer.text import PromptTooLong, encode
+
+    _, tokenizer = session.load_default()
+    with pytest.raises(PromptTooLong) as info:
+        encode(tokenizer, "the cat sat. " * 50, 10)
+    assert isinstance(info.value, ValueError) and info.value.max_len == 10 and info.value.n_tokens > 10
+    assert "shorten it" in str(info.value)
+    ids, labels = encode(tokenizer, "the cat sat. " * 50, 10, truncate=True)
+    assert len(ids) == len(labels) == 10
 
 
 def _numbers_cases():
@@ -824,7 +839,7 @@ def test_another_sessions_model_and_adapter_leave_this_sessions_answers_unchange
     load_model("default", alice, lambda *a, **k: None)
     out = list(lora_finetune(2, 8, ["q_proj", "v_proj"], "Tom has a red ball. Anna has a red ball too.", 3, 5e-2,
                              10, alice, lambda *a, **k: None))
-    assert "done" in out[-1][1] and alice["model"] is not None
+    assert "done" in out[-1].status and alice["model"] is not None
     assert bobs_answers() == before
     for k, v in shared.state_dict().items():
         assert torch.equal(v, weights[k]), k

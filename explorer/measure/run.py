@@ -186,7 +186,7 @@ def timed_sweep(seq_lens: Sequence[int], n_heads: int, head_dim: int, *, impls: 
         if last is not None:
             expect = last[1] * (T / last[0]) ** 2
             if time.perf_counter() - t0 + expect > time_limit:
-                yield SweepStep(rows, time.perf_counter() - t0, (T, expect))
+                yield SweepStep(list(rows), time.perf_counter() - t0, (T, expect))
                 return
         if on_start is not None:
             on_start(i, T)
@@ -194,7 +194,7 @@ def timed_sweep(seq_lens: Sequence[int], n_heads: int, head_dim: int, *, impls: 
         with default_threads(), MEASURE_LOCK:
             rows += attention_sweep([T], n_heads, head_dim, impls=impls, repeats=repeats, **kw)
         last = (T, time.perf_counter() - s0)
-        yield SweepStep(rows, time.perf_counter() - t0, None)
+        yield SweepStep(list(rows), time.perf_counter() - t0, None)
 
 
 def tiled_trace(seq_len: int, n_heads: int, head_dim: int, block_size: int, seed: int = 0, *,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any, NamedTuple
 
 import gradio as gr
 import torch
@@ -17,7 +18,7 @@ from explorer.locks import model_lock
 from models.generate import generate as generate_tokens
 from models.lora import PROJECTIONS, attach_lora, detach_lora
 
-from . import as_index, as_number, as_whole, head_choices, layer_choices, user_errors
+from . import as_index, as_number, as_whole, head_choices, layer_choices, outputs_of, user_errors
 
 MAX_RANK = 64
 MAX_TEXT_TOKENS = 2048
@@ -116,6 +117,13 @@ def _encode_text(tokenizer, text: str) -> tuple[list[int], str]:
     return ids, notice
 
 
+class FinetuneUpdate(NamedTuple):
+    """What each step of a fine-tune shows (the event's outputs, in order)."""
+    curve: Any  # plotly Figure: the loss so far
+    status: str
+    state: dict  # the user's session state (their own model, the adapter's settings)
+
+
 @user_errors
 def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, progress=gr.Progress()):
     """Fine-tune a fresh adapter on the user's own copy; yields the loss curve as it falls."""
@@ -139,8 +147,8 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
     state["lora"] = {"rank": rank, "alpha": alpha, "targets": list(targets), "mode": "on", "trained_steps": 0}
     xs, ys = [0], [start_loss]
     head = f"{notice} " if notice else ""
-    yield (figs.loss_curve_figure(xs, ys, max_steps=steps, status="starting", provenance=prov),
-           f"{head}Training a rank-{rank} adapter on {len(ids)} tokens…", state)
+    yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status="starting", provenance=prov),
+                         f"{head}Training a rank-{rank} adapter on {len(ids)} tokens…", state)
     gen = finetune.iter_finetune(model, ids, steps=steps, lr=lr, max_seconds=max_seconds, seq_len=seq_len,
                                  batch=finetune.DEFAULT_BATCH)
     last_yield = time.perf_counter()
@@ -165,10 +173,10 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
             now = time.perf_counter()
             if now - last_yield > 0.3 or record["step"] == steps or record["stopped"]:
                 last_yield = now
-                yield (figs.loss_curve_figure(xs, ys, max_steps=steps, status=f"step {record['step']}",
-                                              provenance=prov),
-                       f"{head}Step {record['step']}/{steps}: loss {record['loss']:.3f} "
-                       f"({record['seconds']:.1f} s)", state)
+                curve = figs.loss_curve_figure(xs, ys, max_steps=steps, status=f"step {record['step']}",
+                                               provenance=prov)
+                yield FinetuneUpdate(curve, f"{head}Step {record['step']}/{steps}: loss {record['loss']:.3f} "
+                                            f"({record['seconds']:.1f} s)", state)
     finally:
         gen.close()
     with session.threads_for(model), lock:
@@ -178,7 +186,7 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
     status = (f"{head}**{why}**: {len(xs) - 1} steps in {seconds:.1f} s. Loss on your text "
               f"{start_loss:.3f} → **{end_loss:.3f}** nats/token. The adapter is **on** in your copy of {name}; "
               "other tabs now show your adapted model, other visitors still see the original.")
-    yield (figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov), status, state)
+    yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov), status, state)
 
 
 # --- adapter switch and comparison -------------------------------------------------------------------
@@ -336,7 +344,8 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     cmp_inputs = [prompt, layer, head, new_tokens, state]
     cmp_outputs = [cmp_plot, before_text, after_text, cmp_md]
     ft_event = train.click(lora_finetune, [rank, alpha, targets, text, steps, lr, max_seconds, state],
-                           [loss_plot, ft_md, state], api_name="lora_finetune")
+                           outputs_of(FinetuneUpdate, curve=loss_plot, status=ft_md, state=state),
+                           api_name="lora_finetune")
     ft_event.success(lambda: "on", None, [mode], api_name="lora_mode_after_finetune", api_visibility="private").then(
         lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_finetune", api_visibility="private")
     stop.click(None, None, None, cancels=[ft_event], api_name="lora_stop", api_visibility="private")

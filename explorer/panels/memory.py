@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any, NamedTuple
 
 import gradio as gr
 import torch
@@ -11,7 +12,7 @@ import torch
 from explorer import measure, session
 from explorer.figures import memory as figs
 
-from . import as_whole, user_errors
+from . import as_whole, outputs_of, user_errors
 
 IMPLS = ("naive", "sdpa", "tiled")
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")
@@ -214,16 +215,24 @@ def _trace_info(trace: dict) -> str:
             f"naive keeps {trace['seq_len']} weights per row.")
 
 
+class TraceView(NamedTuple):
+    """The tiled trace's outputs, in order."""
+    trace: dict  # measure.tiled_trace's result, kept in the browser session for the slider and Play
+    block: Any  # gr.Slider update: one step per key block
+    figure: Any  # plotly Figure of block 0
+    info: str
+
+
 @user_errors
-def memory_trace(seq_len, block_size, causal, head):
+def memory_trace(seq_len, block_size, causal, head) -> TraceView:
     seq_len = as_whole(seq_len, "trace length", 4, 256)
     block_size = as_whole(block_size, "block size", 1, 256)
     head = as_whole(head, "head", 0, TRACE_HEADS - 1)
     trace = measure.tiled_trace(seq_len, TRACE_HEADS, TRACE_HEAD_DIM, block_size, seed=0, causal=bool(causal))
     n = len(trace["blocks"])
-    return (trace, gr.Slider(minimum=0, maximum=max(n - 1, 1), value=0, step=1,  # one block: Gradio refuses min == max
-                                 interactive=n > 1, label=f"key block (0–{n - 1})"),
-            _trace_figure(trace, 0, head), _trace_info(trace))
+    slider = gr.Slider(minimum=0, maximum=max(n - 1, 1), value=0, step=1,  # one block: Gradio refuses min == max
+                       interactive=n > 1, label=f"key block (0–{n - 1})")
+    return TraceView(trace=trace, block=slider, figure=_trace_figure(trace, 0, head), info=_trace_info(trace))
 
 
 @user_errors
@@ -292,7 +301,7 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
     event = run.click(memory_compare, sweep_inputs, sweep_outputs, api_name="memory_compare")
     stop.click(None, None, None, cancels=[event], api_name="memory_stop", api_visibility="private")
     trace_inputs = [t_len, t_block, t_causal, t_head]
-    trace_outputs = [trace_state, block, trace_plot, trace_info]
+    trace_outputs = outputs_of(TraceView, trace=trace_state, block=block, figure=trace_plot, info=trace_info)
     trace_btn.click(memory_trace, trace_inputs, trace_outputs, api_name="memory_trace")
     block.input(memory_trace_step, [trace_state, block, t_head], [trace_plot], api_name="memory_trace_step",
                 show_progress="hidden")
