@@ -90,7 +90,8 @@ def _summary(rows: list[dict], req: dict, notes: list[str], elapsed: float) -> s
         if best["peak_bytes"]:
             parts.append(f"\nNaive needs **{at['naive']['peak_bytes'] / best['peak_bytes']:.0f}×** the memory of "
                          f"{best['impl']} here.")
-    parts.append(f"\nMeasured on {device()} with torch {torch.__version__} in {elapsed:.1f} s "
+    run = measure.runtime_info(device=device(), dtype=req["dtype"])
+    parts.append(f"\nMeasured on {run['device']} with torch {run['torch']} in {elapsed:.1f} s "
                  f"(median of {REPEATS} calls; peak memory from "
                  f"{done[0].get('memory_source') or 'the allocator'}). Budget: "
                  f"{measure.format_bytes(measure.MEMORY_BUDGET_BYTES)} per request.")
