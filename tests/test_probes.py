@@ -158,10 +158,20 @@ def test_hooks_are_removed_and_lock_released_when_the_forward_raises():
         registered.append(self)
         return orig(self, *a, **k)
 
+    def broken(*args, **kwargs):
+        raise ValueError("raised inside the forward")
+
     HookPoint.register_forward_hook = spy
     try:
         with pytest.raises(ValueError, match="token ids must lie"):
             probes.run_with_cache(model, torch.tensor([[1, 2, 999]]))
+        assert registered == []  # refused at the probes' edge, before any hook or forward
+        model.blocks[1].mlp.forward = broken  # an instance attribute: only this model's block breaks
+        try:
+            with pytest.raises(ValueError, match="raised inside the forward"):
+                probes.run_with_cache(model, torch.tensor([[1, 2, 3]]))
+        finally:
+            del model.blocks[1].mlp.forward
     finally:
         HookPoint.register_forward_hook = orig
     assert len(registered) == len(probes.hook_names(model))  # the hooks were in place when it raised
@@ -559,3 +569,22 @@ def test_sinusoidal_probe_matches_the_formula():
     np.testing.assert_allclose(s["by_distance"], np.cos(np.arange(T)[:, None] * inv).sum(1), atol=1e-5)
     with pytest.raises(ValueError, match="even"):
         probes.sinusoidal_probe(4, 7)
+
+
+def test_token_ids_are_checked_at_the_probes_edge():
+    model = _small_decoder()  # vocabulary 50, context 64
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the model ran on ids it cannot read")
+
+    model.forward = must_not_run
+    calls = {"run_with_cache": lambda t: probes.run_with_cache(model, t),
+             "all_patterns": lambda t: probes.all_patterns(model, t),
+             "compare_impls": lambda t: probes.compare_impls(model, t),
+             "head_scores": lambda t: probes.head_scores(model, tokens=t),
+             "generation_trace": lambda t: probes.generation_trace(model, t, 2)}
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match="token ids must lie in 0..49"):
+            call([[1, 2, 50]])
+        with pytest.raises(ValueError, match="exceed the model's context of 64"):
+            call([[1] * 65])

@@ -17,6 +17,7 @@ from torch import nn
 from explorer.locks import model_lock
 from models.attention import Attention
 from models.config import check_attn_impl
+from models.decoder import _check_tokens as check_tokens  # TEMP until h2 merges: models.decoder.check_tokens
 from models.hooks import HookPoint
 
 
@@ -130,8 +131,12 @@ def _device(model: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-def _as_tokens(model: nn.Module, tokens) -> torch.Tensor:
-    """Token ids as a (B, T) int64 tensor on the model's device; a flat list or (T,) becomes one row."""
+def _as_tokens(model: nn.Module, tokens, start_pos: int = 0) -> torch.Tensor:
+    """Token ids as a (B, T) int64 tensor on the model's device; a flat list or (T,) becomes one row.
+
+    The probes' API edge: ids outside the vocabulary, or positions past the context, are refused here with
+    ``check_tokens``'s sentence, before a hook is registered or the model runs.
+    """
     if isinstance(tokens, torch.Tensor):
         t = tokens
     else:
@@ -145,7 +150,10 @@ def _as_tokens(model: nn.Module, tokens) -> torch.Tensor:
         t = t[None]
     if t.dim() != 2:
         raise ValueError(f"tokens must have shape (length,) or (batch, length), got {tuple(t.shape)}.")
-    return t.to(device=_device(model), dtype=torch.long)
+    t = t.to(device=_device(model), dtype=torch.long)
+    if getattr(model, "config", None) is not None:
+        check_tokens(t, model.config, start_pos)
+    return t
 
 
 def run_with_cache(model: nn.Module, tokens, names=None, *, attn_impl: str | None = None,
@@ -163,7 +171,7 @@ def run_with_cache(model: nn.Module, tokens, names=None, *, attn_impl: str | Non
     ``torch.inference_mode`` holding ``model_lock(model)``; each hook records only the calling thread's
     forward, so a concurrent plain forward on the shared model is never captured.
     """
-    tokens = _as_tokens(model, tokens)
+    tokens = _as_tokens(model, tokens, forward_kwargs.get("start_pos", 0))
     impl = _effective_impl(model, attn_impl)
     cache = ActivationCache(attn_impl=impl, pattern_source=_pattern_source(impl, hasattr(model, "rope_cos")),
                             n_layers=len(getattr(model, "blocks", [])))

@@ -64,7 +64,7 @@ def compare_impls(model: nn.Module, tokens, **forward_kwargs) -> dict[str, float
 
     Runs without hooks, under ``torch.inference_mode``. ``{"naive": 0.0, "sdpa": ..., "tiled": ...}``.
     """
-    tokens = _as_tokens(model, tokens)
+    tokens = _as_tokens(model, tokens, forward_kwargs.get("start_pos", 0))
     with torch.inference_mode():
         outs = {impl: model(tokens, attn_impl=impl, **forward_kwargs).float() for impl in ATTN_IMPLS}
     return {impl: float((out - outs["naive"]).abs().max()) for impl, out in outs.items()}
@@ -126,13 +126,13 @@ def head_scores(model: nn.Module, *, tokens=None, span_len: int | None = None, b
                          f"{(config.max_seq_len - n_prefix) // 2}.")
     if not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive integer, got {batch!r}.")
+    toks = None if tokens is None else _as_tokens(model, tokens)  # refused before anything runs
     probe = repeated_random_tokens(config.vocab_size, span_len, batch, seed, bos_id=bos)  # (B, P + 2*span)
     _, cache = run_with_cache(model, probe, _is_pattern, attn_impl=attn_impl)
     rep = cache.stack("attn.hook_pattern").cpu()  # (L, B, H, T, T)
-    if tokens is None:
+    if toks is None:
         pats, toks = rep, probe
     else:
-        toks = _as_tokens(model, tokens)
         _, cache = run_with_cache(model, toks, _is_pattern, attn_impl=attn_impl)
         pats, toks = cache.stack("attn.hook_pattern").cpu(), toks.cpu()
     scores = pattern_scores(pats, toks)
