@@ -19,10 +19,13 @@ from torch import nn
 
 from models.lora import lora_layers
 
+from . import measure
+
 MAX_STEPS = 200
 MAX_SECONDS = 60.0
 MIN_TOKENS = 4  # at least a few next-token targets, or there is nothing to learn
 LR_RANGE = (1e-5, 1e-1)
+DEFAULT_BATCH = 8  # rows per step
 
 
 def check_settings(steps: int, lr: float, max_seconds: float, seq_len: int, batch: int) -> None:
@@ -96,7 +99,7 @@ def iter_finetune(
     lr: float = 3e-3,
     max_seconds: float = MAX_SECONDS,
     seq_len: int | None = None,
-    batch: int = 8,
+    batch: int = DEFAULT_BATCH,
     seed: int = 0,
     weight_decay: float = 0.0,
     grad_clip: float = 1.0,
@@ -193,3 +196,35 @@ def training_memory(trainable: int, frozen: int, *, bytes_per_value: int = 4) ->
         "full fine-tune": {"frozen weights": 0, "trainable weights": total * b, "gradients": total * b,
                            "AdamW moments": 2 * total * b},
     }
+
+
+def activation_bytes(config, tokens: int, *, bytes_per_value: int = 4) -> int:
+    """Predicted peak bytes of one training step beyond the weights, for ``tokens`` tokens per step.
+
+    Per token and layer the backward pass keeps about 8 model-width and 5 feed-forward-width vectors
+    (norm inputs, q/k/v, attention output, SwiGLU gate/up/product); the logits, their log-softmax and its
+    gradient add 3 vocabulary-width vectors per token. Half again as a margin. (Estimated from what the
+    decoder's forward saves for backward, not measured; the margin covers autograd's temporaries.)
+    """
+    b = bytes_per_value
+    per_token = config.n_layers * (8 * config.d_model + 5 * config.d_ff) * b + 3 * config.vocab_size * b
+    return int(1.5 * tokens * per_token)
+
+
+def step_tokens(rows: torch.Tensor, batch: int = DEFAULT_BATCH) -> int:
+    """Tokens one step of ``iter_finetune`` feeds the model: ``batch`` rows (or all, if fewer) of ``rows``."""
+    return min(int(rows.shape[0]), batch) * int(rows.shape[1])
+
+
+def check_step_memory(config, rows: torch.Tensor, *, batch: int = DEFAULT_BATCH,
+                      budget_bytes: int | None = None) -> int:
+    """Raise ValueError, before anything is copied or allocated, when one float32 training step on ``rows`` is
+    predicted to pass the memory budget (default ``measure.MEMORY_BUDGET_BYTES``). Returns the predicted bytes."""
+    tokens = step_tokens(rows, batch)
+    need = activation_bytes(config, tokens)
+    budget = measure.resolve_budget(budget_bytes)
+    if need > budget:
+        raise ValueError(f"Fine-tuning this model on {tokens:,} tokens per step is predicted to need "
+                         f"{measure.format_bytes(need)}, over the memory budget of {measure.format_bytes(budget)}: "
+                         "paste a shorter text.")
+    return need

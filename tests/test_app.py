@@ -10,6 +10,9 @@ import pytest
 from gradio_client.exceptions import AppError
 
 from explorer import probes, session
+from explorer.panels.attention import AttentionView
+from explorer.panels.positions import RopeView
+from tests.api_answer import named
 from tests.plotly_payload import arr, fig
 
 CAUSAL, BIDIR = "causal (as trained)", "bidirectional (mask removed)"
@@ -37,8 +40,8 @@ def pattern(model, ids, layer, head, causal=True):
 def test_attention_heatmap_is_the_models_pattern(client, served, view):
     model, tokenizer = served
     layer, head = model.config.n_layers - 1, model.config.n_heads - 1
-    out = client.predict(PROMPT, layer, head, view, api_name="/attention")
-    heatmap, table, info, grid, scores, gqa, gqa_md, impl_md = out[:8]
+    out = named(AttentionView, client.predict(PROMPT, layer, head, view, api_name="/attention"))
+    heatmap, table, info, grid, gqa_md, impl_md = out.heatmap, out.tokens, out.info, out.grid, out.gqa_md, out.impl_md
     ids, labels = session.encode(tokenizer, PROMPT, 64)
     f = fig(heatmap)
     np.testing.assert_allclose(heat(f), pattern(model, ids, layer, head, causal=view == CAUSAL), atol=1e-6)
@@ -58,13 +61,13 @@ def test_attention_heatmap_is_the_models_pattern(client, served, view):
 
 def test_attention_head_scores_match_probes(client, served):
     model, tokenizer = served
-    out = client.predict(PROMPT, 0, 0, CAUSAL, api_name="/attention")
+    out = named(AttentionView, client.predict(PROMPT, 0, 0, CAUSAL, api_name="/attention"))
     ids, _ = session.encode(tokenizer, PROMPT, 64)
     expected = probes.head_scores(model, tokens=ids)
-    s = fig(out[4])
+    s = fig(out.scores)
     np.testing.assert_allclose(heat(s, 0), expected["previous_token"], atol=1e-5)
     np.testing.assert_allclose(heat(s, 2), expected["induction"], atol=1e-5)
-    picks = out[10]["choices"]
+    picks = out.pick["choices"]
     assert picks and any("induction" in str(c[0]) for c in picks)
 
 
@@ -88,15 +91,16 @@ def test_attention_refuses_out_of_range_layer_and_head(client, served):
 
 def test_attention_handles_odd_text(client, served):
     _, tokenizer = served
-    clean = client.predict("The cat", 0, 0, CAUSAL, api_name="/attention")
-    dirty = client.predict("The\x00 cat\x07", 0, 0, CAUSAL, api_name="/attention")
-    assert fig(clean[0])["data"][0]["z"] == fig(dirty[0])["data"][0]["z"]  # control characters stripped
-    emoji = client.predict("Ça va? 🙂 日本語 <b>bold</b>", 0, 0, CAUSAL, api_name="/attention")
-    ys = fig(emoji[0])["data"][0]["y"]
+    def view(prompt):
+        return named(AttentionView, client.predict(prompt, 0, 0, CAUSAL, api_name="/attention"))
+
+    clean, dirty = view("The cat"), view("The\x00 cat\x07")
+    assert fig(clean.heatmap)["data"][0]["z"] == fig(dirty.heatmap)["data"][0]["z"]  # control characters stripped
+    ys = fig(view("Ça va? 🙂 日本語 <b>bold</b>").heatmap)["data"][0]["y"]
     assert all("<b>" not in y for y in ys)  # HTML shown as text, not markup
-    long = client.predict("the cat " * 80, 0, 0, CAUSAL, api_name="/attention")
-    assert len(fig(long[0])["data"][0]["y"]) == 64
-    assert "only the first 64" in long[2]
+    long = view("the cat " * 80)
+    assert len(fig(long.heatmap)["data"][0]["y"]) == 64
+    assert "only the first 64" in long.info
 
 
 # --- Positions ---------------------------------------------------------------------------------------------
@@ -105,8 +109,8 @@ def test_rope_theta_changes_the_map_without_touching_the_shared_model(client, se
     model, tokenizer = served
     cos_before = model.rope_cos.clone()
     theta = 100.0
-    out = client.predict(PROMPT, theta, 5, [0, 1], 0, 1, api_name="/rope")
-    circle, angles, distance, compare, sinus, md = out[:6]
+    out = named(RopeView, client.predict(PROMPT, theta, 5, [0, 1], 0, 1, api_name="/rope"))
+    angles, compare, sinus, md = out.angles, out.compare, out.sinusoidal, out.md
     ids, _ = session.encode(tokenizer, PROMPT, 48)
     c = fig(compare)
     np.testing.assert_allclose(heat(c, 0), probes.attention_pattern(model, ids, 0, 1), atol=1e-6)
@@ -194,10 +198,10 @@ def test_loaded_model_is_per_user(app_url, served, model_root):
     assert arr(parts["x"]).sum() == local.num_parameters()
     # alice's attention tab now runs her model, bob's still runs the default
     ids, _ = session.encode(load_tokenizer(model_root / "tiny-local"), PROMPT, 64)
-    out = alice.predict(PROMPT, 2, 1, CAUSAL, api_name="/attention")
-    np.testing.assert_allclose(heat(fig(out[0])), pattern(local, ids, 2, 1), atol=1e-6)
-    out = bob.predict(PROMPT, 0, 0, CAUSAL, api_name="/attention")
-    assert len(fig(out[3])["layout"]["yaxis"]["ticktext"]) == default.config.n_layers
+    out = named(AttentionView, alice.predict(PROMPT, 2, 1, CAUSAL, api_name="/attention"))
+    np.testing.assert_allclose(heat(fig(out.heatmap)), pattern(local, ids, 2, 1), atol=1e-6)
+    out = named(AttentionView, bob.predict(PROMPT, 0, 0, CAUSAL, api_name="/attention"))
+    assert len(fig(out.grid)["layout"]["yaxis"]["ticktext"]) == default.config.n_layers
     assert alice.predict("default", api_name="/load_model")[0].startswith("✅ Back to the shipped default")
 
 

@@ -14,6 +14,8 @@ from gradio_client.exceptions import AppError
 from explorer import measure, session
 from models.generate import generate as generate_tokens
 from models.lora import attach_lora, count_parameters, lora_layers
+from explorer.panels.generation import GenerationView
+from tests.api_answer import named
 from tests.plotly_payload import arr, fig
 
 MIB = 2**20
@@ -118,8 +120,9 @@ def _ids(tokenizer, text):
 
 def test_generate_bars_are_the_softmax_of_the_models_logits(client, served):
     model, tokenizer = served
-    out = client.predict(PROMPT, 6, 1.0, None, 1.0, 7, api_name="/generate")
-    text, slider, probs, cache_plot, timing_plot, summary, table = out
+    out = named(GenerationView, client.predict(PROMPT, 6, 1.0, None, 1.0, 7, api_name="/generate"), state=("view",))
+    text, probs, cache_plot, timing_plot, summary, table = out.text, out.probs, out.cache, out.timing, out.summary, \
+        out.table
     ids = _ids(tokenizer, PROMPT)
     new = [row[2] for row in table["data"]]
     expected = generate_tokens(model, torch.tensor([ids]), 6, temperature=1.0, seed=7)[0, len(ids):].tolist()
@@ -150,14 +153,15 @@ def test_generate_bars_are_the_softmax_of_the_models_logits(client, served):
 @pytest.mark.parametrize("temperature", [1e-9, 1e9])
 def test_generate_extreme_temperatures_never_draw_nan(client, served, temperature):
     model, tokenizer = served
-    out = client.predict(PROMPT, 4, temperature, None, 1.0, 0, api_name="/generate")
-    for plot in (out[2], out[3], out[4]):
+    out = named(GenerationView, client.predict(PROMPT, 4, temperature, None, 1.0, 0, api_name="/generate"),
+                state=("view",))
+    for plot in (out.probs, out.cache, out.timing):
         assert all_numbers_finite(fig(plot))
-    bars = arr(fig(out[2])["data"][0]["x"])
+    bars = arr(fig(out.probs)["data"][0]["x"])
     ids = _ids(tokenizer, PROMPT)
     if temperature < 1:
         greedy = generate_tokens(model, torch.tensor([ids]), 4, temperature=0.0)[0, len(ids):].tolist()
-        assert [r[2] for r in out[6]["data"]] == greedy
+        assert [r[2] for r in out.table["data"]] == greedy
         assert bars[0] == pytest.approx(1.0)
     else:
         np.testing.assert_allclose(bars, 1.0 / model.config.vocab_size, rtol=1e-3)
@@ -177,8 +181,9 @@ def test_generate_refuses_bad_settings(client, args, message):
 
 
 def test_generate_accepts_emoji_and_html(client):
-    out = client.predict("<b>bold</b> 🙂 ünïcode", 3, 0.0, None, 1.0, 0, api_name="/generate")
-    assert out[0][0]["token"].startswith("<b>bold</b>")
+    out = named(GenerationView, client.predict("<b>bold</b> 🙂 ünïcode", 3, 0.0, None, 1.0, 0, api_name="/generate"),
+                state=("view",))
+    assert out.text[0]["token"].startswith("<b>bold</b>")
 
 
 def test_kv_calculator_matches_the_formula(client, served):

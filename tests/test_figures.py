@@ -187,10 +187,25 @@ def test_norm_and_activation_figures():
     fig = fe.norm_figure(x, rms, ln, token="3·cat", eps=1e-5)
     assert "RMSNorm" in fig.data[2].name and "LayerNorm" in fig.data[4].name
     np.testing.assert_allclose(fig.data[2].y, rms)
+    for line, hist, values in ((0, 1, x), (2, 3, rms), (4, 5, ln)):  # each curve beside its own histogram
+        np.testing.assert_allclose(fig.data[line].y, values)
+        np.testing.assert_allclose(fig.data[hist].x, values)
     g = np.linspace(-6, 6, 11)
     u = np.array([-1.0, 0.5])
-    fig = fe.activation_figure(g, g, g, u, u, u, u, token="3·cat")
+    # seven distinct arrays, so a swapped argument lands in the wrong trace and is seen
+    silu_g, gelu_g = g / (1 + np.exp(-g)), g + 100.0
+    silu_u, gelu_u, swiglu = np.array([-0.27, 0.31]), np.array([-0.16, 0.35]), np.array([7.0, 8.0, 9.0])
+    fig = fe.activation_figure(g, silu_g, gelu_g, u, silu_u, gelu_u, swiglu, token="3·cat")
     assert len(fig.data) == 6
+    expected = [("SiLU(u)", g, silu_g), ("GELU(u) = ", g, gelu_g), ("real u through SiLU", u, silu_u),
+                ("real u through GELU", u, gelu_u)]
+    for trace, (name, xs, ys) in zip(fig.data[:4], expected):
+        assert trace.name.startswith(name)
+        np.testing.assert_array_equal(trace.x, xs)
+        np.testing.assert_array_equal(trace.y, ys)
+    assert fig.data[4].name == "GELU(u)" and fig.data[5].name.startswith("SwiGLU")
+    np.testing.assert_array_equal(fig.data[4].x, gelu_u)
+    np.testing.assert_array_equal(fig.data[5].x, swiglu)
     _serialises(fig)
 
 

@@ -70,9 +70,10 @@ def _first_difference(a, b, path="answer"):
 
 def _clear_memos():
     """Forget the attention tab's per-prompt memo, so both phases compute their answers afresh."""
+    from explorer.locks import MEMO_LOCK
     from explorer.panels import attention
 
-    with attention._MEMO_LOCK:
+    with MEMO_LOCK:
         attention._MEMO.clear()
 
 

@@ -66,8 +66,8 @@ def test_sweep_refuses_over_budget_before_allocating(monkeypatch):
     def must_not_run(*args, **kwargs):
         raise AssertionError("something was allocated or measured before the budget check")
 
-    monkeypatch.setattr(measure, "attention_memory", must_not_run)
-    monkeypatch.setattr(measure, "random_qkv", must_not_run)
+    monkeypatch.setattr(measure.run, "attention_memory", must_not_run)
+    monkeypatch.setattr(measure.run, "random_qkv", must_not_run)
     with pytest.raises(ValueError) as info:
         measure.attention_sweep([64, 4096], 8, 64, budget_bytes=4_000_000)  # 64 fits, 4096 does not
     msg = str(info.value)
@@ -110,6 +110,17 @@ def test_budget_from_environment(monkeypatch):
     monkeypatch.delenv("EXPLORER_MEMORY_BUDGET")
     assert measure._budget_from_env() == 4 * 2**30
     assert isinstance(measure.MEMORY_BUDGET_BYTES, int)
+
+
+def test_the_budget_is_read_where_it_lives(monkeypatch):
+    """``measure.MEMORY_BUDGET_BYTES`` is the value in ``measure.units``, and every check uses it."""
+    assert measure.MEMORY_BUDGET_BYTES == measure.units.MEMORY_BUDGET_BYTES > 0
+    monkeypatch.setattr(measure.units, "MEMORY_BUDGET_BYTES", 123_456)
+    assert measure.MEMORY_BUDGET_BYTES == 123_456
+    with pytest.raises(ValueError, match="over the memory budget of .* \\(123456 bytes\\)"):
+        measure.check_budget(512, 8, 64)
+    with pytest.raises(ValueError, match="over the budget"):
+        measure.tiled_trace(64, 2, 16, 8)
 
 
 def test_parse_and_format_bytes():
@@ -175,6 +186,34 @@ def test_parameter_count_matches_the_model(cfg):
     mem = measure.parameter_memory(cfg)
     assert mem["fp32"] == 4 * mem["parameters"] and mem["bf16"] == 2 * mem["parameters"]
     assert mem["int8"] == mem["parameters"]
+    # against the bytes a built model holds, counted tensor by tensor (a tied head is one tensor)
+    model = Decoder(cfg)
+    held = {dtype: sum(p.numel() * p.element_size() for p in model.to(dtype).parameters())
+            for dtype in (torch.float32, torch.bfloat16)}
+    assert (mem["fp32"], mem["bf16"]) == (held[torch.float32], held[torch.bfloat16])
+    n = measure.parameter_count(cfg)
+    assert n["embedding"] == model.embed_tokens.weight.numel()
+    assert n["per_layer"] == sum(p.numel() for p in model.blocks[0].parameters())
+    assert n["final_norm"] == model.norm.weight.numel()
+    assert n["lm_head"] == (0 if cfg.tie_embeddings else model.lm_head.weight.numel())
+
+
+@pytest.mark.parametrize("cfg", SMALL)
+def test_parameters_by_component_add_up_to_the_model(cfg):
+    from models.lora import attach_lora
+
+    model = Decoder(cfg)
+    parts = measure.parameters_by_component(model)
+    n = measure.parameter_count(cfg)
+    assert sum(parts.values()) == model.num_parameters() and "other" not in parts
+    assert parts["embedding"] == n["embedding"] and parts["LM head"] == n["lm_head"]
+    assert parts["norms"] == 2 * cfg.d_model * cfg.n_layers + cfg.d_model
+    attach_lora(model, ("q_proj",), rank=2, alpha=4)  # an adapter counts under its projection's component
+    grown = measure.parameters_by_component(model)
+    assert grown["attention"] - parts["attention"] == cfg.n_layers * 2 * (cfg.d_model + cfg.n_heads * cfg.head_dim)
+    held = measure.module_bytes(model)
+    assert held["parameters"] == 4 * model.num_parameters()
+    assert held["buffers"] == sum(b.numel() * b.element_size() for b in model.buffers()) > 0  # the rotary tables
 
 
 def test_int8_memory_matches_models_quant():
@@ -248,3 +287,30 @@ def test_machine_info_has_provenance():
     for key in ("cpu", "cores", "torch", "device", "dtype", "date"):
         assert info[key]
     assert info["dtype"] == "float32"
+
+
+def test_timed_sweep_stops_before_a_length_predicted_to_pass_the_time_limit(monkeypatch):
+    import time
+
+    ran = []
+
+    def fake_sweep(seq_lens, n_heads, head_dim, **kw):
+        ran.append(seq_lens[0])
+        time.sleep(0.05 * (seq_lens[0] / 64) ** 2)  # a length costs as T² would
+        return [{"seq_len": seq_lens[0], "impl": "sdpa"}]
+
+    monkeypatch.setattr(measure.run, "attention_sweep", fake_sweep)
+    steps = list(measure.timed_sweep([64, 128, 256], 2, 16, impls=("sdpa",), time_limit=0.2))
+    # 64 took at least 0.05 s, so 128 is predicted at 0.2 s or more: past the limit, it never starts
+    assert ran == [64]
+    T, expect = steps[-1].stopped_before
+    assert T == 128 and expect >= 0.2  # four times the 0.05 s (at least) that 64 took
+    assert [r["seq_len"] for r in steps[-1].rows] == [64] and steps[0].stopped_before is None
+    ran.clear()
+    steps = list(measure.timed_sweep([64, 128], 2, 16, impls=("sdpa",), time_limit=60))
+    assert ran == [64, 128] and all(s.stopped_before is None for s in steps)
+    assert [len(s.rows) for s in steps] == [1, 2]
+    ran.clear()
+    with pytest.raises(ValueError, match="over the memory budget"):  # every size is checked before any runs
+        list(measure.timed_sweep([64, 8192], 8, 64, time_limit=60, budget_bytes=4_000_000))
+    assert ran == []

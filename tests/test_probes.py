@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from explorer import probes
+from explorer import locks, probes
 from models import Decoder, Encoder, ModelConfig, generate
 from models.hooks import HookPoint
 from tests.llama_pair import llama_pair
@@ -50,7 +50,7 @@ def _acquire_and_release_elsewhere(model):
     ok = []
 
     def worker():
-        lock = probes.model_lock(model)
+        lock = locks.model_lock(model)
         if lock.acquire(timeout=2):
             lock.release()
             ok.append(True)
@@ -158,12 +158,21 @@ def test_hooks_are_removed_and_lock_released_when_the_forward_raises():
         registered.append(self)
         return orig(self, *a, **k)
 
+    def broken(*args, **kwargs):
+        raise ValueError("raised inside the forward")
+
     HookPoint.register_forward_hook = spy
     try:
         with pytest.raises(ValueError, match="token ids must lie"):  # refused where the ids come in
             probes.run_with_cache(model, torch.tensor([[1, 2, 999]]))
-        assert registered == []
-        with pytest.raises(ValueError, match="context"):  # the forward itself raises: positions past the context
+        assert registered == []  # refused at the probes' edge, before any hook or forward
+        model.blocks[1].mlp.forward = broken  # an instance attribute: only this model's block breaks
+        try:
+            with pytest.raises(ValueError, match="raised inside the forward"):
+                probes.run_with_cache(model, torch.tensor([[1, 2, 3]]))
+        finally:
+            del model.blocks[1].mlp.forward
+        with pytest.raises(ValueError, match="context"):  # positions past the context are refused as well
             probes.run_with_cache(model, torch.tensor([[1, 2, 3]]), start_pos=model.config.max_seq_len - 1)
     finally:
         HookPoint.register_forward_hook = orig
@@ -562,3 +571,22 @@ def test_sinusoidal_probe_matches_the_formula():
     np.testing.assert_allclose(s["by_distance"], np.cos(np.arange(T)[:, None] * inv).sum(1), atol=1e-5)
     with pytest.raises(ValueError, match="even"):
         probes.sinusoidal_probe(4, 7)
+
+
+def test_token_ids_are_checked_at_the_probes_edge():
+    model = _small_decoder()  # vocabulary 50, context 64
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the model ran on ids it cannot read")
+
+    model.forward = must_not_run
+    calls = {"run_with_cache": lambda t: probes.run_with_cache(model, t),
+             "all_patterns": lambda t: probes.all_patterns(model, t),
+             "compare_impls": lambda t: probes.compare_impls(model, t),
+             "head_scores": lambda t: probes.head_scores(model, tokens=t),
+             "generation_trace": lambda t: probes.generation_trace(model, t, 2)}
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match="token ids must lie in 0..49"):
+            call([[1, 2, 50]])
+        with pytest.raises(ValueError, match="exceed the model's context of 64"):
+            call([[1] * 65])

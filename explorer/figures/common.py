@@ -58,13 +58,6 @@ def provenance_text(device: str, dtype: str, torch_version: str, kind: str = "me
     return f"{kind} · {device} · {dtype} · torch {torch_version}"
 
 
-def add_provenance(fig: go.Figure, text: str) -> go.Figure:
-    """Write a provenance line under the plot area (bottom-left, small grey)."""
-    fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=-0.02, xanchor="left", yanchor="top",
-                       showarrow=False, font=dict(size=10, color="#666"), yshift=-28)
-    return fig
-
-
 def base_layout(fig: go.Figure, title: str, *, height: int | None = None, width: int | None = None) -> go.Figure:
     fig.update_layout(title=dict(text=title, x=0.01, xanchor="left"), font=FONT, template="plotly_white",
                       margin=dict(l=70, r=20, t=60, b=70))

@@ -106,14 +106,20 @@ def cache_growth_figure(
                                  name="allocated (preallocated cache), all layers",
                                  line=dict(color="#7f7f7f", dash="dash"),
                                  hovertemplate="allocated %{y:.4f} MiB<extra></extra>"))
-    title = "KV cache fill (keys + values)"
+    return _per_token_layout(fig, "KV cache fill (keys + values)", provenance, "measured (tensor sizes)",
+                             x_title="positions in the cache (prompt + generated)", y_title="cache memory (MiB)")
+
+
+def _per_token_layout(fig: go.Figure, title: str, provenance: Mapping[str, str] | None, kind: str, *,
+                      x_title: str, y_title: str) -> go.Figure:
+    """The look the step-by-step charts share: provenance under the title, legend below, y axis from zero."""
     if provenance:
         title += "<br><sup>" + provenance_text(provenance["device"], provenance["dtype"], provenance["torch"],
-                                               "measured (tensor sizes)") + "</sup>"
+                                               kind) + "</sup>"
     base_layout(fig, title, height=380)
     fig.update_layout(legend=dict(orientation="h", y=-0.25, x=0), margin=dict(t=80, b=110))
-    fig.update_xaxes(title_text="positions in the cache (prompt + generated)")
-    fig.update_yaxes(title_text="cache memory (MiB)", rangemode="tozero")
+    fig.update_xaxes(title_text=x_title)
+    fig.update_yaxes(title_text=y_title, rangemode="tozero")
     return fig
 
 
@@ -137,13 +143,8 @@ def cache_timing_figure(
     title = "Time per token · with vs without cache"
     if identical is not None:
         title += " · same tokens" if identical else " · tokens differ"
-    title += "<br><sup>" + provenance_text(provenance["device"], provenance["dtype"], provenance["torch"],
-                                           "measured") + "</sup>"
-    base_layout(fig, title, height=380)
-    fig.update_layout(legend=dict(orientation="h", y=-0.25, x=0), margin=dict(t=80, b=110))
-    fig.update_xaxes(title_text="new token (1 includes the prompt pass)")
-    fig.update_yaxes(title_text="time per token (ms)", rangemode="tozero")
-    return fig
+    return _per_token_layout(fig, title, provenance, "measured", x_title="new token (1 includes the prompt pass)",
+                             y_title="time per token (ms)")
 
 
 def kv_calculator_figure(

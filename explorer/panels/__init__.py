@@ -52,6 +52,13 @@ def user_errors(fn):
     return wrapper
 
 
+def outputs_of(result: type, **components) -> list:
+    """An event's output components in the order of its handler's named result (a NamedTuple), given by name:
+    the one place a result's fields meet the components that show them. Raises TypeError when a field is
+    missing or unknown, so a handler and its outputs cannot drift apart."""
+    return list(result(**components))
+
+
 def as_number(value, name: str, *, finite: bool = True) -> float:
     """A number typed in a box or sent through the API; ValueError naming the field otherwise.
 

@@ -2,21 +2,20 @@
 the causal mask switched off, and naive vs fused attention compared live."""
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from collections import OrderedDict
+from typing import Any, NamedTuple
 
 import gradio as gr
 import numpy as np
-import torch
 
-from explorer import probes, session
+from explorer import measure, probes, session
 from explorer.figures import attention as figs
 from explorer.figures.common import head_label, kv_head_of
-from models.heads import first_token_score, previous_token_score
+from explorer.locks import MEMO_LOCK
 
-from . import as_index, head_choices, layer_choices, user_errors
+from . import as_index, head_choices, layer_choices, outputs_of, user_errors
 
 MAX_TOKENS = 64
 DEFAULT_PROMPT = "Tom gave the red ball to Anna. Anna gave the red ball to Tom."
@@ -45,7 +44,6 @@ def _score_choices(scores: dict, H: int, Hkv: int) -> list[tuple[str, str]]:
 
 _MEMO: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _MEMO_SIZE = 8
-_MEMO_LOCK = threading.Lock()
 
 
 def _memo(model, key, compute):
@@ -56,13 +54,13 @@ def _memo(model, key, compute):
     """
     if not session.is_shared(model):
         return compute()
-    with _MEMO_LOCK:
+    with MEMO_LOCK:
         entries = _MEMO.setdefault(model, OrderedDict())
         if key in entries:
             entries.move_to_end(key)
             return entries[key]
     value = compute()
-    with _MEMO_LOCK:
+    with MEMO_LOCK:
         entries[key] = value
         while len(entries) > _MEMO_SIZE:
             entries.popitem(last=False)
@@ -71,10 +69,8 @@ def _memo(model, key, compute):
 
 def _patterns(model, ids, causal):
     """(L, H, T, T) weights of every head and the sentence saying how they were obtained."""
-    def compute():
-        _, cache = probes.run_with_cache(model, ids, lambda n: n.endswith("attn.hook_pattern"), causal=causal)
-        return cache.stack("attn.hook_pattern")[:, 0].float().cpu().numpy(), cache.pattern_source
-    return _memo(model, ("patterns", tuple(ids), causal), compute)
+    return _memo(model, ("patterns", tuple(ids), causal),
+                 lambda: probes.patterns_with_source(model, ids, causal=causal))
 
 
 def _head_scores(model, ids):
@@ -84,12 +80,22 @@ def _head_scores(model, ids):
     """
     induction = _memo(model, ("induction",), lambda: probes.head_scores(model)["induction"])
     causal, _ = _patterns(model, ids, True)
-    pats = torch.from_numpy(causal)[:, None]  # (L, 1, H, T, T)
-    if len(ids) < 2:
-        nan = np.full(induction.shape, np.nan, dtype=np.float32)
-        return {"previous_token": nan, "first_token": nan, "induction": induction}
-    return {"previous_token": previous_token_score(pats).float().numpy(),
-            "first_token": first_token_score(pats).float().numpy(), "induction": induction}
+    return {**probes.pattern_scores(causal[:, None], ids), "induction": induction}  # (L, 1, H, T, T) patterns
+
+
+class AttentionView(NamedTuple):
+    """What the Attention tab shows for one prompt, layer, head and mask (the event's outputs, in order)."""
+    heatmap: Any  # plotly Figure: the chosen head's weights
+    tokens: list  # rows [position, token, id]
+    info: str
+    grid: Any  # plotly Figure: every layer and head
+    scores: Any  # plotly Figure: head scores
+    gqa: Any  # plotly Figure: which query heads share a KV head
+    gqa_md: str
+    impl_md: str
+    layer: Any  # gr.Dropdown update
+    head: Any  # gr.Dropdown update
+    pick: Any  # gr.Dropdown update: heads to jump to by score
 
 
 def _attention_view(prompt, layer, head, view, state):
@@ -132,20 +138,22 @@ def _attention_view(prompt, layer, head, view, state):
         info.append(f"⚠️ {notice}")
     info.append(f"Weights shown: {source}.")
     elapsed = time.perf_counter() - t0
-    info.append(f"Computed in {elapsed * 1000:.0f} ms on {session.runtime_info(model)['device']}.")
+    run = measure.runtime_info(model)
+    info.append(f"Computed in {elapsed * 1000:.0f} ms on {run['device']}.")
     impl_md = (f"**Naive vs fused attention, computed now on this prompt** "
                f"({'causal' if causal else 'bidirectional'}): max |Δlogit| SDPA − naive = "
                f"**{diffs['sdpa']:.3g}**, tiled (flash) − naive = **{diffs['tiled']:.3g}** "
-               f"({session.runtime_info(model)['dtype']}; differences at rounding level mean the three paths "
+               f"({run['dtype']}; differences at rounding level mean the three paths "
                f"compute the same function).")
     picks = _score_choices(scores, H, Hkv)
-    return (heat, table, "\n\n".join(info), grid, scores_fig, gqa, gqa_md, impl_md,
-            gr.Dropdown(choices=layer_choices(L), value=layer),
-            gr.Dropdown(choices=head_choices(H, Hkv), value=head),
-            gr.Dropdown(choices=picks, value=None))
+    return AttentionView(heatmap=heat, tokens=table, info="\n\n".join(info), grid=grid, scores=scores_fig, gqa=gqa,
+                         gqa_md=gqa_md, impl_md=impl_md, layer=gr.Dropdown(choices=layer_choices(L), value=layer),
+                         head=gr.Dropdown(choices=head_choices(H, Hkv), value=head),
+                         pick=gr.Dropdown(choices=picks, value=None))
+
 
 @user_errors
-def attention_view(prompt, layer, head, view, state):
+def attention_view(prompt, layer, head, view, state) -> AttentionView:
     model, _, _ = session.get_model(state)
     with session.threads_for(model):
         return _attention_view(prompt, layer, head, view, state)
@@ -193,7 +201,8 @@ def build_attention(demo: gr.Blocks, state: gr.State) -> None:
             gqa_md = gr.Markdown()
 
     inputs = [prompt, layer, head, view, state]
-    outputs = [heat, tokens, info, grid, scores, gqa, gqa_md, impl_md, layer, head, pick]
+    outputs = outputs_of(AttentionView, heatmap=heat, tokens=tokens, info=info, grid=grid, scores=scores, gqa=gqa,
+                         gqa_md=gqa_md, impl_md=impl_md, layer=layer, head=head, pick=pick)
     run.click(attention_view, inputs, outputs, api_name="attention")
     prompt.submit(attention_view, inputs, outputs, api_name="attention_submit", api_visibility="undocumented")
     for control in (layer, head, view):

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import Any, NamedTuple
 
 import gradio as gr
 
 from explorer import measure, probes, session
-from models.config import ModelConfig
-from models.lora import lora_layers
 from explorer.figures import generation as figs
+from models.lora import adapter_mode
+from explorer.locks import MEASURE_LOCK, model_lock
+from explorer.text import PromptTooLong
+from models.config import ModelConfig
 
-from . import as_number, as_whole, user_errors
-from .memory import MEASURE_LOCK
+from . import as_number, as_whole, outputs_of, user_errors
 
 MAX_NEW_TOKENS = 128
 MAX_CONTEXT = 1024  # prompt + new tokens: bounds the uncached run's time and its (T × vocab) logits on big models
@@ -83,11 +85,8 @@ def _step_view(view: dict, step: int):
 
 def _with_adapter(model, name: str) -> str:
     """The model's name, plus the user's LoRA adapter and its state when one is attached."""
-    layers = lora_layers(model)
-    if not layers:
-        return name
-    state = "off" if all(m.disabled for m in layers) else ("merged" if all(m.merged for m in layers) else "on")
-    return f"{name} + your LoRA adapter ({state})"
+    mode = adapter_mode(model)
+    return name if mode is None else f"{name} + your LoRA adapter ({mode})"
 
 
 _warmed: "weakref.WeakSet" = weakref.WeakSet()
@@ -103,6 +102,18 @@ def _warm_up(model, ids: list[int]) -> None:
     _warmed.add(model)
 
 
+class GenerationView(NamedTuple):
+    """What the generation tab shows after one run (the event's outputs, in order)."""
+    text: list  # HighlightedText: (prompt, None), (new text, "generated")
+    view: dict  # the per-step view kept in the browser session for the step slider
+    step: Any  # gr.Slider update
+    probs: Any  # plotly Figures: step 0's next-token probabilities, the cache filling, time per token
+    cache: Any
+    timing: Any
+    summary: str
+    table: list  # one row per step
+
+
 @user_errors
 def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state):
     """Generate with and without the KV cache (same prompt, settings and seed) and show every step."""
@@ -115,14 +126,13 @@ def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state):
         raise ValueError(f"ask for fewer new tokens: the model's context is {c.max_seq_len} tokens in all.")
     try:
         ids, _ = session.encode(tokenizer, prompt, room)
-    except ValueError as exc:
-        if "long" not in str(exc):
-            raise
+    except PromptTooLong as exc:
         where = "the model's context" if c.max_seq_len <= MAX_CONTEXT else "this view's limit"
         raise ValueError(f"{exc} The prompt plus {s['max_new_tokens']} new tokens must fit in {where} of "
                          f"{min(c.max_seq_len, MAX_CONTEXT)} tokens.") from None
-    # Timings are only worth showing without the memory lab measuring on the same cores at the same time.
-    with session.default_threads(), probes.model_lock(model), MEASURE_LOCK:
+    # Timings are only worth showing without the memory lab measuring on the same cores at the same time
+    # (lock order: model_lock, then MEASURE_LOCK; see explorer.locks).
+    with session.default_threads(), model_lock(model), MEASURE_LOCK:
         _warm_up(model, ids)
         cmp = probes.compare_cache(model, ids, s["max_new_tokens"], seed=s["seed"], temperature=s["temperature"],
                                    top_k=s["top_k"], top_p=s["top_p"], top=TOP)
@@ -173,7 +183,8 @@ def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state):
     last = len(steps) - 1
     slider = gr.Slider(minimum=0, maximum=max(last, 1), value=0, step=1, interactive=last > 0,
                        label=f"step (0–{last})")
-    return (highlighted, view, slider, _step_view(view, 0), cache_fig, timing_fig, summary, table)
+    return GenerationView(text=highlighted, view=view, step=slider, probs=_step_view(view, 0), cache=cache_fig,
+                          timing=timing_fig, summary=summary, table=table)
 
 
 @user_errors
@@ -298,7 +309,8 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
     kv_table = gr.Dataframe(headers=KV_HEADERS, label="All configurations at this length", interactive=False)
 
     gen_inputs = [prompt, max_new, temperature, top_k, top_p, seed, state]
-    gen_outputs = [output, view_state, step, probs, cache_plot, timing_plot, summary, table]
+    gen_outputs = outputs_of(GenerationView, text=output, view=view_state, step=step, probs=probs, cache=cache_plot,
+                             timing=timing_plot, summary=summary, table=table)
     run.click(generate, gen_inputs, gen_outputs, api_name="generate")
     prompt.submit(generate, gen_inputs, gen_outputs, api_name="generate_submit", api_visibility="private")
     step.change(generate_step, [view_state, step], [probs], api_name="generate_step", show_progress="hidden")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any, NamedTuple
 
 import gradio as gr
 import torch
@@ -12,10 +13,12 @@ import torch
 from explorer import finetune, measure, probes, session
 from explorer.figures import lora as figs
 from explorer.figures.common import head_label
+from models.lora import adapter_mode, check_lora, set_adapter_mode
+from explorer.locks import model_lock
 from models.generate import generate as generate_tokens
-from models.lora import PROJECTIONS, attach_lora, detach_lora, lora_layers, merge_lora, set_lora_enabled
+from models.lora import PROJECTIONS, attach_lora, detach_lora
 
-from . import as_index, as_number, as_whole, head_choices, layer_choices, user_errors
+from . import as_index, as_number, as_whole, head_choices, layer_choices, outputs_of, user_errors
 
 MAX_RANK = 64
 MAX_TEXT_TOKENS = 2048
@@ -60,11 +63,8 @@ def check_adapter(rank, alpha, targets, config) -> tuple[int, float, tuple[str, 
     targets = tuple(t for t in PROJECTIONS if t in (targets or []))
     if not targets or unknown:
         raise ValueError(f"Tick at least one projection to adapt, among {list(PROJECTIONS)}.")
-    shapes = measure.projection_shapes(config)
-    smallest = min(min(shapes[t]) for t in targets)
-    if rank > smallest:
-        raise ValueError(f"rank {rank} exceeds the smaller side ({smallest}) of a chosen projection: choose a rank "
-                         f"of at most {smallest}, where a low-rank update is still smaller than the weight.")
+    shapes = measure.projection_shapes(config)  # (in, out) by name
+    check_lora(rank, alpha, shapes=[(shapes[t][1], shapes[t][0]) for t in targets])
     return rank, alpha, targets
 
 
@@ -76,7 +76,7 @@ def lora(rank, alpha, targets, state):
     rank, alpha, targets = check_adapter(rank, alpha, targets, c)
     counted = finetune.count_adapted(c, targets, rank=rank, alpha=alpha)
     formula = measure.lora_parameters(c, rank, targets)
-    dtype = session.runtime_info(model)["dtype"]
+    dtype = measure.runtime_info(model)["dtype"]
     nbytes = measure.element_size(dtype) if dtype in measure.DTYPES else 4
     memory = finetune.training_memory(counted["trainable"], counted["frozen"], bytes_per_value=nbytes)
     fig = figs.parameter_figure(counted, formula["trainable"], memory, rank=rank, alpha=alpha, targets=targets,
@@ -117,28 +117,11 @@ def _encode_text(tokenizer, text: str) -> tuple[list[int], str]:
     return ids, notice
 
 
-FT_BATCH = 8  # rows per step (iter_finetune's default)
-
-
-def training_bytes(config, rows) -> int:
-    """Predicted peak bytes of one fine-tuning step (float32), beyond the weights.
-
-    Per token and layer the backward pass keeps about 8 model-width and 5 feed-forward-width vectors
-    (norm inputs, q/k/v, attention output, SwiGLU gate/up/product); the logits, their log-softmax and its
-    gradient add 3 vocabulary-width vectors per token. Half again as a margin.
-    """
-    tokens = min(int(rows.shape[0]), FT_BATCH) * int(rows.shape[1])
-    per_token = config.n_layers * (8 * config.d_model + 5 * config.d_ff) * 4 + 3 * config.vocab_size * 4
-    return int(1.5 * tokens * per_token)
-
-
-def check_training_memory(config, rows) -> None:
-    need = training_bytes(config, rows)
-    if need > measure.MEMORY_BUDGET_BYTES:
-        tokens = min(int(rows.shape[0]), FT_BATCH) * int(rows.shape[1])
-        raise ValueError(f"Fine-tuning this model on {tokens:,} tokens per step is predicted to need "
-                         f"{measure.format_bytes(need)}, over the memory budget of "
-                         f"{measure.format_bytes(measure.MEMORY_BUDGET_BYTES)}: paste a shorter text.")
+class FinetuneUpdate(NamedTuple):
+    """What each step of a fine-tune shows (the event's outputs, in order)."""
+    curve: Any  # plotly Figure: the loss so far
+    status: str
+    state: dict  # the user's session state (their own model, the adapter's settings)
 
 
 @user_errors
@@ -152,10 +135,10 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
     finetune.check_settings(steps, lr, max_seconds, 2, 1)
     ids, notice = _encode_text(tokenizer, text)
     seq_len = min(model.config.max_seq_len - 1, FT_SEQ_LEN)
-    check_training_memory(model.config, finetune.make_rows(ids, seq_len))  # before any copy or allocation
+    finetune.check_step_memory(model.config, finetune.make_rows(ids, seq_len))  # before any copy or allocation
     model, tokenizer, name = session.private_model(state)  # the user's own copy; the shared model is never touched
-    prov = session.runtime_info(model)
-    lock = probes.model_lock(model)
+    prov = measure.runtime_info(model)
+    lock = model_lock(model)
     with session.threads_for(model), lock:  # a defined thread count: the same numbers under load as alone
         detach_lora(model)
         attach_lora(model, targets, rank=rank, alpha=alpha)
@@ -164,10 +147,10 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
     state["lora"] = {"rank": rank, "alpha": alpha, "targets": list(targets), "mode": "on", "trained_steps": 0}
     xs, ys = [0], [start_loss]
     head = f"{notice} " if notice else ""
-    yield (figs.loss_curve_figure(xs, ys, max_steps=steps, status="starting", provenance=prov),
-           f"{head}Training a rank-{rank} adapter on {len(ids)} tokens…", state)
+    yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status="starting", provenance=prov),
+                         f"{head}Training a rank-{rank} adapter on {len(ids)} tokens…", state)
     gen = finetune.iter_finetune(model, ids, steps=steps, lr=lr, max_seconds=max_seconds, seq_len=seq_len,
-                                 batch=FT_BATCH)
+                                 batch=finetune.DEFAULT_BATCH)
     last_yield = time.perf_counter()
     record = None
     try:
@@ -190,10 +173,10 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
             now = time.perf_counter()
             if now - last_yield > 0.3 or record["step"] == steps or record["stopped"]:
                 last_yield = now
-                yield (figs.loss_curve_figure(xs, ys, max_steps=steps, status=f"step {record['step']}",
-                                              provenance=prov),
-                       f"{head}Step {record['step']}/{steps}: loss {record['loss']:.3f} "
-                       f"({record['seconds']:.1f} s)", state)
+                curve = figs.loss_curve_figure(xs, ys, max_steps=steps, status=f"step {record['step']}",
+                                               provenance=prov)
+                yield FinetuneUpdate(curve, f"{head}Step {record['step']}/{steps}: loss {record['loss']:.3f} "
+                                            f"({record['seconds']:.1f} s)", state)
     finally:
         gen.close()
     with session.threads_for(model), lock:
@@ -203,35 +186,16 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
     status = (f"{head}**{why}**: {len(xs) - 1} steps in {seconds:.1f} s. Loss on your text "
               f"{start_loss:.3f} → **{end_loss:.3f}** nats/token. The adapter is **on** in your copy of {name}; "
               "other tabs now show your adapted model, other visitors still see the original.")
-    yield (figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov), status, state)
+    yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov), status, state)
 
 
 # --- adapter switch and comparison -------------------------------------------------------------------
 
 def _adapted(state) -> torch.nn.Module:
     model, _, _ = session.get_model(state)
-    if session.is_shared(model) or not lora_layers(model):
+    if session.is_shared(model) or adapter_mode(model) is None:
         raise ValueError("Fine-tune first: there is no adapter on your model yet.")
     return model
-
-
-def _set_mode(model, mode: str) -> None:
-    if mode == "off":
-        set_lora_enabled(model, False)
-    elif mode == "on":
-        set_lora_enabled(model, True)
-        for layer in lora_layers(model):
-            layer.unmerge()
-    else:
-        set_lora_enabled(model, True)
-        merge_lora(model)
-
-
-def _mode_of(model) -> str:
-    layers = lora_layers(model)
-    if all(layer.disabled for layer in layers):
-        return "off"
-    return "merged" if all(layer.merged for layer in layers) else "on"
 
 
 @user_errors
@@ -240,8 +204,8 @@ def lora_adapter(mode, state):
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}.")
     model = _adapted(state)
-    with probes.model_lock(model):
-        _set_mode(model, mode)
+    with model_lock(model):
+        set_adapter_mode(model, mode)
     state.setdefault("lora", {})["mode"] = mode
     words = {"off": "Adapter **off**: your copy computes exactly the base model.",
              "on": "Adapter **on**: y = W₀x + (alpha/r)·B·A·x, computed beside the frozen weight.",
@@ -269,26 +233,26 @@ def lora_compare(prompt, layer, head, new_tokens, state):
     n = as_whole(new_tokens, "new tokens", 1, MAX_CONTINUATION)
     ids, labels, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_PROMPT_TOKENS, c.max_seq_len - n))
     tokens = session.as_tensor(ids, model)
-    has_adapter = bool(lora_layers(model))
-    with session.threads_for(model), probes.model_lock(model):  # a defined thread count, whatever ran here before
-        mode = _mode_of(model) if has_adapter else None
+    has_adapter = adapter_mode(model) is not None
+    with session.threads_for(model), model_lock(model):  # a defined thread count, whatever ran here before
+        mode = adapter_mode(model)
         after_mode = "merged" if mode == "merged" else "on"
         try:
             if has_adapter:
-                _set_mode(model, "off")
+                set_adapter_mode(model, "off")
             before_pat = probes.attention_pattern(model, ids, layer, head)
             with torch.inference_mode():
                 before_logits = model(tokens).float()
             before_new = _continue(model, ids, n)
             merge_note = ""
             if has_adapter:
-                _set_mode(model, after_mode)
+                set_adapter_mode(model, after_mode)
                 after_pat = probes.attention_pattern(model, ids, layer, head)
                 with torch.inference_mode():
                     after_logits = model(tokens).float()
                 after_new = _continue(model, ids, n)
                 if after_mode == "merged":
-                    _set_mode(model, "on")
+                    set_adapter_mode(model, "on")
                     with torch.inference_mode():
                         unmerged = model(tokens).float()
                     merge_note = (" Merged vs unmerged adapter: max |Δlogit| = "
@@ -297,7 +261,7 @@ def lora_compare(prompt, layer, head, new_tokens, state):
                 after_pat, after_logits, after_new = before_pat, before_logits, before_new
         finally:
             if has_adapter:
-                _set_mode(model, mode)
+                set_adapter_mode(model, mode)
     after_title = f"adapter {after_mode}" if has_adapter else "no adapter yet (B = 0 would give exactly this)"
     fig = figs.attention_before_after_figure(
         before_pat, after_pat, labels, layer=layer, head_name=head_label(head, c.n_heads, c.n_kv_heads),
@@ -380,7 +344,8 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     cmp_inputs = [prompt, layer, head, new_tokens, state]
     cmp_outputs = [cmp_plot, before_text, after_text, cmp_md]
     ft_event = train.click(lora_finetune, [rank, alpha, targets, text, steps, lr, max_seconds, state],
-                           [loss_plot, ft_md, state], api_name="lora_finetune")
+                           outputs_of(FinetuneUpdate, curve=loss_plot, status=ft_md, state=state),
+                           api_name="lora_finetune")
     ft_event.success(lambda: "on", None, [mode], api_name="lora_mode_after_finetune", api_visibility="private").then(
         lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_finetune", api_visibility="private")
     stop.click(None, None, None, cancels=[ft_event], api_name="lora_stop", api_visibility="private")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any, NamedTuple
 
 import gradio as gr
 import torch
@@ -11,7 +12,7 @@ import torch
 from explorer import measure, session
 from explorer.figures import memory as figs
 
-from . import as_whole, user_errors
+from . import as_whole, outputs_of, user_errors
 
 IMPLS = ("naive", "sdpa", "tiled")
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")
@@ -20,7 +21,6 @@ SWEEP_SECONDS = 90.0  # a sweep stops before a size predicted to take it past th
 OPENING = dict(max_T=1024, n_heads=8, head_dim=64, n_kv_heads=8, impls=list(IMPLS), causal=True, dtype="float32")
 REPEATS = 3
 TRACE_HEADS, TRACE_HEAD_DIM = 2, 16
-MEASURE_LOCK = threading.Lock()
 
 INTRO = """### Memory lab: naive vs flash attention, measured side by side
 Naive attention builds the whole T×T score matrix, so its memory grows with the square of the sequence
@@ -90,7 +90,8 @@ def _summary(rows: list[dict], req: dict, notes: list[str], elapsed: float) -> s
         if best["peak_bytes"]:
             parts.append(f"\nNaive needs **{at['naive']['peak_bytes'] / best['peak_bytes']:.0f}×** the memory of "
                          f"{best['impl']} here.")
-    parts.append(f"\nMeasured on {device()} with torch {torch.__version__} in {elapsed:.1f} s "
+    run = measure.runtime_info(device=device(), dtype=req["dtype"])
+    parts.append(f"\nMeasured on {run['device']} with torch {run['torch']} in {elapsed:.1f} s "
                  f"(median of {REPEATS} calls; peak memory from "
                  f"{done[0].get('memory_source') or 'the allocator'}). Budget: "
                  f"{measure.format_bytes(measure.MEMORY_BUDGET_BYTES)} per request.")
@@ -114,41 +115,31 @@ TABLE_HEADERS = ["T", "implementation", "measured peak (bytes)", "predicted peak
 
 
 def _figure(rows: list[dict], req: dict):
-    prov = {"device": device(), "dtype": req["dtype"], "torch": torch.__version__}
+    prov = measure.runtime_info(device=device(), dtype=req["dtype"])
     source = next((r.get("memory_source") for r in rows if r.get("memory_source")), None)
     return figs.memory_sweep_figure(rows, provenance=prov, n_heads=req["n_heads"], head_dim=req["head_dim"],
                                     n_kv_heads=req["n_kv_heads"], causal=req["causal"], memory_source=source)
 
 
 def run_sweep(req: dict, progress=None):
-    """Yield (rows so far, notes, elapsed) after each sequence length; every size is budget-checked first."""
-    lens = sweep_lengths(req["max_T"])
-    kw = dict(n_kv_heads=req["n_kv_heads"], dtype=req["dtype"], causal=req["causal"], device=device())
-    with session.default_threads():  # predictions at the thread count the measurement runs with
-        for T in lens:  # nothing is allocated unless every size of the sweep fits the budget
-            measure.check_budget(T, req["n_heads"], req["head_dim"], impls=tuple(req["impls"]), **kw)
-    rows: list[dict] = []
-    notes: list[str] = []
-    t0 = time.perf_counter()
-    last = None  # (T, seconds) of the previous size, to predict the next one
-    for i, T in enumerate(lens):
-        if last is not None:
-            expect = last[1] * (T / last[0]) ** 2  # attention time grows at most like T²
-            if time.perf_counter() - t0 + expect > SWEEP_SECONDS:
-                notes.append(f"\n⏱️ Stopped before T = {T}: it would take about {expect:.0f} s and the sweep is "
-                             f"limited to {SWEEP_SECONDS:.0f} s. Lower the maximum, or leave out the slow "
-                             "implementations.")
-                break
+    """Yield (rows so far, notes, elapsed) after each sequence length (``measure.timed_sweep``: every size is
+    budget-checked first, and the sweep stops before a length predicted to pass ``SWEEP_SECONDS``)."""
+    def on_start(i: int, T: int) -> None:
         if progress is not None:
             progress((i, len(lens)), desc=f"measuring T = {T}")
-        s0 = time.perf_counter()
-        # one measurement on the cores at a time (generation timings wait for it too; the profiler itself is
-        # guarded in measure); the start-up thread count whatever another request set (SDPA's scratch grows with it)
-        with session.default_threads(), MEASURE_LOCK:
-            rows += measure.attention_sweep([T], req["n_heads"], req["head_dim"], impls=tuple(req["impls"]),
-                                            repeats=REPEATS, **kw)
-        last = (T, time.perf_counter() - s0)
-        yield rows, notes, time.perf_counter() - t0
+
+    lens = sweep_lengths(req["max_T"])
+    notes: list[str] = []
+    for step in measure.timed_sweep(lens, req["n_heads"], req["head_dim"], impls=tuple(req["impls"]),
+                                    time_limit=SWEEP_SECONDS, repeats=REPEATS, on_start=on_start,
+                                    n_kv_heads=req["n_kv_heads"], dtype=req["dtype"], causal=req["causal"],
+                                    device=device()):
+        if step.stopped_before is not None:
+            T, expect = step.stopped_before
+            notes.append(f"\n⏱️ Stopped before T = {T}: it would take about {expect:.0f} s and the sweep is "
+                         f"limited to {SWEEP_SECONDS:.0f} s. Lower the maximum, or leave out the slow "
+                         "implementations.")
+        yield step.rows, notes, step.elapsed
 
 
 _opening: dict = {}
@@ -218,23 +209,31 @@ def _trace_figure(trace: dict, block: int, head: int):
 
 
 def _trace_info(trace: dict) -> str:
-    return (f"{trace['seq_len']} tokens, {len(trace['blocks'])} key blocks of {trace['block_size']}, "
+    return (f"{trace['seq_len']} tokens, {len(trace['blocks'])} key blocks of {trace['tile_size']}, "
             f"{trace['n_heads']} heads × {trace['head_dim']} dims, random q/k/v (seed fixed). "
             f"Final tiled output vs naive attention: max |Δ| = **{trace['max_abs_diff']:.2e}**. "
             f"The tiled version keeps per row only m, l and the output ({trace['head_dim'] + 2} numbers); "
             f"naive keeps {trace['seq_len']} weights per row.")
 
 
+class TraceView(NamedTuple):
+    """The tiled trace's outputs, in order."""
+    trace: dict  # measure.tiled_trace's result, kept in the browser session for the slider and Play
+    block: Any  # gr.Slider update: one step per key block
+    figure: Any  # plotly Figure of block 0
+    info: str
+
+
 @user_errors
-def memory_trace(seq_len, block_size, causal, head):
+def memory_trace(seq_len, tile_size, causal, head) -> TraceView:
     seq_len = as_whole(seq_len, "trace length", 4, 256)
-    block_size = as_whole(block_size, "block size", 1, 256)
+    tile_size = as_whole(tile_size, "block size", 1, 256)
     head = as_whole(head, "head", 0, TRACE_HEADS - 1)
-    trace = measure.tiled_trace(seq_len, TRACE_HEADS, TRACE_HEAD_DIM, block_size, seed=0, causal=bool(causal))
+    trace = measure.tiled_trace(seq_len, TRACE_HEADS, TRACE_HEAD_DIM, tile_size, seed=0, causal=bool(causal))
     n = len(trace["blocks"])
-    return (trace, gr.Slider(minimum=0, maximum=max(n - 1, 1), value=0, step=1,  # one block: Gradio refuses min == max
-                                 interactive=n > 1, label=f"key block (0–{n - 1})"),
-            _trace_figure(trace, 0, head), _trace_info(trace))
+    slider = gr.Slider(minimum=0, maximum=max(n - 1, 1), value=0, step=1,  # one block: Gradio refuses min == max
+                       interactive=n > 1, label=f"key block (0–{n - 1})")
+    return TraceView(trace=trace, block=slider, figure=_trace_figure(trace, 0, head), info=_trace_info(trace))
 
 
 @user_errors
@@ -303,7 +302,7 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
     event = run.click(memory_compare, sweep_inputs, sweep_outputs, api_name="memory_compare")
     stop.click(None, None, None, cancels=[event], api_name="memory_stop", api_visibility="private")
     trace_inputs = [t_len, t_block, t_causal, t_head]
-    trace_outputs = [trace_state, block, trace_plot, trace_info]
+    trace_outputs = outputs_of(TraceView, trace=trace_state, block=block, figure=trace_plot, info=trace_info)
     trace_btn.click(memory_trace, trace_inputs, trace_outputs, api_name="memory_trace")
     block.input(memory_trace_step, [trace_state, block, t_head], [trace_plot], api_name="memory_trace_step",
                 show_progress="hidden")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from explorer import session
+from explorer import checkpoints, measure, session
 from explorer.figures.common import parameter_bars
 
 from . import user_errors
@@ -18,37 +18,9 @@ default is a small Llama-style decoder trained on simple stories. You can also t
 `HuggingFaceTB/SmolLM2-135M` (fetched only when this machine is online) or a checkpoint folder under
 `{root}` (Llama-family, safetensors only: pickled weights are never loaded)."""
 
-COMPONENTS = ("embedding", "attention", "MLP", "norms", "LM head")
-
-
-def parameters_by_component(model) -> dict[str, int]:
-    """Distinct parameters (a tied head counts once, under the embedding) grouped by what they belong to."""
-    parts = dict.fromkeys(COMPONENTS, 0)
-    for name, p in model.named_parameters():  # named_parameters yields a shared tensor once
-        if name.startswith("embed_tokens"):
-            key = "embedding"
-        elif name.startswith("lm_head"):
-            key = "LM head"
-        elif ".attn." in name:
-            key = "attention"
-        elif ".mlp." in name:
-            key = "MLP"
-        elif "norm" in name:
-            key = "norms"
-        else:
-            key = "other"
-            parts.setdefault(key, 0)
-        parts[key] += p.numel()
-    return parts
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n / 2**10:,.1f} KiB"
-
-
 def local_checkpoints() -> list[str]:
     """Folders under the allowed root that hold a config.json (what "a local folder" can name)."""
-    root = session.model_root()
+    root = checkpoints.model_root()
     try:
         found = sorted(str(p.parent.relative_to(root)) for p in root.glob("*/config.json"))
         found += sorted(str(p.parent.relative_to(root)) for p in root.glob("*/*/config.json"))
@@ -68,7 +40,7 @@ def _card_text(folder: Path | None) -> str:
 def _folder(state: dict) -> Path | None:
     src = (state or {}).get("source", "default")
     if src == "default":
-        return session.default_model_dir()
+        return checkpoints.default_model_dir()
     path = Path(src)
     return path if path.is_dir() else None
 
@@ -77,15 +49,15 @@ def model_card(state):
     """(summary markdown, parameter figure, config rows, model card markdown) for the user's model."""
     model, _, name = session.get_model(state)
     c = model.config
-    parts = parameters_by_component(model)
+    parts = measure.parameters_by_component(model)
     total = sum(parts.values())
-    info = session.runtime_info(model)
-    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
+    info = measure.runtime_info(model)
+    held = measure.module_bytes(model)
     tied = " (LM head tied to the embedding: counted once)" if c.tie_embeddings else ""
     fig = parameter_bars(parts, total=total, title=f"{name} · {total:,} parameters by component{tied}")
     summary = (f"**{name}** · {total:,} parameters · dtype **{info['dtype']}** · device {info['device']} · "
-               f"weights **{_size(param_bytes)}** in memory (+ {_size(buffer_bytes)} of RoPE "
+               f"weights **{measure.format_bytes(held['parameters'])}** in memory "
+               f"(+ {measure.format_bytes(held['buffers'])} of RoPE "
                f"tables) · torch {info['torch']} · {'shared default (read-only)' if session.is_shared(model) else 'your own copy'}")
     rows = [[k, str(v)] for k, v in c.to_dict().items()]
     rows += [["head_dim (derived)", str(c.head_dim)], ["n_kv_groups (derived)", str(c.n_kv_groups)]]
@@ -98,7 +70,7 @@ def load_model(source, state, progress=gr.Progress()):
     """Load ``source`` for this user; on any failure the model they had stays loaded."""
     state = state if state is not None else session.new_state()
     progress(0.1, desc="checking the source")
-    model, tokenizer, name, cleaned = session.load_checkpoint(source)
+    model, tokenizer, name, cleaned = checkpoints.load_checkpoint(source)
     progress(0.9, desc="reading the card")
     if model is None:
         session.reset_to_default(state)
@@ -117,7 +89,7 @@ def show_card(state):
 
 
 def build_model(demo: gr.Blocks, state: gr.State) -> None:
-    gr.Markdown(INTRO.format(root=session.model_root()))
+    gr.Markdown(INTRO.format(root=checkpoints.model_root()))
     found = local_checkpoints()
     if found:
         gr.Markdown("Local checkpoints under the allowed root: " + ", ".join(f"`{f}`" for f in found))

@@ -2,13 +2,15 @@
 rope_theta applied to the same weights, and the encoder's sinusoidal table beside it."""
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import gradio as gr
 
 from explorer import probes, session
 from explorer.figures import positions as figs
 from explorer.figures.common import head_label
 
-from . import as_index, head_choices, layer_choices, user_errors
+from . import as_index, head_choices, layer_choices, outputs_of, user_errors
 
 POSITIONS = 64
 MAX_TOKENS = 48
@@ -42,6 +44,19 @@ def _theta(value) -> float:
     if not 1.0 < theta <= MAX_THETA:
         raise ValueError(f"rope_theta must lie between 1 (exclusive) and {MAX_THETA:.0e}, got {value!r}.")
     return theta
+
+
+class RopeView(NamedTuple):
+    """What the Positions tab shows (the event's outputs, in order)."""
+    circle: Any  # plotly Figures from here to sinusoidal
+    angles: Any
+    distance: Any
+    compare: Any
+    sinusoidal: Any
+    md: str
+    layer: Any  # gr.Dropdown updates
+    head: Any
+    pairs: Any
 
 
 def _rope_view(prompt, theta, position, pairs, layer, head, state):
@@ -90,13 +105,14 @@ def _rope_view(prompt, theta, position, pairs, layer, head, state):
           f"{probe['wavelengths'][-1]:,.0f} positions, the fastest every {probe['wavelengths'][0]:.1f}."]
     if notice:
         md.append(f"⚠️ {notice}")
-    return (circle, angles, distance, compare, sinus, "\n\n".join(md),
-            gr.Dropdown(choices=layer_choices(c.n_layers), value=layer),
-            gr.Dropdown(choices=head_choices(c.n_heads, c.n_kv_heads), value=head),
-            gr.Dropdown(choices=list(range(half)), value=pairs, multiselect=True))
+    return RopeView(circle=circle, angles=angles, distance=distance, compare=compare, sinusoidal=sinus,
+                    md="\n\n".join(md), layer=gr.Dropdown(choices=layer_choices(c.n_layers), value=layer),
+                    head=gr.Dropdown(choices=head_choices(c.n_heads, c.n_kv_heads), value=head),
+                    pairs=gr.Dropdown(choices=list(range(half)), value=pairs, multiselect=True))
+
 
 @user_errors
-def rope_view(prompt, theta, position, pairs, layer, head, state):
+def rope_view(prompt, theta, position, pairs, layer, head, state) -> RopeView:
     model, _, _ = session.get_model(state)
     with session.threads_for(model):
         return _rope_view(prompt, theta, position, pairs, layer, head, state)
@@ -144,7 +160,8 @@ def build_positions(demo: gr.Blocks, state: gr.State) -> None:
     distance = gr.Plot(label="Score against relative distance")
 
     inputs = [prompt, theta, position, pairs, layer, head, state]
-    outputs = [circle, angles, distance, compare, sinus, md, layer, head, pairs]
+    outputs = outputs_of(RopeView, circle=circle, angles=angles, distance=distance, compare=compare, sinusoidal=sinus,
+                         md=md, layer=layer, head=head, pairs=pairs)
     run.click(rope_view, inputs, outputs, api_name="rope")
     for control in (theta, prompt):
         control.submit(rope_view, inputs, outputs, api_name=f"rope_{control.label.split()[0].lower()}",

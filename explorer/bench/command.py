@@ -1,0 +1,106 @@
+"""``run_bench`` (everything, in order, written to DIR) and the command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from explorer import measure
+from models.decoder import Decoder
+from models.fast import optimize_for_decode
+from models.loading import load_pretrained
+
+from .report import render_markdown
+from .runs import (bench_app, bench_attention, bench_cache, bench_vs_transformers, default_budget,
+                   load_transformers_copy, log, model_config, settings_for, weight_bytes_per_token)
+from .targets import PROMPT_LEN, SHIPPED_NAME, SMOL_NAME, evaluate_targets
+
+def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str = "cpu",
+              dtype: str = "float32", budget_bytes: int | None = None) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but this machine has no CUDA GPU: use --device cpu.")
+    torch_dtype = measure.as_dtype(dtype)
+    settings = settings_for(quick, tiny, device)
+    budget = default_budget(device) if budget_bytes is None else budget_bytes
+    cfg = model_config(settings)
+    notes = []
+    if settings["mode"] != "full":
+        runs = "; ".join(f"{', '.join(i)} at T = {lens}" for lens, i in settings["attn_runs"])
+        notes.append(f"{settings['mode']} mode: attention for {runs} only, {cfg.n_layers} layers instead of 30, "
+                     "fewer repeats; run without --quick for the real numbers.")
+    notes.append("Other processes may share this machine's cores; times are wall-clock medians and move with load.")
+    report: dict[str, Any] = {"settings": settings, "budget_bytes": budget, "notes": notes,
+                              "machine": measure.machine_info(device, torch_dtype),
+                              "attention_memory_source": ("torch.cuda.max_memory_allocated" if device.startswith("cuda")
+                                                          else "torch.profiler allocation events")}
+    log(f"settings: {settings['mode']}, device {device}, dtype {dtype}, {torch.get_num_threads()} threads")
+    report["attention"] = bench_attention(settings, device, torch_dtype, budget)
+
+    torch.manual_seed(0)
+    model = Decoder(cfg).to(device=device, dtype=torch_dtype).eval()  # N(0, 0.02) weights from the initializer
+    optimize_for_decode(model)  # the (in, out) weight layout the app serves
+    n_params = model.num_parameters()
+    report["model"] = {"config": cfg.to_dict(), "parameters": n_params,
+                       "description": f"SmolLM2-135M shape, random N(0, 0.02) weights: {cfg.n_layers} layers, "
+                                      f"d {cfg.d_model}, {cfg.n_heads}/{cfg.n_kv_heads} heads, d_ff {cfg.d_ff}, "
+                                      f"vocab {cfg.vocab_size}, tied embeddings, {n_params / 1e6:.1f}M parameters, "
+                                      f"{dtype}"}
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT_LEN), generator=g).to(device)
+    report["cache"] = bench_cache(model, prompt, settings, device)
+
+    bandwidth = measure.copy_bandwidth(settings["bandwidth_bytes"], device=device)
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = load_transformers_copy(model, Path(tmp), torch_dtype, device)
+        report["vs_transformers"] = bench_vs_transformers(model, hf, settings, device, cfg, bandwidth,
+                                                          weight_bytes_per_token(cfg, torch_dtype))
+        del hf
+    app_models = {SMOL_NAME: model}
+    from explorer.checkpoints import default_model_dir
+
+    if (default_model_dir() / "config.json").is_file():
+        app_models = {SHIPPED_NAME: optimize_for_decode(load_pretrained(default_model_dir())), **app_models}
+    report["app"] = bench_app(app_models, settings) if device == "cpu" and torch_dtype == torch.float32 else {
+        "skipped": "the app serves float32 on the CPU; run the CPU float32 benchmark for these numbers"}
+    report["targets"] = evaluate_targets(report)
+    if hasattr(os, "getloadavg"):
+        m = report["machine"]
+        m["load_average_1min_end"] = round(os.getloadavg()[0], 2)
+        busy = max(m.get("load_average_1min", 0), m["load_average_1min_end"]) > 0.5 * m["cores"] + 0.5
+        notes.append(f"1-minute load average {m.get('load_average_1min')} at the start and "
+                     f"{m['load_average_1min_end']} at the end, on {m['cores']} cores"
+                     + (": other processes were competing for the cores during this run, so the times (not the "
+                        "memory figures) are slower and noisier than on an idle machine." if busy else "."))
+    report["wall_seconds"] = time.perf_counter() - t_start
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (out / "bench.md").write_text(render_markdown(report))
+    log(f"wrote {out / 'bench.md'} and {out / 'bench.json'} in {report['wall_seconds']:.0f} s")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m explorer.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, type=Path, help="folder for bench.md and bench.json")
+    parser.add_argument("--quick", action="store_true", help="smaller and faster (about a minute on 2 cores)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--budget", default=None, help="memory budget for one attention size, e.g. 8GiB")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the cores available)")
+    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: a toy model, seconds
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads or measure.cpu_cores())
+    try:
+        budget = None if args.budget is None else measure.parse_bytes(args.budget)
+        run_bench(args.out, quick=args.quick, tiny=args.tiny, device=args.device, dtype=args.dtype,
+                  budget_bytes=budget)
+    except ValueError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    return 0

@@ -1,0 +1,92 @@
+"""The benchmark's markdown report, from the report dict ``run_bench`` writes as JSON."""
+from __future__ import annotations
+
+from typing import Any
+
+from explorer import measure
+
+def _mark(p: bool | None) -> str:
+    return "—" if p is None else ("pass" if p else "**FAIL**")
+
+
+def _f(x: float | None, fmt: str = "{:.3f}") -> str:
+    return "—" if x is None else fmt.format(x)
+
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    m, s = report["machine"], report["settings"]
+    lines = [f"# Transformer Explorer benchmark ({s['mode']})", "",
+             f"{m['date']} · {m['cpu']} · {m['cores']} cores ({m['torch_threads']} torch threads) · "
+             f"torch {m['torch']} · transformers {m.get('transformers', '—')} · device {m['device']}"
+             f"{' (' + m['gpu'] + ')' if m.get('gpu') else ''} · dtype {m['dtype']}", ""]
+    for note in report["notes"]:
+        lines.append(f"- {note}")
+    lines += ["", "## Targets", "", "| target | measured | result | from |", "|---|---|---|---|"]
+    for t in report["targets"]:
+        lines.append(f"| {t['target']} | {t['measured']} | {_mark(t['pass'])} | {t['source']} |")
+    lines += ["", "## (a) Attention: naive vs sdpa vs tiled",
+              "", "8 heads, head_dim 64, batch 1, causal, one call measured for memory (peak above the inputs; "
+              f"{report['attention_memory_source']}), median of {s['attn_repeats']} timed call(s) after a warm-up. "
+              "Predicted = the analytic count in explorer/measure/predict.py.", "",
+              "| T | impl | measured peak | predicted | measured/predicted | seconds | naive/impl memory | "
+              "naive/impl time | max abs diff vs naive |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["attention"]:
+        if r["refused"]:
+            lines.append(f"| {r['seq_len']} | {r['impl']} | refused | {measure.format_bytes(r['predicted_bytes'])} "
+                         f"| — | — | — | — | over the budget of {measure.format_bytes(report['budget_bytes'])} |")
+            continue
+        lines.append(
+            f"| {r['seq_len']} | {r['impl']} | {measure.format_bytes(r['peak_bytes'])} | "
+            f"{measure.format_bytes(r['predicted_bytes'])} | {_f(r['measured_over_predicted'])} | "
+            f"{_f(r['seconds'], '{:.4f}')} | {_f(r['naive_over_impl_memory'], '{:.1f}x')} | "
+            f"{_f(r['naive_over_impl_time'], '{:.1f}x')} | {_f(r['max_abs_diff'], '{:.1e}')} |")
+    c, cfg = report["cache"], report["model"]
+    lines += ["", f"## (b) KV cache: greedy decoding of {c['new_tokens']} tokens", "",
+              f"Model: {cfg['description']}. Prompt {c['prompt_len']} tokens; cached = models.generate with the "
+              "preallocated cache, uncached = the whole sequence recomputed every step.", "",
+              "| | seconds | tokens/s |", "|---|---|---|",
+              f"| cached | {c['cached_seconds']:.2f} | {c['cached_tokens_per_s']:.1f} |",
+              f"| uncached | {c['uncached_seconds']:.2f} | {c['uncached_tokens_per_s']:.1f} |", "",
+              f"Speed-up {c['speedup']:.1f}x. The tokens are "
+              f"{'identical' if c['tokens_identical'] else 'NOT identical'} with and without the cache.", ""]
+    v = report["vs_transformers"]
+    d = v["decode"]
+    lines += ["## (c) Our decoder vs transformers' LlamaForCausalLM (same random weights)", "",
+              f"Model: {cfg['description']}; transformers loads our save_pretrained folder with "
+              f"attn_implementation=\"sdpa\". Max |logit difference| on a 32-token probe: "
+              f"{v['max_abs_logit_diff']:.1e}. Runs interleaved, ours and theirs alternating who goes first; "
+              "medians.", "",
+              "| measurement | ours | transformers | ratio |", "|---|---|---|---|"]
+    for T, p in v["prefill"].items():
+        lines.append(f"| prefill T={T}, full logits (ms) | {p['ours_seconds'] * 1e3:.1f} | "
+                     f"{p['transformers_seconds'] * 1e3:.1f} | ours/theirs time {p['ours_over_transformers']:.2f} |")
+    lines += [f"| greedy decode {d['new_tokens']} tokens after {d['prompt_len']} (tokens/s) | "
+              f"{d['ours_tokens_per_s']:.1f} | {d['transformers_tokens_per_s']:.1f} | "
+              f"ours/theirs speed {d['ours_over_transformers']:.2f}x |",
+              f"| fraction of the bandwidth bound | {d['ours_fraction_of_bound']:.0%} | "
+              f"{d['transformers_fraction_of_bound']:.0%} | |", "",
+              f"Decoded tokens ours vs transformers: {'identical' if d['tokens_identical'] else 'different'}. "
+              f"Bandwidth bound: {measure.format_bytes(d['weight_bytes_per_token'])} of weights read per token / "
+              f"{d['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s measured copy bandwidth (read + write of a "
+              f"{measure.format_bytes(report['settings']['bandwidth_bytes'])} tensor) = "
+              f"{d['bound_tokens_per_s']:.1f} tokens/s.", "",
+              ]
+    app = report.get("app", {})
+    lines += ["## (d) The app: Attention tab, one update", ""]
+    if "skipped" in app:
+        lines += [f"Skipped: {app['skipped']}.", ""]
+    else:
+        lines += ["The Attention tab's handler called as the app calls it (every heatmap, the all-heads grid, head "
+                  "scores, naive vs SDPA vs tiled logits), nothing memoised; median of "
+                  f"{report['settings']['app_repeats']} after a warm-up. Payload = the JSON of its outputs.", "",
+                  "| model | parameters | prompt tokens | server time (ms) | payload |", "|---|---|---|---|---|"]
+        for name, a in app.items():
+            lines.append(f"| {name} | {a['parameters'] / 1e6:.1f}M | {a['tokens']} | {a['seconds'] * 1e3:.0f} | "
+                         f"{measure.format_bytes(a['payload_bytes'])} |")
+        lines.append("")
+    lines += ["## (e) Machine", "", "| | |", "|---|---|"]
+    for k, val in m.items():
+        lines.append(f"| {k} | {val} |")
+    lines += ["", f"Total benchmark time {report['wall_seconds']:.0f} s.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,110 @@
+"""The project's targets as a table (name, metric, comparison, threshold, source issue), judged from a report by
+one function (``evaluate_targets``)."""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+from explorer import measure
+
+TARGET_T = 4096  # the length at which the attention targets are stated
+APP_PROMPT_TOKENS = 64
+SHIPPED_NAME = "shipped default model"
+SMOL_NAME = "SmolLM2-135M shape"
+PROMPT_LEN = 16
+CACHE_TOKENS = 128
+HF_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target of the project: ``metric`` (a key of ``metrics(report)``) compared with ``threshold``."""
+    name: str  # the sentence in the report
+    metric: str
+    compare: str  # "<=" or ">="
+    threshold: float
+    source: str  # the issue that set it
+    requires: str | None = None  # a second metric that must hold (e.g. identical tokens), else a fail
+
+
+_COMPARE = {"<=": operator.le, ">=": operator.ge}
+AT = f"T={TARGET_T} (8 heads, D 64, causal)"
+APP_LIMITS = ((SHIPPED_NAME, 0.3), (SMOL_NAME, 1.5))  # Attention tab server time, seconds
+
+TARGETS: tuple[Target, ...] = (
+    Target("Prefill T=128: ours / transformers time <= 1.0", "prefill_128", "<=", 1.0, "issue 7"),
+    Target("Prefill T=512: ours / transformers time <= 1.0", "prefill_512", "<=", 1.0, "issue 7"),
+    Target(f"Decode {HF_TOKENS} tokens: ours tokens/s >= 1.5x transformers", "decode_speed", ">=", 1.5, "issue 7"),
+    Target(f"Cached vs uncached greedy decoding of {CACHE_TOKENS} tokens: >= 5x faster, identical tokens",
+           "cache_speedup", ">=", 5, "issue 7", requires="cache_tokens_identical"),
+    Target(f"naive vs sdpa at {AT}: >= 50x less peak memory", "naive_over_sdpa_memory", ">=", 50, "issue 7"),
+    Target(f"naive vs sdpa at {AT}: >= 5x faster", "naive_over_sdpa_time", ">=", 5, "issue 7"),
+    Target(f"naive measured peak within 25% of its prediction at T={TARGET_T}", "naive_prediction_error", "<=", 0.25,
+           "issue 3"),
+    Target(f"tiled peak at least 10x under naive at T={TARGET_T}", "naive_over_tiled_memory", ">=", 10, "issue 3"),
+    Target(f"naive, sdpa and tiled agree to 1e-4 at T={TARGET_T}", "impl_max_abs_diff", "<=", 1e-4, "issue 3"),
+    *(t for key, limit in APP_LIMITS for t in (
+        Target(f"Attention tab, {APP_PROMPT_TOKENS}-token prompt, {key}: server time <= {limit * 1e3:.0f} ms",
+               f"app_seconds:{key}", "<=", limit, "issue 7"),
+        Target(f"Attention tab update, {key}: payload <= 2 MB", f"app_payload:{key}", "<=", 2_000_000, "issue 7"))),
+)
+
+
+def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
+    """What the targets compare, from a report: ``{metric: (value, how it reads)}``; a metric that was not
+    measured is absent."""
+    m: dict[str, tuple[float, str]] = {}
+    vs = report.get("vs_transformers") or {}
+    for T, p in (vs.get("prefill") or {}).items():
+        m[f"prefill_{T}"] = (p["ours_over_transformers"], f"{p['ours_over_transformers']:.2f}")
+    d = vs.get("decode")
+    if d:
+        m["decode_speed"] = (d["ours_over_transformers"], f"{d['ours_over_transformers']:.2f}x ({d['ours_tokens_per_s']:.1f} "
+                                                          f"vs {d['transformers_tokens_per_s']:.1f} tok/s)")
+    c = report.get("cache")
+    if c:
+        same = bool(c["tokens_identical"])
+        m["cache_speedup"] = (c["speedup"], f"{c['speedup']:.1f}x, tokens {'identical' if same else 'DIFFERENT'}")
+        m["cache_tokens_identical"] = (float(same), "identical" if same else "DIFFERENT")
+    rows = {(r["seq_len"], r["impl"]): r for r in report.get("attention") or []}
+    naive, sdpa, tiled = (rows.get((TARGET_T, i)) for i in ("naive", "sdpa", "tiled"))
+
+    def ok(r):
+        return r is not None and not r["refused"]
+
+    if ok(naive) and ok(sdpa):
+        mem, speed = naive["peak_bytes"] / max(sdpa["peak_bytes"], 1), naive["seconds"] / sdpa["seconds"]
+        m["naive_over_sdpa_memory"] = (mem, f"{mem:.0f}x")
+        m["naive_over_sdpa_time"] = (speed, f"{speed:.1f}x")
+    if ok(naive):
+        rel = naive["peak_bytes"] / naive["predicted_bytes"] - 1
+        m["naive_prediction_error"] = (abs(rel), f"{rel:+.1%} ({measure.format_bytes(naive['peak_bytes'])} vs "
+                                                 f"{measure.format_bytes(naive['predicted_bytes'])})")
+    if ok(naive) and ok(tiled):
+        r = naive["peak_bytes"] / max(tiled["peak_bytes"], 1)
+        m["naive_over_tiled_memory"] = (r, f"{r:.1f}x")
+    diffs = [r["max_abs_diff"] for r in (naive, sdpa, tiled) if ok(r) and r["max_abs_diff"] is not None]
+    if ok(naive) and len(diffs) == 3:
+        m["impl_max_abs_diff"] = (max(diffs), f"max abs diff {max(diffs):.1e}")
+    for key, a in (report.get("app") or {}).items():
+        if isinstance(a, dict):
+            m[f"app_seconds:{key}"] = (a["seconds"], f"{a['seconds'] * 1e3:.0f} ms")
+            m[f"app_payload:{key}"] = (a["payload_bytes"], measure.format_bytes(a["payload_bytes"]))
+    return m
+
+
+def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target in ``TARGETS`` with the measured value; pass None when it was not measured."""
+    got = metrics(report)
+    out = []
+    for t in TARGETS:
+        if t.metric not in got:
+            out.append({"target": t.name, "measured": "not measured", "pass": None, "source": t.source})
+            continue
+        value, text = got[t.metric]
+        passed = _COMPARE[t.compare](value, t.threshold)
+        if t.requires is not None:
+            passed = passed and bool(got.get(t.requires, (0.0, ""))[0])
+        out.append({"target": t.name, "measured": text, "pass": passed, "source": t.source})
+    return out

@@ -1,0 +1,138 @@
+"""Loading a checkpoint a visitor asks for: the default model's folder, the allowed local root, Hub ids, and
+the checks made before a single weight is read (config builds a model, size fits, files match the config).
+"""
+from __future__ import annotations
+
+import json
+import os
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+from models import Decoder, ModelConfig, load_pretrained, optimize_for_decode
+from models.loading import REPO_ID, fetch_hub, load_tokenizer
+
+from . import measure
+from .private_models import PRIVATE_LOCK, add_private, reserve_private
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Checkpoints larger than this are refused before their weights are read (fp32 bytes on a 2-core CPU box).
+MAX_LOAD_PARAMETERS = 600_000_000
+
+
+def default_model_dir() -> Path:
+    return Path(os.environ.get("EXPLORER_DEFAULT_MODEL", REPO_ROOT / "assets" / "default-model"))
+
+
+def default_model_name() -> str:
+    """How the default model is named on screen: the shipped folder, or the folder the environment chose."""
+    folder = default_model_dir()
+    try:
+        shown = folder.resolve().relative_to(REPO_ROOT)
+    except ValueError:
+        shown = folder
+    return f"default model ({shown})"
+
+
+def model_root() -> Path:
+    """The only folder tree local checkpoints may be loaded from (``EXPLORER_MODEL_ROOT``, default assets/)."""
+    return Path(os.environ.get("EXPLORER_MODEL_ROOT", REPO_ROOT / "assets")).resolve()
+
+
+def resolve_model_source(source: str) -> tuple[str, str]:
+    """Classify and validate what the user typed: ("default" | "hub" | "local", cleaned source).
+
+    Local folders must lie inside ``model_root()`` (after resolving links and ``..``); Hub ids must match
+    ``owner/name``. Raises ValueError with a sentence saying what to change.
+    """
+    if source is not None and not isinstance(source, str):
+        raise ValueError("The model source must be text: 'default', a Hub id like 'HuggingFaceTB/SmolLM2-135M' "
+                         "or a folder path.")
+    try:
+        return _resolve_model_source(source)
+    except OSError as exc:  # a name too long for the file system, a loop of links, ...
+        raise ValueError(f"{source[:80]!r} is not a usable folder name ({exc.strerror or exc}): give a checkpoint "
+                         "folder under the allowed root or a Hub id like 'HuggingFaceTB/SmolLM2-135M'.") from None
+
+
+def _resolve_model_source(source: str | None) -> tuple[str, str]:
+    source = (source or "").strip()
+    if not source or source.lower() in ("default", default_model_name().lower()):
+        return "default", "default"
+    if any(unicodedata.category(c).startswith("C") for c in source):
+        raise ValueError("The model source contains control characters: type a Hub id like "
+                         "'HuggingFaceTB/SmolLM2-135M' or a folder path.")
+    looks_like_path = source.startswith(("/", ".", "~")) or os.sep in source.replace("/", "", 1) \
+        or Path(source).is_absolute()
+    if not looks_like_path and REPO_ID.match(source) and ".." not in source:
+        root_candidate = model_root() / source
+        if not root_candidate.is_dir():
+            return "hub", source
+        source = str(root_candidate)
+    root = model_root()
+    path = Path(os.path.expanduser(source))
+    if not path.is_absolute():
+        path = root / path
+    path = path.resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"Local models must be inside {root} (EXPLORER_MODEL_ROOT); {source!r} is outside it. "
+                         "Copy the checkpoint folder there, or give a Hub id like 'HuggingFaceTB/SmolLM2-135M'.")
+    if not path.is_dir():
+        raise ValueError(f"{source!r} is not a folder under {root}: give a checkpoint folder there "
+                         "(config.json + model.safetensors) or a Hub id like 'HuggingFaceTB/SmolLM2-135M'.")
+    return "local", str(path)
+
+
+def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
+    """Load what the user asked for: (model or None for the default, tokenizer, name, source).
+
+    Hub ids are fetched only when the Hub is reachable; offline (``HF_HUB_OFFLINE=1`` or no network)
+    raises ValueError and the caller keeps the model the user had.
+    """
+    kind, cleaned = resolve_model_source(source)
+    if kind == "default":
+        return None, None, default_model_name(), "default"
+    if kind == "hub":
+        folder = fetch_hub(cleaned)  # the Hub only: never a folder outside the root
+        name = cleaned
+    else:
+        folder = Path(cleaned)
+        name = f"{folder.relative_to(model_root())} (local)" if folder != model_root() else "assets (local)"
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"{name} has no config.json: it is not a transformers checkpoint folder.")
+    try:  # the config must build a model before anything is sized or read
+        hf = json.loads(config_path.read_text())
+        if not isinstance(hf, dict):
+            raise TypeError("the file holds no JSON object")
+        config = ModelConfig.from_hf(hf)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as exc:
+        raise ValueError(f"{name}: config.json is not a readable Llama config ({exc}).") from exc
+    budget, format_bytes = measure.MEMORY_BUDGET_BYTES, measure.format_bytes
+    n = measure.parameter_count(config)["total"]
+    limit = min(MAX_LOAD_PARAMETERS, budget // 4)  # fp32 weights must fit the memory budget
+    if n > limit:
+        raise ValueError(f"{name} has about {n / 1e6:.0f} M parameters ({4 * n / 2**30:.1f} GiB in float32); this "
+                         f"app loads at most {limit / 1e6:.0f} M on this machine. Choose a smaller checkpoint.")
+    tables = 2 * config.max_seq_len * config.head_dim * 4  # rotary cos/sin tables, (max_seq_len, head_dim) fp32 each
+    if 4 * n + tables > budget:
+        raise ValueError(f"{name}: max_position_embeddings {config.max_seq_len:,} needs {format_bytes(tables)} of rotary "
+                         f"tables besides the weights, over the {format_bytes(budget)} budget. Choose a "
+                         "checkpoint with a shorter context.")
+    try:
+        on_disk = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    except OSError as exc:
+        raise ValueError(f"{name}: its weight files cannot be read ({exc.strerror or exc}).") from None
+    if on_disk > 8 * n + 2**20 or on_disk > budget:  # more than the config's weights, even in float64
+        raise ValueError(f"{name}: its .safetensors files hold {format_bytes(on_disk)}, more than its config.json "
+                         f"describes ({n:,} parameters) or the {format_bytes(budget)} budget allows: "
+                         "they were not read. Choose a checkpoint whose files match its config.")
+    with PRIVATE_LOCK:  # one load at a time: two loads must not both pass the check below
+        reserve_private(4 * n + tables, f"{name} (float32 weights and rotary tables)")
+        model = optimize_for_decode(load_pretrained(folder))
+        add_private(model)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    tokenizer = load_tokenizer(folder)
+    return model, tokenizer, name, cleaned

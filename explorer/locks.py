@@ -1,0 +1,44 @@
+"""Every lock the app's requests share, and the one order they are taken in.
+
+The locks:
+    model_lock(model)  one re-entrant lock per model object (freed with the model). Held by every run that
+                       registers hooks on the model (``probes.run_with_cache``) and by everything that changes
+                       a model in place (LoRA attached, trained, switched on, off or merged), so hooked runs on
+                       one model never see each other's captures and never see a model half-changed.
+    MEASURE_LOCK       one measurement on the cores at a time: the memory lab's sweeps, and the generation
+                       timings (which must not run beside a sweep on the same cores).
+    PROFILER_LOCK      torch's profiler is one per process: two threads profiling at once crash it, so every
+                       CPU peak-memory measurement holds this, whoever calls it.
+    MEMO_LOCK          guards the Attention tab's per-model results: held only while reading or writing the
+                       memo, never while computing and never while taking another lock.
+
+The rule: take them in the order ``model_lock -> MEASURE_LOCK -> PROFILER_LOCK``, never the other way round,
+and take nothing while holding ``MEMO_LOCK``. Module-private guards of a cache (the default model's loader,
+the private-model registry, the memory lab's opening example) are held around their own work only and take no
+lock from this list except in this same order.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+from torch import nn
+
+MEASURE_LOCK = threading.Lock()
+PROFILER_LOCK = threading.Lock()
+MEMO_LOCK = threading.Lock()
+
+_MODEL_LOCKS: "weakref.WeakKeyDictionary[nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: nn.Module) -> threading.RLock:
+    """The lock every hooked run on ``model``, and every change to it, holds (one per model object).
+
+    Re-entrant, so a probe that calls another probe on the same thread does not deadlock.
+    """
+    with _MODEL_LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.RLock()
+        return lock

@@ -1,0 +1,172 @@
+"""Calculators from a configuration alone (nothing allocated): parameters, weight bytes, KV cache, LoRA, and
+real model configurations stored as data (``explorer/data/real_configs.json``).
+
+Notation: L layers, C model dim, F feed-forward dim, V vocabulary, H query heads, Hkv key/value heads, D head dim.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from models.config import ModelConfig
+from models.lora import PROJECTIONS
+
+from .units import element_size
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+REAL_CONFIGS_PATH = DATA_DIR / "real_configs.json"
+
+
+def _cfg(config: ModelConfig | dict) -> ModelConfig:
+    if isinstance(config, ModelConfig):
+        return config
+    if isinstance(config, dict):
+        return ModelConfig.from_hf(config) if "hidden_size" in config else ModelConfig.from_dict(config)
+    raise ValueError(f"expected a ModelConfig or a config dict, got {type(config).__name__}.")
+
+
+def projection_shapes(config: ModelConfig | dict) -> dict[str, tuple[int, int]]:
+    """(in_features, out_features) of each per-layer projection, by transformers' Llama name."""
+    c = _cfg(config)
+    hd = c.head_dim
+    return {"q_proj": (c.d_model, c.n_heads * hd), "k_proj": (c.d_model, c.n_kv_heads * hd),
+            "v_proj": (c.d_model, c.n_kv_heads * hd), "o_proj": (c.n_heads * hd, c.d_model),
+            "gate_proj": (c.d_model, c.d_ff), "up_proj": (c.d_model, c.d_ff), "down_proj": (c.d_ff, c.d_model)}
+
+
+def parameter_count(config: ModelConfig | dict) -> dict[str, int]:
+    """Parameters by part: embedding V·C, per layer (projections + two norms), final norm, untied LM head."""
+    c = _cfg(config)
+    embedding = c.vocab_size * c.d_model
+    per_layer = sum(i * o for i, o in projection_shapes(c).values()) + 2 * c.d_model
+    lm_head = 0 if c.tie_embeddings else c.vocab_size * c.d_model
+    total = embedding + c.n_layers * per_layer + c.d_model + lm_head
+    return {"embedding": embedding, "per_layer": per_layer, "layers": c.n_layers * per_layer, "final_norm": c.d_model,
+            "lm_head": lm_head, "total": total}
+
+
+def parameter_memory(config: ModelConfig | dict) -> dict[str, int]:
+    """Bytes of the weights: fp32 (4 per parameter), bf16 (2), int8 (1: the textbook figure), and
+    int8_models_quant: what ``models.quant`` holds (projections int8 + one fp32 scale per output row;
+    embedding, LM head and norms left in fp32)."""
+    c = _cfg(config)
+    n = parameter_count(c)
+    proj = c.n_layers * sum(i * o for i, o in projection_shapes(c).values())
+    rows = c.n_layers * sum(o for _, o in projection_shapes(c).values())
+    rest = n["total"] - proj
+    return {"parameters": n["total"], "fp32": 4 * n["total"], "bf16": 2 * n["total"], "int8": n["total"],
+            "int8_models_quant": proj + 4 * rows + 4 * rest}
+
+
+def kv_cache_bytes(config: ModelConfig | dict, *, seq_len: int | None = None, batch: int = 1,
+                   dtype: torch.dtype | str = torch.float16) -> dict[str, int]:
+    """KV cache size: per token L · 2 · Hkv · D · bytes (keys and values of every layer), per sequence of
+    ``seq_len`` tokens (default: the model's context), and for ``batch`` sequences."""
+    c = _cfg(config)
+    seq_len = c.max_seq_len if seq_len is None else seq_len
+    if not isinstance(seq_len, int) or seq_len <= 0 or not isinstance(batch, int) or batch <= 0:
+        raise ValueError(f"seq_len and batch must be positive integers, got {seq_len!r} and {batch!r}.")
+    per_token = c.n_layers * 2 * c.n_kv_heads * c.head_dim * element_size(dtype)
+    return {"per_token": per_token, "per_sequence": per_token * seq_len, "batch": per_token * seq_len * batch,
+            "seq_len": seq_len}
+
+
+def attention_variants(config: ModelConfig | dict, *, seq_len: int | None = None,
+                       dtype: torch.dtype | str = torch.float16) -> dict[str, dict[str, int]]:
+    """The same model as MHA (Hkv = H), its own GQA setting, and MQA (Hkv = 1): KV heads, KV-cache bytes
+    and parameter counts of each."""
+    c = _cfg(config)
+    out = {}
+    for name, hkv in (("MHA", c.n_heads), ("GQA", c.n_kv_heads), ("MQA", 1)):
+        v = ModelConfig.from_dict({**c.to_dict(), "n_kv_heads": hkv})
+        out[name] = {"n_kv_heads": hkv, **kv_cache_bytes(v, seq_len=seq_len, dtype=dtype),
+                     "parameters": parameter_count(v)["total"]}
+    return out
+
+
+def lora_linear_parameters(in_features: int, out_features: int, rank: int) -> dict[str, float]:
+    """One adapted projection: full = in·out, lora = r·(in + out) (A is r × in, B is out × r)."""
+    if min(in_features, out_features, rank) <= 0:
+        raise ValueError("in_features, out_features and rank must be positive.")
+    full, lora = in_features * out_features, rank * (in_features + out_features)
+    return {"full": full, "lora": lora, "ratio": full / lora}
+
+
+def lora_parameters(config: ModelConfig | dict, rank: int, targets: Sequence[str] = ("q_proj", "v_proj")) -> dict:
+    """Trainable LoRA parameters for ``rank`` on ``targets`` in every layer, beside the frozen total."""
+    c = _cfg(config)
+    bad = [t for t in targets if t not in PROJECTIONS]
+    if not targets or bad:
+        raise ValueError(f"LoRA targets must be a non-empty subset of {PROJECTIONS}, got {list(targets)}.")
+    shapes = projection_shapes(c)
+    adapted = sum(shapes[t][0] * shapes[t][1] for t in targets) * c.n_layers
+    trainable = sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets) * c.n_layers
+    total = parameter_count(c)["total"]
+    return {"trainable": trainable, "adapted_weights": adapted, "frozen": total, "ratio": adapted / trainable,
+            "trainable_fraction": trainable / total}
+
+
+def load_real_configs(path: str | os.PathLike = REAL_CONFIGS_PATH) -> dict[str, dict[str, Any]]:
+    """{name: {"source": url, "hf_repo": ..., "config": transformers config.json fields}} from the JSON file."""
+    data = json.loads(Path(path).read_text())
+    return {name: entry for name, entry in data["models"].items()}
+
+
+def real_config(name: str) -> ModelConfig:
+    """A named real configuration as a ``ModelConfig`` (e.g. 'Llama-2-70B')."""
+    configs = load_real_configs()
+    if name not in configs:
+        raise ValueError(f"unknown configuration {name!r}: choose one of {sorted(configs)}.")
+    return ModelConfig.from_hf(configs[name]["config"])
+
+
+def real_config_table(seq_len: int | None = None, dtype: torch.dtype | str = torch.float16) -> list[dict[str, Any]]:
+    """One row per named configuration: sizes, parameters, weight bytes, KV cache bytes (context or seq_len)."""
+    rows = []
+    for name, entry in load_real_configs().items():
+        c = ModelConfig.from_hf(entry["config"])
+        rows.append({"name": name, "source": entry["source"], "n_layers": c.n_layers, "d_model": c.d_model,
+                     "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim,
+                     "parameters": parameter_count(c)["total"], **{f"weights_{k}": v for k, v in
+                                                                  parameter_memory(c).items() if k != "parameters"},
+                     "kv": kv_cache_bytes(c, seq_len=seq_len, dtype=dtype)})
+    return rows
+
+
+
+# ---------------------------------------------------------------------------------------------------
+# A built model: what it holds (counted on the module, so a LoRA adapter attached to it counts too)
+# ---------------------------------------------------------------------------------------------------
+COMPONENTS = ("embedding", "attention", "MLP", "norms", "LM head")
+
+
+def parameters_by_component(model: torch.nn.Module) -> dict[str, int]:
+    """Distinct parameters (a tied head counts once, under the embedding) grouped by what they belong to,
+    by transformers' Llama parameter names; anything else under "other"."""
+    parts = dict.fromkeys(COMPONENTS, 0)
+    for name, p in model.named_parameters():  # named_parameters yields a shared tensor once
+        if name.startswith("embed_tokens"):
+            key = "embedding"
+        elif name.startswith("lm_head"):
+            key = "LM head"
+        elif ".attn." in name:
+            key = "attention"
+        elif ".mlp." in name:
+            key = "MLP"
+        elif "norm" in name:
+            key = "norms"
+        else:
+            key = "other"
+            parts.setdefault(key, 0)
+        parts[key] += p.numel()
+    return parts
+
+
+def module_bytes(model: torch.nn.Module) -> dict[str, int]:
+    """Bytes a module holds: ``parameters`` (weights) and ``buffers`` (e.g. the rotary tables)."""
+    return {"parameters": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "buffers": sum(b.numel() * b.element_size() for b in model.buffers())}

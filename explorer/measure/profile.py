@@ -1,0 +1,101 @@
+"""The one place that measures peak memory and wall time of a call.
+
+On CUDA the peak comes from the caching allocator's statistics; on CPU from the profiler's allocation events
+(``torch.profiler.profile(profile_memory=True)``), replayed in time order to find the highest point above the
+start. The CPU path reads torch's private event tree (``torch._C._profiler``); it is checked against the torch
+versions it was written for, and any other version raises a clear error instead of a wrong number.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+from explorer.locks import PROFILER_LOCK
+
+
+def sync(device: str | torch.device) -> None:
+    """Wait for the device to finish queued work (a no-op on the CPU), so a clock read after it is honest."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+# The private profiler API read below (torch._C._profiler._EventType, kineto_results.experimental_event_tree,
+# extra_fields.alloc_size) as it stands in the torch releases this was checked on (the pinned one); another
+# release may move it.
+PROFILER_TORCH_VERSIONS = ((2, 13), (2, 13))
+
+
+def _check_profiler_api() -> None:
+    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    lo, hi = PROFILER_TORCH_VERSIONS
+    if not lo <= (major, minor) <= hi:
+        raise RuntimeError(f"CPU peak memory is read from torch's private profiler events, checked on torch "
+                           f"{lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}; this is torch {torch.__version__}: check "
+                           "explorer/measure/profile.py against it and widen PROFILER_TORCH_VERSIONS.")
+
+
+def peak_bytes_cpu(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """Run ``fn`` once under the profiler; return (its result, peak bytes allocated above the start).
+
+    The CPU allocator reports every allocation and free to the profiler; replaying them in time order
+    gives the running total, whose maximum is the peak. Tensors alive before the call (inputs) are not
+    counted; frees of them would only lower the curve.
+    """
+    _check_profiler_api()
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    # torch's profiler is one per process: two threads profiling at once crash it (seen in the app)
+    with PROFILER_LOCK, profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    events: list[tuple[int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            events.append((node.start_time_ns, node.extra_fields.alloc_size))
+        stack.extend(node.children)
+    events.sort(key=lambda ev: ev[0])
+    now = peak = 0
+    for _, size in events:
+        now += size
+        peak = max(peak, now)
+    return result, peak
+
+
+def peak_bytes_cuda(fn: Callable[[], Any], device: str | torch.device = "cuda") -> tuple[Any, int]:
+    """Run ``fn`` once; peak bytes the CUDA caching allocator handed out above what was allocated before."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    start = torch.cuda.memory_allocated(device)
+    result = fn()
+    torch.cuda.synchronize(device)
+    return result, torch.cuda.max_memory_allocated(device) - start
+
+
+def measure_peak_bytes(fn: Callable[[], Any], device: str | torch.device = "cpu") -> tuple[Any, int]:
+    """(result, peak bytes above the start) of one call, with the tracker that fits the device."""
+    if str(device).startswith("cuda"):
+        return peak_bytes_cuda(fn, device)
+    return peak_bytes_cpu(fn)
+
+
+def timed(fn: Callable[[], Any], device: str | torch.device = "cpu") -> tuple[Any, float]:
+    """(result, wall seconds) of one call, the device synchronised before and after."""
+    sync(device)
+    t0 = time.perf_counter()
+    result = fn()
+    sync(device)
+    return result, time.perf_counter() - t0
+
+
+def time_call(fn: Callable[[], Any], *, repeats: int = 3, device: str | torch.device = "cpu",
+              warmup: int = 1) -> float:
+    """Median wall seconds of ``repeats`` calls after ``warmup`` calls (device synchronised)."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(timed(fn, device)[1] for _ in range(max(1, repeats)))
+

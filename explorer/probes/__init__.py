@@ -1,0 +1,51 @@
+"""Instruments every panel reads: hook names, ``run_with_cache``, attention patterns, head scores, the
+generation trace and the positional (RoPE / sinusoidal) probes.
+
+Notation: ``B`` batch, ``T`` queries, ``S`` keys, ``L`` layers, ``H`` query heads, ``Hkv`` key/value heads,
+``D`` head dim, ``C`` model dim, ``V`` vocabulary.
+
+Everything here observes the model through its hook points (``models.hooks.HookPoint``) and never changes
+what it computes. The package by job:
+    hooks       hook names, ``ActivationCache``, ``run_with_cache`` (holds ``locks.model_lock(model)``)
+    patterns    attention patterns, the implementations compared, head scores
+    generation  the generation trace, with and without the KV cache
+    positions   the RoPE and sinusoidal probes
+"""
+from __future__ import annotations
+
+from .generation import CacheComparison, GenerationStep, GenerationTrace, compare_cache, generation_trace
+from .hooks import ActivationCache, check_head, check_layer, hook_names, run_with_cache
+from .patterns import (
+    HeadScores,
+    all_patterns,
+    attention_pattern,
+    compare_impls,
+    head_scores,
+    pattern_scores,
+    patterns_with_source,
+)
+from .positions import RopeProbe, SinusoidalProbe, rope_probe, sinusoidal_probe
+
+__all__ = [
+    "ActivationCache",
+    "hook_names",
+    "run_with_cache",
+    "check_layer",
+    "check_head",
+    "attention_pattern",
+    "all_patterns",
+    "patterns_with_source",
+    "compare_impls",
+    "HeadScores",
+    "head_scores",
+    "pattern_scores",
+    "GenerationStep",
+    "GenerationTrace",
+    "CacheComparison",
+    "generation_trace",
+    "compare_cache",
+    "RopeProbe",
+    "SinusoidalProbe",
+    "rope_probe",
+    "sinusoidal_probe",
+]

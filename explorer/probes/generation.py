@@ -1,0 +1,180 @@
+"""The generation trace: every step of ``models.generate.generate`` recorded, with and without the KV cache.
+
+Notation: ``T`` prompt tokens, ``V`` vocabulary.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, TypedDict
+
+import torch
+from torch import nn
+
+from explorer.measure import runtime_info
+from models.generate import check_sampling, generate, sampling_probs
+
+from .hooks import _as_tokens, _effective_impl
+
+
+class GenerationStep(TypedDict):
+    """One new token of a trace (units: ids, probabilities, positions, bytes, seconds)."""
+    step: int
+    position: int
+    token: int
+    top_ids: list[int]
+    top_probs: list[float]
+    model_probs: list[float]
+    chosen_prob: float
+    chosen_rank: int
+    positions_computed: int
+    cache_length: int
+    cache_bytes_allocated_per_layer: int
+    cache_bytes_used_per_layer: int
+    seconds: float
+
+
+class GenerationTotals(TypedDict):
+    new_tokens: int
+    seconds: float
+    prefill_seconds: float
+    decode_seconds: float
+    tokens_per_second: float
+    cache_bytes_allocated: int
+    cache_bytes_used: int
+
+
+class GenerationTrace(TypedDict):
+    """What ``generation_trace`` returns (the fields are described there)."""
+    prompt: list[int]
+    tokens: list[int]
+    new_tokens: list[int]
+    steps: list[GenerationStep]
+    totals: GenerationTotals
+    settings: dict[str, Any]
+    provenance: dict[str, str]
+
+
+class CacheComparison(TypedDict):
+    """What ``compare_cache`` returns."""
+    with_cache: GenerationTrace
+    without_cache: GenerationTrace
+    identical: bool
+    first_difference: int | None
+    speedup: float
+
+
+def _provenance(model: nn.Module) -> dict[str, str]:
+    """``measure.runtime_info`` (device, dtype, torch) plus the attention implementation and thread count."""
+    return {**runtime_info(model), "attn_impl": _effective_impl(model, None), "threads": str(torch.get_num_threads())}
+
+
+def generation_trace(model: nn.Module, tokens, max_new_tokens: int, *, temperature: float = 0.0,
+                     top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                     use_cache: bool = True, top: int = 10) -> GenerationTrace:
+    """Generate from one prompt and record every step. Built on ``models.generate.generate``'s ``on_step``.
+
+    Returns a ``GenerationTrace``:
+        prompt, tokens (prompt + new), new_tokens: lists of ids.
+        steps: one dict per new token with
+            step, position (where the chosen token goes), token (chosen id),
+            top_ids: the ``top`` ids with the largest logits (the sampler's distribution is monotone in the
+                logits, so these are its most likely ids too), top_probs: their probabilities under the
+                distribution actually sampled from (``sampling_probs``: temperature, top-k, top-p; one-hot
+                for greedy), model_probs: their plain softmax probabilities (temperature 1, no cut-off),
+            chosen_prob, chosen_rank (rank of the chosen id by logit, 0 = most likely),
+            positions_computed: positions the model ran this step (the prompt on step 0; 1 with the cache,
+                the whole sequence without it),
+            cache_length: positions held in the KV cache when this step's logits were computed (0 without
+                cache), cache_bytes_allocated_per_layer, cache_bytes_used_per_layer (keys + values, bytes),
+            seconds: wall time from the previous step's end to this token being chosen (step 0 includes
+                cache allocation and the prompt's prefill); the trace's own bookkeeping is excluded.
+        totals: new_tokens, seconds, prefill_seconds (step 0), decode_seconds (the rest),
+            tokens_per_second (decode steps only, NaN with fewer than 2 steps), cache_bytes_allocated,
+            cache_bytes_used (all layers, bytes).
+        settings: the sampling settings; provenance: device, dtype, torch version, attention implementation.
+    """
+    check_sampling(temperature, top_k, top_p)
+    if not isinstance(top, int) or top < 1:
+        raise ValueError(f"top must be a positive integer, got {top!r}.")
+    tokens = _as_tokens(model, tokens)
+    if tokens.shape[0] != 1:
+        raise ValueError(f"generation_trace follows one prompt; got a batch of {tokens.shape[0]}: pass one row.")
+    T = tokens.shape[1]
+    steps: list[GenerationStep] = []
+    last = [0.0]
+    final_cache = [None]
+
+    def on_step(step: int, logits: torch.Tensor, nxt: torch.Tensor, cache) -> None:
+        seconds = time.perf_counter() - last[0]
+        row = logits[0].float()  # (V,)
+        probs = sampling_probs(logits[:1], temperature=temperature, top_k=top_k, top_p=top_p)[0]  # (V,)
+        plain = torch.softmax(row, dim=-1)
+        top_ids = torch.topk(row, min(top, row.shape[-1])).indices
+        chosen = int(nxt[0])
+        n_layers = cache.n_layers if cache is not None else model.config.n_layers
+        steps.append(GenerationStep(**{
+            "step": step,
+            "position": T + step,
+            "token": chosen,
+            "top_ids": top_ids.tolist(),
+            "top_probs": probs[top_ids].tolist(),
+            "model_probs": plain[top_ids].tolist(),
+            "chosen_prob": float(probs[chosen]),
+            "chosen_rank": int((row > row[chosen]).sum()),
+            "positions_computed": T if step == 0 else (1 if cache is not None else T + step),
+            "cache_length": cache.length if cache is not None else 0,
+            "cache_bytes_allocated_per_layer": cache.bytes_per_layer() if cache is not None else 0,
+            "cache_bytes_used_per_layer": cache.bytes_used // n_layers if cache is not None else 0,
+            "seconds": seconds,
+        }))
+        final_cache[0] = cache
+        last[0] = time.perf_counter()
+
+    last[0] = time.perf_counter()
+    out = generate(model, tokens, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                   use_cache=use_cache, seed=seed, on_step=on_step)
+    seconds = [s["seconds"] for s in steps]
+    decode = seconds[1:]
+    cache = final_cache[0]
+    totals = GenerationTotals(**{
+        "new_tokens": len(steps),
+        "seconds": float(sum(seconds)),
+        "prefill_seconds": float(seconds[0]) if seconds else 0.0,
+        "decode_seconds": float(sum(decode)),
+        "tokens_per_second": len(decode) / sum(decode) if decode and sum(decode) > 0 else float("nan"),
+        "cache_bytes_allocated": cache.nbytes if cache is not None else 0,
+        "cache_bytes_used": cache.bytes_used if cache is not None else 0,
+    })
+    out_list = out[0].tolist()
+    return GenerationTrace(**{
+        "prompt": out_list[:T],
+        "tokens": out_list,
+        "new_tokens": out_list[T:],
+        "steps": steps,
+        "totals": totals,
+        "settings": {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
+                     "use_cache": use_cache, "max_new_tokens": max_new_tokens},
+        "provenance": _provenance(model),
+    })
+
+
+def compare_cache(model: nn.Module, tokens, max_new_tokens: int, seed: int | None = 0,
+                  **sampling) -> CacheComparison:
+    """The same prompt, seed and sampling settings with the KV cache on and off.
+
+    Returns ``{"with_cache": trace, "without_cache": trace, "identical": bool, "first_difference": index of
+    the first differing new token or None, "speedup": without-cache seconds / with-cache seconds}``.
+    Greedy decoding gives identical tokens unless two logits tie to within rounding; sampling with a seed
+    draws the same random numbers, so it too matches unless rounding moves a token across a boundary.
+    """
+    on = generation_trace(model, tokens, max_new_tokens, seed=seed, use_cache=True, **sampling)
+    off = generation_trace(model, tokens, max_new_tokens, seed=seed, use_cache=False, **sampling)
+    diff = [i for i, (a, b) in enumerate(zip(on["new_tokens"], off["new_tokens"])) if a != b]
+    t_on, t_off = on["totals"]["seconds"], off["totals"]["seconds"]
+    return CacheComparison(**{
+        "with_cache": on,
+        "without_cache": off,
+        "identical": not diff,
+        "first_difference": diff[0] if diff else None,
+        "speedup": t_off / t_on if t_on > 0 else float("nan"),
+    })
