@@ -423,11 +423,12 @@ def test_endpoint_answers_with_the_computation(client, served):
     np.testing.assert_array_equal(arr(f["data"][0]["z"]).astype(np.float32), s.arrays["weights"])
     assert f["data"][0]["x"] == labels and f["layout"]["title"]["text"] == s.title
     assert s.formula in step_md and "models/attention.py: attention_weights" in step_md
-    assert f"Step {step + 1} of {len(wt.STEP_KEYS)}" in step_md
+    assert f"Step {step} of {len(wt.STEP_KEYS) - 1}" in step_md
     lens = fig(lens_fig)
     np.testing.assert_array_equal(arr(lens["data"][0]["z"]).astype(np.float32), w.lens.probs)
     assert lens["data"][0]["y"] == list(w.lens.rows)
     assert token["value"] == position and [c[1] for c in token["choices"]] == list(range(len(ids)))
+    assert token["choices"][0][0] == f"0·{session.token_strings(tokenizer, ids[:1])[0]}"  # "<s>" as text, no entities
     assert layer_menu["value"] == layer and slider["value"] == step
     top = session.token_strings(tokenizer, [int(w.top_ids[0])])[0]
     assert f"{100 * float(w.top_probs[0]):.1f}%" in info and top.strip() in info

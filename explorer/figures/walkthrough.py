@@ -74,6 +74,7 @@ def stacked_heatmaps(panels: Sequence[Panel], *, title: str, value_name: str = "
         fig.update_xaxes(title_text=p.x_title, row=i + 1, col=1,
                          **({"type": "category", "tickangle": -45} if p.columns is not None else {}))
     base_layout(fig, title, height=int(110 + sum(heights) + 70 * len(panels)))
+    axes = {}  # one layout update for every colour axis: plotly validates each update_layout call anew
     for i, z in enumerate(zs):
         domain = fig.layout[f"yaxis{i + 1 if i else ''}"].domain
         bar = dict(title=dict(text=value_name if not probabilities else PROB_COLORBAR, side="right"),
@@ -84,9 +85,10 @@ def stacked_heatmaps(panels: Sequence[Panel], *, title: str, value_name: str = "
         else:
             m = symmetric_range(z[np.isfinite(z)])
             axis = dict(colorscale=DIVERGING, cmin=-m, cmax=m, cmid=0.0, colorbar=bar)
-        fig.update_layout({f"coloraxis{i + 1 if i else ''}": axis})
+        axes[f"coloraxis{i + 1 if i else ''}"] = axis
     if masked_text is not None:
-        fig.update_layout(plot_bgcolor="#d9d9d9")
+        axes["plot_bgcolor"] = "#d9d9d9"
+    fig.update_layout(axes)
     return fig
 
 

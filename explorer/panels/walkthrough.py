@@ -6,6 +6,7 @@ redraw one step without running the model again. Nothing of it goes into ``gr.St
 """
 from __future__ import annotations
 
+import html
 import itertools
 import threading
 import time
@@ -94,7 +95,7 @@ def _step_outputs(w: wt.Walkthrough, tokenizer, labels, layer: int, index: int):
     code = " · ".join(f"`{ref}`" for ref in step.code)
     hooks = ", ".join(f"`{h}`" for h in step.hooks[:4]) + (f" and {len(step.hooks) - 4} more" if len(step.hooks) > 4
                                                            else "")
-    md = (f"#### Step {index + 1} of {len(wt.STEP_KEYS)} · {step.title}\n{step.sentence}\n\n"
+    md = (f"#### Step {index} of {len(wt.STEP_KEYS) - 1} · {step.title}\n{step.sentence}\n\n"
           f"Formula: `{step.formula}`\n\nComputed by {code} · values from the hooks {hooks}.\n\n"
           f"<small>{_path(index)}</small>")
     return fig, md, gr.Slider(value=index)
@@ -126,9 +127,13 @@ def _walkthrough(prompt, token, layer, step, state):
             f"Next token predicted: **{short(figs.display_token(top), 40)}** with "
             f"{100 * float(w.top_probs[0]):.1f}%"
             + (f"; the logit lens first ranks it on top {_after(lens_hit)}." if lens_hit else ".")]
+    info.append("In the logit lens, the *embedding* row is the token's own vector sent straight to the LM head"
+                + (" (tied to the embedding table, so it mostly predicts the token itself)" if model.config.tie_embeddings
+                   else "") + "; the last row is the model's real prediction.")
     if notice:
         info.append(f"⚠️ {notice}")
-    choices = [(lab, i) for i, lab in enumerate(labels)]
+    # A dropdown shows its labels as plain text: the entities that keep "<s>" literal in a plot would show.
+    choices = [(html.unescape(lab), i) for i, lab in enumerate(labels)]
     return (fig, md, lens, "\n\n".join(info), gr.Dropdown(choices=choices, value=position),
             gr.Dropdown(choices=layer_choices(model.config.n_layers), value=layer), slider)
 
