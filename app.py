@@ -15,10 +15,12 @@ from explorer.panels.lora import build_lora
 from explorer.panels.memory import build_memory
 from explorer.panels.model import build_model
 from explorer.panels.positions import build_positions
+from explorer.panels.walkthrough import build_walkthrough
 
 TITLE = "Transformer Explorer"
 CSS = ".gradio-container {max-width: 1400px !important}"
 TABS = [
+    ("Inside the model", "walkthrough", build_walkthrough),
     ("Attention", "attention", build_attention),
     ("Positions", "positions", build_positions),
     ("Memory lab", "memory", build_memory),

@@ -1,0 +1,259 @@
+"""Walkthrough figures: one small figure per step of a token's trip through the decoder, and the logit lens.
+
+Pure functions: NumPy arrays and strings in, plotly figures out (no torch modules, no gradio). Signed vectors
+(activations, q, k, v, scores) use a diverging scale centred on 0, each panel with its own symmetric range
+and colour bar; probabilities and attention weights a sequential scale fixed at 0..1. Rows are listed top
+down (query/head 0 on top); hover shows each value to float32 precision.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .common import DIVERGING, SEQUENTIAL, WEIGHT_RANGE, base_layout, display_token, symmetric_range
+
+VALUE_FORMAT = ".7g"  # float32 carries about 7 significant digits
+PROB_COLORBAR = "probability (0–1)"
+MASKED_TEXT = "−∞ (masked: a later token)"
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One heatmap of a stacked figure: z (rows, columns), a label per row, optional labels per column."""
+
+    title: str
+    z: np.ndarray
+    rows: Sequence[str]
+    columns: Sequence[str] | None = None
+    x_title: str = "dimension"
+
+
+def next_token_label(token: str, token_id: int) -> str:
+    """``"Anna · id 52"``: unique even when two ids read the same."""
+    return f"{display_token(token)} · id {int(token_id)}"
+
+
+def stacked_heatmaps(panels: Sequence[Panel], *, title: str, value_name: str = "value",
+                     probabilities: bool = False, masked_text: str | None = None) -> go.Figure:
+    """Panels one above the other, each with its own colour bar beside it.
+
+    probabilities: sequential 0..1 for every panel; otherwise diverging, centred on 0, ±max|z| per panel.
+    masked_text: non-finite cells (masked scores, -inf) are left blank on a grey background and hover with this.
+    """
+    if not panels:
+        raise ValueError("no panels to draw.")
+    zs = [np.asarray(p.z, dtype=np.float32) for p in panels]
+    for p, z in zip(panels, zs):
+        if z.ndim != 2 or z.shape[0] != len(p.rows) or (p.columns is not None and z.shape[1] != len(p.columns)):
+            raise ValueError(f"panel {p.title!r}: z has shape {z.shape}, labels need "
+                             f"({len(p.rows)}, {len(p.columns) if p.columns is not None else 'any'}).")
+    heights = [50 + 18 * max(2, z.shape[0]) for z in zs]
+    fig = make_subplots(rows=len(panels), cols=1, subplot_titles=[p.title for p in panels],
+                        row_heights=heights, vertical_spacing=min(0.3, 70 / sum(heights + [70])))
+    for i, (p, z) in enumerate(zip(panels, zs)):
+        finite = np.isfinite(z)
+        shown = np.where(finite, z, np.nan).astype(np.float32)
+        x = list(p.columns) if p.columns is not None else np.arange(z.shape[1])
+        axis = f"coloraxis{i + 1 if i else ''}"
+        kwargs = {}
+        if masked_text is not None and not finite.all():
+            # Masked cells carry words, not a number: hover reads the text of each cell.
+            kwargs["customdata"] = np.where(finite, np.char.mod("%.7g", z.astype(np.float64)), masked_text)
+            hover = f"{value_name} %{{customdata}}"
+        else:
+            hover = f"{value_name} %{{z:{VALUE_FORMAT}}}"
+        fig.add_trace(go.Heatmap(
+            z=shown, x=x, y=list(p.rows), coloraxis=axis, hoverongaps=False, xgap=0, ygap=1,
+            hovertemplate=f"%{{y}}<br>{p.x_title} %{{x}}<br>{hover}<extra>{p.title}</extra>", **kwargs,
+        ), row=i + 1, col=1)
+        fig.update_yaxes(type="category", autorange="reversed", row=i + 1, col=1)
+        fig.update_xaxes(title_text=p.x_title, row=i + 1, col=1,
+                         **({"type": "category", "tickangle": -45} if p.columns is not None else {}))
+    base_layout(fig, title, height=int(110 + sum(heights) + 70 * len(panels)))
+    axes = {}  # one layout update for every colour axis: plotly validates each update_layout call anew
+    for i, z in enumerate(zs):
+        domain = fig.layout[f"yaxis{i + 1 if i else ''}"].domain
+        bar = dict(title=dict(text=value_name if not probabilities else PROB_COLORBAR, side="right"),
+                   y=(domain[0] + domain[1]) / 2, len=max(0.12, domain[1] - domain[0]), yanchor="middle",
+                   thickness=14)
+        if probabilities:
+            axis = dict(colorscale=SEQUENTIAL, cmin=WEIGHT_RANGE[0], cmax=WEIGHT_RANGE[1], colorbar=bar)
+        else:
+            m = symmetric_range(z[np.isfinite(z)])
+            axis = dict(colorscale=DIVERGING, cmin=-m, cmax=m, cmid=0.0, colorbar=bar)
+        axes[f"coloraxis{i + 1 if i else ''}"] = axis
+    if masked_text is not None:
+        axes["plot_bgcolor"] = "#d9d9d9"
+    fig.update_layout(axes)
+    return fig
+
+
+def vectors_figure(vectors: Mapping[str, np.ndarray], *, title: str, shared: bool = False,
+                   x_title: str = "dimension") -> go.Figure:
+    """Named vectors as one-row heatmap strips. shared: one panel and one colour range for all (vectors
+    that add up, like x, o and x + o); otherwise a panel and colour range each."""
+    names = list(vectors)
+    if shared:
+        z = np.stack([np.asarray(vectors[n], dtype=np.float32) for n in names])
+        panels = [Panel(f"{' + '.join(names[:-1])} = {names[-1]} · one colour range" if len(names) == 3 else
+                        f"{' · '.join(names)} · one colour range", z, names, x_title=x_title)]
+    else:
+        panels = [Panel(f"{n} · {np.asarray(v).shape[0]} numbers", np.asarray(v, dtype=np.float32)[None], [n],
+                        x_title=x_title) for n, v in vectors.items()]
+    return stacked_heatmaps(panels, title=title)
+
+
+def heads_figure(blocks: Mapping[str, np.ndarray], head_rows: Mapping[str, Sequence[str]], *,
+                 title: str) -> go.Figure:
+    """Per-head vectors: each block (heads, D) one panel, rows named by ``head_rows[name]``."""
+    panels = [Panel(f"{name} · {np.asarray(z).shape[0]} × {np.asarray(z).shape[1]}", np.asarray(z, dtype=np.float32),
+                    list(head_rows[name]), x_title="dimension in the head") for name, z in blocks.items()]
+    return stacked_heatmaps(panels, title=title)
+
+
+def key_row_figure(values: np.ndarray, keys: Sequence[str], heads: Sequence[str], *, title: str,
+                   weights: bool = False) -> go.Figure:
+    """One query's row against the keys, one row per head: scores (diverging; -inf cells blank and grey,
+    hover saying they are masked) or attention weights (sequential 0..1)."""
+    values = np.asarray(values, dtype=np.float32)
+    panel = Panel(f"{values.shape[0]} heads × {values.shape[1]} keys", values, list(heads), list(keys),
+                  x_title="key token (looked at)")
+    if weights:
+        return stacked_heatmaps([panel], title=title, value_name="attention weight", probabilities=True)
+    return stacked_heatmaps([panel], title=title, value_name="scaled score",
+                            masked_text=MASKED_TEXT if not np.isfinite(values).all() else None)
+
+
+def stream_figure(stream: np.ndarray, rms: np.ndarray, rows: Sequence[str], *, title: str,
+                  expanded: int | None = None) -> go.Figure:
+    """The residual stream (L + 1, C) before layer 0 and after each layer, beside each state's RMS (L + 1,);
+    the expanded layer's output outlined."""
+    stream = np.asarray(stream, dtype=np.float32)
+    rms = np.asarray(rms, dtype=np.float32)
+    n, C = stream.shape
+    if len(rows) != n or rms.shape != (n,):
+        raise ValueError(f"the stream has {n} states: give {n} row labels and {n} RMS values.")
+    m = symmetric_range(stream)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.8, 0.2], shared_yaxes=True, horizontal_spacing=0.03,
+                        subplot_titles=[f"{n} states × {C} dimensions", "RMS of the state"])
+    fig.add_trace(go.Heatmap(
+        z=stream, y=list(rows), coloraxis="coloraxis", xgap=0, ygap=1,
+        hovertemplate="after %{y}<br>dimension %{x}<br>activation %{z:" + VALUE_FORMAT + "}<extra></extra>",
+    ), row=1, col=1)
+    fig.add_trace(go.Bar(x=rms, y=list(rows), orientation="h", marker_color="#7f7f7f", showlegend=False,
+                         hovertemplate="after %{y}<br>RMS %{x:" + VALUE_FORMAT + "}<extra></extra>"), row=1, col=2)
+    fig.update_yaxes(type="category", autorange="reversed")
+    fig.update_yaxes(title_text="residual stream after", row=1, col=1)
+    fig.update_xaxes(title_text="dimension", row=1, col=1)
+    fig.update_xaxes(title_text="RMS", rangemode="tozero", row=1, col=2)
+    fig.update_layout(coloraxis=dict(colorscale=DIVERGING, cmin=-m, cmax=m, cmid=0.0,
+                                     colorbar=dict(title=dict(text="activation", side="right"), thickness=14,
+                                                   x=1.02)),
+                      showlegend=False)
+    if expanded is not None:
+        fig.add_shape(type="rect", xref="x", yref="y", x0=-0.5, x1=C - 0.5, y0=expanded + 0.5,
+                      y1=expanded + 1.5, line=dict(color="#e4572e", width=3))
+    base_layout(fig, title, height=int(min(1000, max(280, 150 + 24 * n))))
+    return fig
+
+
+def top_tokens_figure(tokens: Sequence[str], ids: Sequence[int], values: Sequence[float], *, title: str,
+                      probabilities: bool = True, note: str = "") -> go.Figure:
+    """Horizontal bars, most likely first (top): probabilities on a fixed 0..1 axis coloured on the
+    sequential scale, or logits (signed)."""
+    values = np.asarray(values, dtype=np.float32)
+    labels = [next_token_label(t, i) for t, i in zip(tokens, ids)]
+    if len(labels) != len(values):
+        raise ValueError(f"{len(labels)} tokens for {len(values)} values.")
+    if probabilities:
+        marker = dict(color=values, colorscale=SEQUENTIAL, cmin=0, cmax=1,
+                      colorbar=dict(title=dict(text=PROB_COLORBAR, side="right"), thickness=14))
+        text = [f"{100 * float(v):.2f}%" for v in values]
+        hover = "%{y}<br>probability %{x:" + VALUE_FORMAT + "}<extra></extra>"
+    else:
+        marker = dict(color="#1f77b4")
+        text = [f"{float(v):.3f}" for v in values]
+        hover = "%{y}<br>logit %{x:" + VALUE_FORMAT + "}<extra></extra>"
+    fig = go.Figure(go.Bar(x=values, y=labels, orientation="h", marker=marker, text=text, textposition="auto",
+                           hovertemplate=hover))
+    base_layout(fig, title + (f"<br><sup>{note}</sup>" if note else ""), height=int(160 + 30 * len(labels)))
+    fig.update_yaxes(type="category", autorange="reversed", title_text="next token (rank order)")
+    if probabilities:
+        fig.update_xaxes(range=[0, 1], title_text="probability")
+    else:
+        fig.update_xaxes(title_text="logit (unnormalised score)")
+    return fig
+
+
+def lens_figure(rows: Sequence[str], tokens: Sequence[Sequence[str]], ids: np.ndarray, probs: np.ndarray,
+                final_token: str, final_probs: np.ndarray, *, title: str) -> go.Figure:
+    """The logit lens: per row (embedding, then each layer's output) the top-k tokens written in cells
+    coloured by probability, and beside them the probability of the model's final top token."""
+    ids = np.asarray(ids)
+    probs = np.asarray(probs, dtype=np.float32)
+    final_probs = np.asarray(final_probs, dtype=np.float32)
+    n, k = probs.shape
+    if ids.shape != (n, k) or len(rows) != n or len(tokens) != n or final_probs.shape != (n,):
+        raise ValueError(f"the lens needs {n} rows of {k} tokens, ids and probabilities and {n} final probabilities.")
+    text = [[display_token(t) for t in row] for row in tokens]
+    custom = [[f"{display_token(t)} · id {int(i)}" for t, i in zip(trow, irow)] for trow, irow in zip(tokens, ids)]
+    shown = display_token(final_token)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.8, 0.2], shared_yaxes=True, horizontal_spacing=0.03,
+                        subplot_titles=[f"top {k} tokens if the model stopped here", f"P({shown})"])
+    fig.add_trace(go.Heatmap(
+        z=probs, x=[f"#{j + 1}" for j in range(k)], y=list(rows), text=text, texttemplate="%{text}",
+        customdata=custom, coloraxis="coloraxis", xgap=1, ygap=1,
+        hovertemplate="%{y} · rank %{x}<br>%{customdata}<br>probability %{z:" + VALUE_FORMAT + "}<extra></extra>",
+    ), row=1, col=1)
+    fig.add_trace(go.Heatmap(
+        z=final_probs[:, None], x=[shown], y=list(rows), coloraxis="coloraxis", xgap=1, ygap=1,
+        text=[[f"{100 * float(p):.1f}%"] for p in final_probs], texttemplate="%{text}",
+        hovertemplate="%{y}<br>P(" + shown + ") %{z:" + VALUE_FORMAT + "}<extra></extra>",
+    ), row=1, col=2)
+    fig.update_yaxes(type="category", autorange="reversed")
+    fig.update_yaxes(title_text="residual stream after", row=1, col=1)
+    fig.update_xaxes(type="category")
+    fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=1,
+                                     colorbar=dict(title=dict(text=PROB_COLORBAR, side="right"), thickness=14)))
+    base_layout(fig, title, height=int(min(1100, max(300, 150 + 26 * n))))
+    return fig
+
+
+def step_figure(key: str, arrays: Mapping[str, np.ndarray], *, title: str, keys: Sequence[str],
+                heads: Sequence[str], kv_heads: Sequence[str], stream_rows: Sequence[str] = (),
+                next_tokens: Sequence[str] = (), expanded: int | None = None, note: str = "") -> go.Figure:
+    """The figure of one walkthrough step (``explorer.walkthrough.STEP_KEYS``) from that step's arrays.
+
+    keys: the prompt's token labels (``"3·the"``), heads / kv_heads: row labels of the query and key/value
+    heads, stream_rows: the residual-stream rows (embedding, layer 0, ...), next_tokens: the text of
+    ``arrays["ids"]`` for the final steps.
+    """
+    a = arrays
+    if key in ("embed", "o_proj", "down", "norm1", "norm2", "final_norm", "swiglu"):
+        return vectors_figure(a, title=title)
+    if key in ("resid1", "resid2"):
+        return vectors_figure(a, title=title, shared=True)
+    if key == "qkv":
+        return heads_figure(a, {"q": heads, "k": kv_heads, "v": kv_heads}, title=title)
+    if key == "rope":
+        rows = {"q": heads, "q'": heads, "k": kv_heads, "k'": kv_heads}
+        named = {"q": "q before RoPE", "q'": "q after RoPE", "k": "k before RoPE", "k'": "k after RoPE"}
+        return heads_figure({named[n]: z for n, z in a.items()}, {named[n]: rows[n] for n in a}, title=title)
+    if key == "mix":
+        return heads_figure({"z": a["z"]}, {"z": heads}, title=title)
+    if key in ("scores", "mask"):
+        z = a["scores"]
+        return key_row_figure(z, keys[:z.shape[1]], heads, title=title)
+    if key == "softmax":
+        return key_row_figure(a["weights"], keys[:a["weights"].shape[1]], heads, title=title, weights=True)
+    if key == "layers":
+        return stream_figure(a["stream"], a["rms"], stream_rows, title=title, expanded=expanded)
+    if key == "logits":
+        return top_tokens_figure(next_tokens, a["ids"], a["logits"], title=title, probabilities=False, note=note)
+    if key == "top":
+        return top_tokens_figure(next_tokens, a["ids"], a["probs"], title=title, note=note)
+    raise ValueError(f"unknown walkthrough step {key!r}.")

@@ -1,0 +1,401 @@
+"""One token followed through the decoder, step by step, with the real values of one hooked forward.
+
+Notation: ``T`` tokens in the prompt, ``p`` the chosen position, ``L`` layers, ``H`` query heads, ``Hkv``
+key/value heads, ``D`` head dim, ``C`` model dim, ``F`` feed-forward dim, ``V`` vocabulary.
+
+``walk(model, ids, position)`` runs the model once through ``probes.run_with_cache`` and keeps, for the token
+at ``position`` only, every hooked value of every layer (``Walkthrough``: about 12k numbers per layer at
+SmolLM2-135M's shape, plus the logits row). ``Walkthrough.steps(layer)`` lays them out in the order of a
+from-scratch tutorial, with one layer expanded and the others collapsed; each ``Step`` carries its title with
+shapes, one plain sentence, the formula and the function in ``models/`` that computes it.
+
+Every value is a hook's tensor; nothing the model computes is recomputed here another way. Two things are
+derived from hooked values, because no hook holds them: the softmax of the final logits (the probabilities
+the sampler draws from, ``models.generate.sampling_probs`` at temperature 1) and the logit lens, which sends
+each layer's residual stream through the model's own final norm and LM head modules.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from models.config import ModelConfig
+from models.rope import rope_frequencies
+
+from . import probes
+
+TOP_K = 10  # next tokens listed at the end
+LENS_K = 5  # tokens per layer in the logit lens
+
+# The stepper's stops, in tutorial order; "layer" stops belong to the expanded layer.
+STEP_KEYS = ("embed", "norm1", "qkv", "rope", "scores", "mask", "softmax", "mix", "o_proj", "resid1", "norm2",
+             "swiglu", "down", "resid2", "layers", "final_norm", "logits", "top")
+STEP_NAMES = {
+    "embed": "embedding", "norm1": "RMSNorm", "qkv": "q, k, v", "rope": "RoPE", "scores": "scores q·k/√D",
+    "mask": "causal mask", "softmax": "softmax", "mix": "weighted sum of v", "o_proj": "o_proj",
+    "resid1": "residual add", "norm2": "RMSNorm", "swiglu": "SwiGLU gate·up", "down": "down_proj",
+    "resid2": "residual add", "layers": "all layers", "final_norm": "final norm", "logits": "logits",
+    "top": "next token",
+}
+LAYER_STEPS = frozenset(STEP_KEYS[STEP_KEYS.index("norm1"):STEP_KEYS.index("resid2") + 1])
+
+
+@dataclass(frozen=True)
+class Step:
+    """One stop of the walkthrough.
+
+    key: one of ``STEP_KEYS``. layer: the layer it belongs to, or None outside the blocks.
+    code: where in ``models/`` it is computed, as ``"models/<file>.py: <qualified name>"``.
+    hooks: the hook points its arrays come from. arrays: name -> NumPy array for the chosen token.
+    scalars: name -> number shown in the text (an RMS, a position).
+    """
+
+    key: str
+    layer: int | None
+    title: str
+    sentence: str
+    formula: str
+    code: tuple[str, ...]
+    hooks: tuple[str, ...]
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    scalars: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LayerTrace:
+    """Every hooked value of one block for the chosen token (position ``p``). Vectors are float32."""
+
+    layer: int
+    resid_pre: np.ndarray  # (C,) blocks.i.hook_resid_pre
+    rms1: float  # blocks.i.input_layernorm.hook_scale: the RMS the token was divided by
+    normed1: np.ndarray  # (C,) blocks.i.input_layernorm.hook_normalized
+    q: np.ndarray  # (H, D) blocks.i.attn.hook_q, before RoPE
+    k: np.ndarray  # (Hkv, D) blocks.i.attn.hook_k
+    v: np.ndarray  # (Hkv, D) blocks.i.attn.hook_v
+    rot_q: np.ndarray  # (H, D) blocks.i.attn.hook_rot_q
+    rot_k: np.ndarray  # (Hkv, D) blocks.i.attn.hook_rot_k
+    scores: np.ndarray  # (H, T) blocks.i.attn.hook_attn_scores row p: scaled, -inf on masked keys
+    pattern: np.ndarray  # (H, T) blocks.i.attn.hook_pattern row p
+    z: np.ndarray  # (H, D) blocks.i.attn.hook_z: each head's weighted sum of values
+    attn_out: np.ndarray  # (C,) blocks.i.hook_attn_out (o_proj's output)
+    resid_mid: np.ndarray  # (C,) blocks.i.hook_resid_mid
+    rms2: float  # blocks.i.post_attention_layernorm.hook_scale
+    normed2: np.ndarray  # (C,) blocks.i.post_attention_layernorm.hook_normalized
+    gate: np.ndarray  # (F,) blocks.i.mlp.hook_gate
+    up: np.ndarray  # (F,) blocks.i.mlp.hook_up
+    post: np.ndarray  # (F,) blocks.i.mlp.hook_post = SiLU(gate) * up
+    mlp_out: np.ndarray  # (C,) blocks.i.hook_mlp_out (down_proj's output)
+    resid_post: np.ndarray  # (C,) blocks.i.hook_resid_post
+
+
+@dataclass(frozen=True)
+class LogitLens:
+    """What each layer's residual stream would predict through the final norm and LM head.
+
+    Row 0 is the embedding (before any layer), row ``i + 1`` the output of layer ``i``; the last row is the
+    model's own prediction. ids/probs (L + 1, k): each row's top-k tokens and their probabilities.
+    final_id: the model's top next token; final_probs (L + 1,): its probability at each row.
+    """
+
+    rows: tuple[str, ...]
+    ids: np.ndarray
+    probs: np.ndarray
+    final_id: int
+    final_probs: np.ndarray
+
+
+@dataclass(frozen=True)
+class Walkthrough:
+    """The chosen token's trip through the model (``walk``'s result)."""
+
+    config: ModelConfig
+    ids: tuple[int, ...]
+    position: int
+    attn_impl: str
+    pattern_source: str
+    embed: np.ndarray  # (C,) hook_embed row p
+    layers: tuple[LayerTrace, ...]
+    final_rms: float  # norm.hook_scale
+    final_normed: np.ndarray  # (C,) norm.hook_normalized
+    logits: np.ndarray  # (V,) hook_logits row p
+    top_ids: np.ndarray  # (TOP_K,) int64, most likely next tokens first
+    top_probs: np.ndarray  # (TOP_K,) softmax(logits) at those ids
+    lens: LogitLens
+
+    @property
+    def token_id(self) -> int:
+        return self.ids[self.position]
+
+    @property
+    def n_steps(self) -> int:
+        return len(STEP_KEYS)
+
+    def nbytes(self) -> int:
+        """Bytes of the arrays held (what a memo of this result costs)."""
+        arrays = [self.embed, self.final_normed, self.logits, self.top_ids, self.top_probs, self.lens.ids,
+                  self.lens.probs, self.lens.final_probs]
+        arrays += [v for t in self.layers for v in vars(t).values() if isinstance(v, np.ndarray)]
+        return sum(a.nbytes for a in arrays)
+
+    def steps(self, layer: int, token: str | None = None) -> list[Step]:
+        """Every stop in tutorial order, with ``layer`` expanded. ``token``: how to name the token in titles."""
+        return _steps(self, check_layer(layer, self.config.n_layers), token or f"token {self.position}")
+
+    def step(self, index: int, layer: int, token: str | None = None) -> Step:
+        """Stop ``index`` (0 .. n_steps - 1) with ``layer`` expanded."""
+        index = check_step(index)
+        return self.steps(layer, token)[index]
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation (what a person can get wrong)
+# --------------------------------------------------------------------------------------------------
+
+def _whole(value, what: str, lo: int, hi: int) -> int:
+    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if isinstance(value, float) and value.is_integer():
+        value, ok = int(value), True
+    if not ok or not lo <= value <= hi:
+        raise ValueError(f"{what} must be a whole number from {lo} to {hi}, got {value!r}.")
+    return int(value)
+
+
+def check_layer(layer, n_layers: int) -> int:
+    return _whole(layer, "layer", 0, n_layers - 1)
+
+
+def check_step(index) -> int:
+    return _whole(index, "step", 0, len(STEP_KEYS) - 1)
+
+
+def check_ids(ids, config: ModelConfig) -> tuple[int, ...]:
+    """Token ids as a tuple; ValueError unless 1..max_seq_len ids within the vocabulary."""
+    try:
+        ids = tuple(int(i) for i in np.asarray(ids, dtype=np.int64).reshape(-1))
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError("tokens must be a list of integer ids.") from None
+    if not ids:
+        raise ValueError("The prompt produced no tokens: type a sentence.")
+    if len(ids) > config.max_seq_len:
+        raise ValueError(f"The prompt is {len(ids)} tokens long; the model's context is {config.max_seq_len}: "
+                         "shorten it.")
+    if min(ids) < 0 or max(ids) >= config.vocab_size:
+        raise ValueError(f"token ids must lie in 0..{config.vocab_size - 1}, got {min(ids)}..{max(ids)}.")
+    return ids
+
+
+def check_position(position, n_tokens: int) -> int:
+    """The chosen token's position; None means the last token."""
+    if position is None:
+        return n_tokens - 1
+    return _whole(position, "token position", 0, n_tokens - 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# The computation
+# --------------------------------------------------------------------------------------------------
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().float().cpu().numpy().copy()  # a copy: the row must not keep the whole sequence alive
+
+
+def walk(model: nn.Module, ids, position: int | None = None) -> Walkthrough:
+    """Run ``model`` once on ``ids`` (one prompt) with every hook recorded; keep the token at ``position``.
+
+    position: 0 .. T - 1, None for the last token. Raises ValueError for empty or out-of-vocabulary ids and
+    for a position outside the prompt.
+    """
+    config = model.config
+    ids = check_ids(ids, config)
+    p = check_position(position, len(ids))
+    _, cache = probes.run_with_cache(model, [list(ids)])
+
+    def vec(name):  # (B, T, C) -> (C,)
+        return _np(cache[name][0, p])
+
+    def heads(name):  # (B, H, T, D) -> (H, D)
+        return _np(cache[name][0, :, p])
+
+    def rms(name):  # (B, T, 1) -> scalar
+        return float(cache[name][0, p, 0])
+
+    layers = []
+    for i in range(config.n_layers):
+        b = f"blocks.{i}."
+        layers.append(LayerTrace(
+            layer=i, resid_pre=vec(b + "hook_resid_pre"), rms1=rms(b + "input_layernorm.hook_scale"),
+            normed1=vec(b + "input_layernorm.hook_normalized"), q=heads(b + "attn.hook_q"),
+            k=heads(b + "attn.hook_k"), v=heads(b + "attn.hook_v"), rot_q=heads(b + "attn.hook_rot_q"),
+            rot_k=heads(b + "attn.hook_rot_k"), scores=heads(b + "attn.hook_attn_scores"),
+            pattern=heads(b + "attn.hook_pattern"), z=heads(b + "attn.hook_z"), attn_out=vec(b + "hook_attn_out"),
+            resid_mid=vec(b + "hook_resid_mid"), rms2=rms(b + "post_attention_layernorm.hook_scale"),
+            normed2=vec(b + "post_attention_layernorm.hook_normalized"), gate=vec(b + "mlp.hook_gate"),
+            up=vec(b + "mlp.hook_up"), post=vec(b + "mlp.hook_post"), mlp_out=vec(b + "hook_mlp_out"),
+            resid_post=vec(b + "hook_resid_post"),
+        ))
+    logits = cache["hook_logits"][0, p].float()  # (V,)
+    probs = torch.softmax(logits, dim=-1)
+    top = torch.topk(probs, min(TOP_K, config.vocab_size))
+    stream = torch.stack([cache["hook_embed"][0, p]] + [cache[f"blocks.{i}.hook_resid_post"][0, p]
+                                                        for i in range(config.n_layers)])  # (L + 1, C)
+    lens = _logit_lens(model, stream, int(top.indices[0]))
+    return Walkthrough(
+        config=config, ids=ids, position=p, attn_impl=cache.attn_impl, pattern_source=cache.pattern_source,
+        embed=vec("hook_embed"), layers=tuple(layers), final_rms=rms("norm.hook_scale"),
+        final_normed=vec("norm.hook_normalized"), logits=_np(logits), top_ids=top.indices.cpu().numpy().copy(),
+        top_probs=_np(top.values), lens=lens,
+    )
+
+
+def _logit_lens(model: nn.Module, stream: torch.Tensor, final_id: int) -> LogitLens:
+    """stream (L + 1, C): the residual stream before layer 0 and after each layer, at the chosen token."""
+    # The model's own final norm and LM head modules: the last row is exactly the path the model takes.
+    with probes.model_lock(model), torch.inference_mode():
+        logits = model.lm_head(model.norm(stream[None]))[0].float()  # (1, L + 1, C) -> (L + 1, V)
+    probs = torch.softmax(logits, dim=-1)
+    top = torch.topk(probs, min(LENS_K, probs.shape[-1]), dim=-1)
+    rows = ("embedding",) + tuple(f"layer {i}" for i in range(stream.shape[0] - 1))
+    return LogitLens(rows=rows, ids=top.indices.cpu().numpy().copy(), probs=_np(top.values), final_id=final_id,
+                     final_probs=_np(probs[:, final_id]))
+
+
+# --------------------------------------------------------------------------------------------------
+# The steps: text, formulas and code references
+# --------------------------------------------------------------------------------------------------
+
+def _shape(*dims) -> str:
+    return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
+
+
+def _steps(w: Walkthrough, layer: int, token: str) -> list[Step]:
+    c = w.config
+    C, H, Hkv, D, F, V, L = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff, c.vocab_size, c.n_layers
+    G = H // Hkv
+    p, T = w.position, len(w.ids)
+    t = w.layers[layer]
+    b = f"blocks.{layer}."
+    at = f"Layer {layer} · "
+    freqs = rope_frequencies(D, c.rope_theta).numpy()
+    n_masked = T - p - 1
+    steps = [
+        Step("embed", None, f"Embedding of {token} · id {w.token_id} · row {_shape(C)} of a {V} × {C} table",
+             f"The token id {w.token_id} picks one row of the embedding table: from here on, the token is this "
+             f"vector of {C} numbers, the start of its residual stream.",
+             "x₀ = E[id]", ("models/decoder.py: Decoder.forward",), ("hook_embed",),
+             {"x0": w.embed}),
+        Step("norm1", layer, f"{at}RMSNorm before attention · x {_shape(C)} → x̂ {_shape(C)} · RMS {t.rms1:.4g}",
+             f"The stream is divided by its root-mean-square ({t.rms1:.4g}) so every layer reads a vector of the "
+             f"same size, then each of the {C} dimensions is multiplied by a learned gain.",
+             "x̂ = x / √(mean(x²) + ε) ⊙ g", ("models/layers.py: RMSNorm.forward",),
+             (b + "hook_resid_pre", b + "input_layernorm.hook_scale", b + "input_layernorm.hook_normalized"),
+             {"x": t.resid_pre, "x̂": t.normed1}, {"rms": t.rms1}),
+        Step("qkv", layer, f"{at}q {_shape(H, D)}, k {_shape(Hkv, D)}, v {_shape(Hkv, D)} · {H} query heads, "
+             f"{Hkv} key/value heads",
+             f"Three linear maps turn x̂ into a query (what this token looks for), a key (what it offers to later "
+             f"tokens) and a value (what it passes on), split into heads of {D} numbers; "
+             + (f"each key/value head is shared by {G} query heads (grouped-query attention)." if G > 1 else
+                "every query head has its own key and value head."),
+             "q = x̂ W_qᵀ, k = x̂ W_kᵀ, v = x̂ W_vᵀ, split into heads of D",
+             ("models/attention.py: Attention.forward", "models/attention.py: Attention._heads"),
+             (b + "attn.hook_q", b + "attn.hook_k", b + "attn.hook_v"), {"q": t.q, "k": t.k, "v": t.v}),
+        Step("rope", layer, f"{at}RoPE turns q {_shape(H, D)} and k {_shape(Hkv, D)} by position {p}",
+             f"Each pair of dimensions (i, i + {D // 2}) of q and k is rotated by the angle position × speed: "
+             f"at position {p} the fastest pair turns {p * freqs[0]:.3g} rad, the slowest "
+             f"{p * freqs[-1]:.3g} rad, so a query–key dot product depends on how far apart the two tokens are.",
+             "q' = q ⊙ cos(pθ) + rotate_half(q) ⊙ sin(pθ), θᵢ = base^(−2i/D)",
+             ("models/rope.py: apply_rope", "models/rope.py: rotate_half", "models/rope.py: rope_tables"),
+             (b + "attn.hook_q", b + "attn.hook_rot_q", b + "attn.hook_k", b + "attn.hook_rot_k"),
+             {"q": t.q, "q'": t.rot_q, "k": t.k, "k'": t.rot_k}, {"position": p}),
+        Step("scores", layer, f"{at}scores of {token} against the {p + 1} keys up to it · {_shape(H, p + 1)}",
+             f"Each query head takes the dot product of its rotated query with the rotated key of every token up "
+             f"to this one, divided by √{D} = {math.sqrt(D):.3g} so the scores do not grow with the head size.",
+             "sⱼ = q'·k'ⱼ / √D", ("models/attention.py: attention_scores", "models/attention.py: repeat_kv"),
+             (b + "attn.hook_attn_scores",), {"scores": t.scores[:, :p + 1]}),
+        Step("mask", layer, f"{at}causal mask over all {T} keys · {_shape(H, T)} · {n_masked} masked",
+             (f"The {n_masked} later token(s) get a score of −∞, so this token cannot read the future: the model "
+              "was trained to predict the next token from the past alone." if n_masked else
+              "This is the last token of the prompt: every key lies before or at it, so the mask hides nothing "
+              "here (earlier tokens of the prompt have their later keys set to −∞)."),
+             "sⱼ = −∞ for j > p", ("models/attention.py: build_mask",), (b + "attn.hook_attn_scores",),
+             {"scores": t.scores}),
+        Step("softmax", layer, f"{at}softmax · attention weights of {token} · {_shape(H, T)}, each row sums to 1",
+             f"Softmax turns each head's scores into weights between 0 and 1 that sum to 1; the masked keys get "
+             f"exactly 0. ({w.pattern_source[0].upper() + w.pattern_source[1:]}.)",
+             "aⱼ = exp(sⱼ) / Σᵢ exp(sᵢ)", ("models/attention.py: attention_weights",), (b + "attn.hook_pattern",),
+             {"weights": t.pattern}),
+        Step("mix", layer, f"{at}weighted sum of values · z {_shape(H, D)}",
+             f"Each head adds up the value vectors of the tokens it attends to, weighted by its attention weights: "
+             f"z is what this token gathered from the context (computed by the {w.attn_impl} implementation).",
+             "z_h = Σⱼ aₕⱼ vⱼ", ("models/attention.py: attention", "models/attention.py: repeat_kv"),
+             (b + "attn.hook_z",), {"z": t.z}),
+        Step("o_proj", layer, f"{at}o_proj · {H} heads × {D} → {_shape(C)}",
+             f"The {H} heads' outputs are laid side by side ({H * D} numbers) and one linear map mixes them back "
+             f"into the model's {C} dimensions.",
+             "o = concat(z₁ … z_H) W_oᵀ", ("models/attention.py: Attention.forward",), (b + "hook_attn_out",),
+             {"o": t.attn_out}),
+        Step("resid1", layer, f"{at}residual add · x + o → {_shape(C)}",
+             "Attention's output is added to the stream rather than replacing it: the token keeps what it was "
+             "and gains what it read.",
+             "x ← x + o", ("models/block.py: PreNormBlock.forward",),
+             (b + "hook_resid_pre", b + "hook_attn_out", b + "hook_resid_mid"),
+             {"x": t.resid_pre, "o": t.attn_out, "x + o": t.resid_mid}),
+        Step("norm2", layer, f"{at}RMSNorm before the MLP · {_shape(C)} · RMS {t.rms2:.4g}",
+             f"The same normalisation again, with its own gain: divided by its RMS ({t.rms2:.4g}), scaled per "
+             "dimension.",
+             "x̂ = x / √(mean(x²) + ε) ⊙ g", ("models/layers.py: RMSNorm.forward",),
+             (b + "hook_resid_mid", b + "post_attention_layernorm.hook_scale",
+              b + "post_attention_layernorm.hook_normalized"),
+             {"x": t.resid_mid, "x̂": t.normed2}, {"rms": t.rms2}),
+        Step("swiglu", layer, f"{at}SwiGLU · gate, up and SiLU(gate) · up, each {_shape(F)}",
+             f"Two linear maps widen the token to {F} numbers; SiLU of the gate decides how much of each "
+             "up-projected feature passes (near 0 for negative gates, the gate itself for large ones).",
+             "h = SiLU(x̂ W_gateᵀ) ⊙ (x̂ W_upᵀ), SiLU(g) = g · σ(g)", ("models/layers.py: SwiGLU.forward",),
+             (b + "mlp.hook_gate", b + "mlp.hook_up", b + "mlp.hook_post"),
+             {"gate": t.gate, "up": t.up, "SiLU(gate) · up": t.post}),
+        Step("down", layer, f"{at}down_proj · {_shape(F)} → {_shape(C)}",
+             f"A third linear map brings the {F} features back to the model's {C} dimensions.",
+             "m = h W_downᵀ", ("models/layers.py: SwiGLU.forward",), (b + "hook_mlp_out",), {"m": t.mlp_out}),
+        Step("resid2", layer, f"{at}residual add · x + m → {_shape(C)}",
+             f"The MLP's output is added to the stream too: this is layer {layer}'s output, the input of "
+             + (f"layer {layer + 1}." if layer + 1 < L else "the final norm."),
+             "x ← x + m", ("models/block.py: PreNormBlock.forward",),
+             (b + "hook_resid_mid", b + "hook_mlp_out", b + "hook_resid_post"),
+             {"x": t.resid_mid, "m": t.mlp_out, "x + m": t.resid_post}),
+        Step("layers", None, f"The residual stream of {token} through all {L} layers · {_shape(L + 1, C)}",
+             f"Every layer repeats the same two steps (attention, then MLP), each adding to the stream; layer "
+             f"{layer} is the one expanded above (pick another with the layer menu).",
+             "x_{i+1} = x_i + attn(norm(x_i)) + mlp(norm(x_i + attn(norm(x_i))))",
+             ("models/decoder.py: Decoder.forward", "models/block.py: PreNormBlock.forward"),
+             ("hook_embed",) + tuple(f"blocks.{i}.hook_resid_post" for i in range(L))
+             + tuple(f"blocks.{i}.input_layernorm.hook_scale" for i in range(L)) + ("norm.hook_scale",),
+             {"stream": np.stack([w.embed] + [x.resid_post for x in w.layers]),
+              # each state's RMS is the scale the next norm divided it by (its hook_scale)
+              "rms": np.array([x.rms1 for x in w.layers] + [w.final_rms], dtype=np.float32)},
+             {"layer": layer}),
+        Step("final_norm", None, f"Final RMSNorm · {_shape(C)} · RMS {w.final_rms:.4g}",
+             f"After the last layer one more RMSNorm (RMS {w.final_rms:.4g}) prepares the stream for the "
+             "prediction.",
+             "x̂ = x / √(mean(x²) + ε) ⊙ g", ("models/layers.py: RMSNorm.forward",),
+             (f"blocks.{L - 1}.hook_resid_post", "norm.hook_scale", "norm.hook_normalized"),
+             {"x": w.layers[-1].resid_post, "x̂": w.final_normed}, {"rms": w.final_rms}),
+        Step("logits", None, f"Logits · {_shape(V)}, one score per vocabulary token · top {len(w.top_ids)} shown",
+             f"The LM head takes the dot product of x̂ with every token's output vector"
+             + (" (the embedding table itself: tied weights)" if c.tie_embeddings else "")
+             + f": {V} scores, called logits; higher means more likely next.",
+             "logits = x̂ W_headᵀ", ("models/decoder.py: Decoder.forward",), ("hook_logits",),
+             {"logits": w.logits[w.top_ids], "ids": w.top_ids},
+             {"max": float(w.logits.max()), "min": float(w.logits.min()), "mean": float(w.logits.mean())}),
+        Step("top", None, f"Next token after {token} · top {len(w.top_ids)} of {V} probabilities",
+             f"Softmax turns the logits into probabilities; the most likely next token has "
+             f"{100 * float(w.top_probs[0]):.1f}%, and these {len(w.top_ids)} together "
+             f"{100 * float(w.top_probs.sum()):.1f}%.",
+             "P(next = v) = exp(logit_v) / Σ_u exp(logit_u)",
+             ("models/generate.py: sampling_probs",), ("hook_logits",),
+             {"probs": w.top_probs, "ids": w.top_ids}),
+    ]
+    assert tuple(s.key for s in steps) == STEP_KEYS
+    return steps
