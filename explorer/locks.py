@@ -9,8 +9,9 @@ The locks:
                        timings (which must not run beside a sweep on the same cores).
     PROFILER_LOCK      torch's profiler is one per process: two threads profiling at once crash it, so every
                        CPU peak-memory measurement holds this, whoever calls it.
-    MEMO_LOCK          guards the Attention tab's per-model results: held only while reading or writing the
-                       memo, never while computing and never while taking another lock.
+    MEMO_LOCK          guards the per-model memos of computed views (the Attention tab's, the walkthrough's):
+                       held only while reading or writing a memo, never while computing and never while taking
+                       another lock.
 
 The rule: take them in the order ``model_lock -> MEASURE_LOCK -> PROFILER_LOCK``, never the other way round,
 and take nothing while holding ``MEMO_LOCK``. Module-private guards of a cache (the default model's loader,

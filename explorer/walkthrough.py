@@ -27,6 +27,7 @@ from models.config import ModelConfig
 from models.rope import rope_frequencies
 
 from . import probes
+from .locks import model_lock
 
 TOP_K = 10  # next tokens listed at the end
 LENS_K = 5  # tokens per layer in the logit lens
@@ -254,7 +255,7 @@ def walk(model: nn.Module, ids, position: int | None = None) -> Walkthrough:
 def _logit_lens(model: nn.Module, stream: torch.Tensor, final_id: int) -> LogitLens:
     """stream (L + 1, C): the residual stream before layer 0 and after each layer, at the chosen token."""
     # The model's own final norm and LM head modules: the last row is exactly the path the model takes.
-    with probes.model_lock(model), torch.inference_mode():
+    with model_lock(model), torch.inference_mode():
         logits = model.lm_head(model.norm(stream[None]))[0].float()  # (1, L + 1, C) -> (L + 1, V)
     probs = torch.softmax(logits, dim=-1)
     top = torch.topk(probs, min(LENS_K, probs.shape[-1]), dim=-1)
@@ -383,7 +384,7 @@ def _steps(w: Walkthrough, layer: int, token: str) -> list[Step]:
              (f"blocks.{L - 1}.hook_resid_post", "norm.hook_scale", "norm.hook_normalized"),
              {"x": w.layers[-1].resid_post, "x̂": w.final_normed}, {"rms": w.final_rms}),
         Step("logits", None, f"Logits · {_shape(V)}, one score per vocabulary token · top {len(w.top_ids)} shown",
-             f"The LM head takes the dot product of x̂ with every token's output vector"
+             "The LM head takes the dot product of x̂ with every token's output vector"
              + (" (the embedding table itself: tied weights)" if c.tie_embeddings else "")
              + f": {V} scores, called logits; higher means more likely next.",
              "logits = x̂ W_headᵀ", ("models/decoder.py: Decoder.forward",), ("hook_logits",),

@@ -17,6 +17,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
         "--disable-component-update", "--disable-sync"]
 # (tab label, tab id, label of the button that runs the tab's main action)
 TABS = [
+    ("Inside the model", "walkthrough", "Walk through"),
     ("Attention", "attention", "Show attention"),
     ("Positions", "positions", "Apply θ"),
     ("Memory lab", "memory", None),
@@ -104,6 +105,7 @@ def test_every_tab_renders_runs_and_logs_no_errors(app_url, browser):
 def test_bad_input_shows_an_error_message_not_a_traceback(app_url, browser):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(app_url, wait_until="domcontentloaded")
+    page.get_by_role("tab", name="Attention", exact=True).click()  # the walkthrough is the first tab
     panel = page.locator("#tab-attention")
     panel.locator(".js-plotly-plot").first.wait_for(state="visible", timeout=120_000)
     _wait_idle(page)

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import html
 import itertools
-import threading
 import time
 import weakref
 from collections import OrderedDict
 
 import gradio as gr
 
-from explorer import session
+from explorer import measure, session
 from explorer import walkthrough as wt
 from explorer.figures import walkthrough as figs
 from explorer.figures.common import head_label
+from explorer.locks import MEMO_LOCK
 
 from . import as_index, as_whole, layer_choices, short, user_errors
 
@@ -33,7 +33,6 @@ shows what the model would predict if it stopped after each layer: watch where t
 
 _MEMO: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _MEMO_SIZE = 4  # per model: a Walkthrough of SmolLM2-135M's shape holds about 2 MB
-_MEMO_LOCK = threading.Lock()
 
 
 def _weights_version(model) -> tuple:
@@ -45,13 +44,13 @@ def _weights_version(model) -> tuple:
 def walk_cached(model, ids: list[int], position: int) -> tuple[wt.Walkthrough, bool]:
     """(the walkthrough, whether it came from the memo): one forward per model, prompt, token and weights."""
     key = (tuple(ids), position, _weights_version(model))
-    with _MEMO_LOCK:
+    with MEMO_LOCK:
         entries = _MEMO.setdefault(model, OrderedDict())
         if key in entries:
             entries.move_to_end(key)
             return entries[key], True
     result = wt.walk(model, ids, position)
-    with _MEMO_LOCK:
+    with MEMO_LOCK:
         entries[key] = result
         while len(entries) > _MEMO_SIZE:
             entries.popitem(last=False)
@@ -123,7 +122,7 @@ def _walkthrough(prompt, token, layer, step, state):
     elapsed = time.perf_counter() - t0
     info = [f"**Model:** {name} · **{len(ids)} tokens** · following {labels[position]} (id {w.token_id}) · "
             f"{'reused the forward already run' if cached else 'one forward with every hook'}"
-            f" · {elapsed * 1000:.0f} ms on {session.runtime_info(model)['device']}.",
+            f" · {elapsed * 1000:.0f} ms on {measure.runtime_info(model)['device']}.",
             f"Next token predicted: **{short(figs.display_token(top), 40)}** with "
             f"{100 * float(w.top_probs[0]):.1f}%"
             + (f"; the logit lens first ranks it on top {_after(lens_hit)}." if lens_hit else ".")]
