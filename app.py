@@ -5,6 +5,11 @@ in-process). Nothing else lives here.
 """
 from __future__ import annotations
 
+import importlib.util
+
+if importlib.util.find_spec("spaces"):  # Hugging Face ZeroGPU: its package must load before torch sets up CUDA
+    import spaces  # noqa: F401
+
 import gradio as gr
 
 from explorer import session

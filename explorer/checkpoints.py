@@ -9,6 +9,7 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
+from explorer.device import place
 from models import Decoder, ModelConfig, load_pretrained, optimize_for_decode
 from models.loading import REPO_ID, fetch_hub, load_tokenizer
 
@@ -130,7 +131,7 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
                          "they were not read. Choose a checkpoint whose files match its config.")
     with PRIVATE_LOCK:  # one load at a time: two loads must not both pass the check below
         reserve_private(4 * n + tables, f"{name} (float32 weights and rotary tables)")
-        model = optimize_for_decode(load_pretrained(folder))
+        model = optimize_for_decode(place(load_pretrained(folder)))  # the app's device and dtype, once
         add_private(model)
     for p in model.parameters():
         p.requires_grad_(False)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from explorer.device import place
 from models import Decoder, load_pretrained, optimize_for_decode
 from models.loading import load_tokenizer
 
@@ -44,7 +45,7 @@ def load_default() -> tuple[Decoder, Any]:
             folder = default_model_dir()
             if not (folder / "config.json").is_file():
                 raise RuntimeError(f"the default model is missing: {folder} has no config.json.")
-            model = optimize_for_decode(load_pretrained(folder))
+            model = optimize_for_decode(place(load_pretrained(folder)))  # the app's device and dtype, once
             for p in model.parameters():
                 p.requires_grad_(False)
             _default = (model, load_tokenizer(folder))

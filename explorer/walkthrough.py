@@ -27,6 +27,7 @@ from models.config import ModelConfig
 from models.rope import rope_frequencies
 
 from . import probes
+from .device import to_host
 from .locks import model_lock
 
 TOP_K = 10  # next tokens listed at the end
@@ -201,7 +202,7 @@ def check_position(position, n_tokens: int) -> int:
 # --------------------------------------------------------------------------------------------------
 
 def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().float().cpu().numpy().copy()  # a copy: the row must not keep the whole sequence alive
+    return to_host(t.float()).copy()  # a copy: the row must not keep the whole sequence alive
 
 
 def walk(model: nn.Module, ids, position: int | None = None) -> Walkthrough:
@@ -247,7 +248,7 @@ def walk(model: nn.Module, ids, position: int | None = None) -> Walkthrough:
     return Walkthrough(
         config=config, ids=ids, position=p, attn_impl=cache.attn_impl, pattern_source=cache.pattern_source,
         embed=vec("hook_embed"), layers=tuple(layers), final_rms=rms("norm.hook_scale"),
-        final_normed=vec("norm.hook_normalized"), logits=_np(logits), top_ids=top.indices.cpu().numpy().copy(),
+        final_normed=vec("norm.hook_normalized"), logits=_np(logits), top_ids=to_host(top.indices).copy(),
         top_probs=_np(top.values), lens=lens,
     )
 
@@ -260,7 +261,7 @@ def _logit_lens(model: nn.Module, stream: torch.Tensor, final_id: int) -> LogitL
     probs = torch.softmax(logits, dim=-1)
     top = torch.topk(probs, min(LENS_K, probs.shape[-1]), dim=-1)
     rows = ("embedding",) + tuple(f"layer {i}" for i in range(stream.shape[0] - 1))
-    return LogitLens(rows=rows, ids=top.indices.cpu().numpy().copy(), probs=_np(top.values), final_id=final_id,
+    return LogitLens(rows=rows, ids=to_host(top.indices).copy(), probs=_np(top.values), final_id=final_id,
                      final_probs=_np(probs[:, final_id]))
 
 

@@ -48,7 +48,7 @@ def build_mask(
     *,
     causal: bool,
     key_padding: torch.Tensor | None = None,
-    device: torch.device | str = "cpu",
+    device: torch.device | str | None = None,
     key_start: int = 0,
     key_stop: int | None = None,
 ) -> torch.Tensor | None:

@@ -20,7 +20,7 @@ class KVCache:
         head_dim: int,
         *,
         dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
+        device: torch.device | str | None = None,  # None: torch's default device
     ) -> None:
         if min(n_layers, batch, n_kv_heads, max_len, head_dim) <= 0:
             raise ValueError("every KV cache size (layers, batch, heads, length, head_dim) must be positive.")
@@ -32,7 +32,7 @@ class KVCache:
         self.length = 0  # positions filled so far (the same for every layer once a forward has finished)
 
     @classmethod
-    def for_model(cls, config, batch: int, max_len: int | None = None, *, dtype=torch.float32, device="cpu"):
+    def for_model(cls, config, batch: int, max_len: int | None = None, *, dtype=torch.float32, device=None):
         max_len = config.max_seq_len if max_len is None else max_len
         if max_len > config.max_seq_len:
             raise ValueError(

@@ -7,6 +7,8 @@ three prefix changes, so no per-parameter renaming table exists:
 """
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import re
@@ -89,8 +91,11 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def load_pretrained(source: str | os.PathLike, dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu") -> Decoder:
-    """A Llama-family ``LlamaForCausalLM`` checkpoint (folder or Hub id) as our ``Decoder``, in eval mode."""
+                    device: str | torch.device | None = None) -> Decoder:
+    """A Llama-family ``LlamaForCausalLM`` checkpoint (folder or Hub id) as our ``Decoder``, in eval mode.
+
+    device: where to build it (None: torch's default device, the CPU unless changed).
+    """
     folder = resolve_source(source)
     config_path = folder / "config.json"
     if not config_path.is_file():
@@ -106,7 +111,7 @@ def load_pretrained(source: str | os.PathLike, dtype: torch.dtype = torch.float3
     state = {hf_to_ours(k): v for k, v in read_state_dict(folder).items()}
     if config.tie_embeddings:
         state.pop("lm_head.weight", None)
-    with torch.device(device):
+    with torch.device(device) if device is not None else contextlib.nullcontext():
         model = Decoder(config)
     expected = model.state_dict()
     if config.tie_embeddings:

@@ -13,8 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
+# The device is chosen the way a deployment chooses it (explorer/device.py reads this once): forced to the CPU
+# where torch sees no GPU, so every app test runs the same placing code a GPU deployment runs; "auto" on a GPU
+# machine, where tests/test_cuda.py checks the app on CUDA.
+os.environ.setdefault("EXPLORER_DEVICE", "auto" if torch.cuda.is_available() else "cpu")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:

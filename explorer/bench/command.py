@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from explorer import device as dev
 from explorer import measure
 from models.decoder import Decoder
 from models.fast import optimize_for_decode
@@ -21,11 +22,10 @@ from .runs import (bench_app, bench_attention, bench_cache, bench_vs_transformer
                    load_transformers_copy, log, model_config, settings_for, weight_bytes_per_token)
 from .targets import PROMPT_LEN, SHIPPED_NAME, SMOL_NAME, evaluate_targets
 
-def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str = "cpu",
+def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str | None = None,
               dtype: str = "float32", budget_bytes: int | None = None) -> dict[str, Any]:
     t_start = time.perf_counter()
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but this machine has no CUDA GPU: use --device cpu.")
+    device = dev.resolve(None if device in (None, "auto") else device)  # a GPU asked for where there is none: a sentence
     torch_dtype = measure.as_dtype(dtype)
     settings = settings_for(quick, tiny, device)
     budget = default_budget(device) if budget_bytes is None else budget_bytes
@@ -38,8 +38,7 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
     notes.append("Other processes may share this machine's cores; times are wall-clock medians and move with load.")
     report: dict[str, Any] = {"settings": settings, "budget_bytes": budget, "notes": notes,
                               "machine": measure.machine_info(device, torch_dtype),
-                              "attention_memory_source": ("torch.cuda.max_memory_allocated" if device.startswith("cuda")
-                                                          else "torch.profiler allocation events")}
+                              "attention_memory_source": measure.memory_source(device)}
     log(f"settings: {settings['mode']}, device {device}, dtype {dtype}, {torch.get_num_threads()} threads")
     report["attention"] = bench_attention(settings, device, torch_dtype, budget)
 
@@ -67,7 +66,7 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
 
     if (default_model_dir() / "config.json").is_file():
         app_models = {SHIPPED_NAME: optimize_for_decode(load_pretrained(default_model_dir())), **app_models}
-    report["app"] = bench_app(app_models, settings) if device == "cpu" and torch_dtype == torch.float32 else {
+    report["app"] = bench_app(app_models, settings) if not dev.is_cuda(device) and torch_dtype == torch.float32 else {
         "skipped": "the app serves float32 on the CPU; run the CPU float32 benchmark for these numbers"}
     report["targets"] = evaluate_targets(report)
     if hasattr(os, "getloadavg"):
@@ -90,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m explorer.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="folder for bench.md and bench.json")
     parser.add_argument("--quick", action="store_true", help="smaller and faster (about a minute on 2 cores)")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--budget", default=None, help="memory budget for one attention size, e.g. 8GiB")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the cores available)")

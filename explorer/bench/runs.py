@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from explorer import device as dev
 from explorer import measure
 from models.config import ATTN_IMPLS, ModelConfig
 from models.decoder import Decoder
@@ -39,7 +40,7 @@ def settings_for(quick: bool, tiny: bool, device: str) -> dict[str, Any]:
                 "decode_repeats": 2, "cache_repeats": 1, "bandwidth_bytes": 128 * measure.MIB,
                 "app_repeats": 2}
     seq_lens = [256, 512, 1024, 2048, 4096, 8192]
-    if device.startswith("cuda"):
+    if dev.is_cuda(device):
         seq_lens += [16384, 32768]
     return {"mode": "full", "attn_runs": [(seq_lens, ATTN_IMPLS)], "attn_repeats": 3, "n_layers": None, "model": {},
             "prefill_lens": [128, 512], "prefill_repeats": 5, "decode_repeats": 3, "cache_repeats": 3,
@@ -56,10 +57,10 @@ def model_config(settings: dict[str, Any]) -> ModelConfig:
     return ModelConfig.from_dict(base)
 
 
-def default_budget(device: str) -> int:
+def default_budget(device) -> int:
     """The benchmark's own budget: it runs alone, so it may use more than one app request."""
-    if device.startswith("cuda"):
-        free, _ = torch.cuda.mem_get_info(device)
+    free = dev.free_bytes(device)
+    if free is not None:
         return int(free * 0.8)
     return max(measure.MEMORY_BUDGET_BYTES, 8 * measure.GIB)
 
@@ -172,7 +173,7 @@ def bench_vs_transformers(model: Decoder, hf, settings, device: str, cfg: ModelC
         "new_tokens": HF_TOKENS, "prompt_len": PROMPT_LEN, "ours_seconds": o, "transformers_seconds": t,
         "ours_tokens_per_s": HF_TOKENS / o, "transformers_tokens_per_s": HF_TOKENS / t, "ours_over_transformers": t / o,
         "ours_runs": ours, "transformers_runs": theirs,
-        "tokens_identical": bool(torch.equal(ours_tokens.cpu(), theirs_tokens.cpu())),
+        "tokens_identical": bool(torch.equal(ours_tokens, theirs_tokens.to(ours_tokens.device))),
         "bandwidth_bytes_per_s": bandwidth, "weight_bytes_per_token": weight_bytes_per_token,
         "bound_tokens_per_s": bound, "ours_fraction_of_bound": HF_TOKENS / o / bound,
         "transformers_fraction_of_bound": HF_TOKENS / t / bound,

@@ -46,6 +46,7 @@ def memory_sweep_figure(
     causal: bool = True,
     batch: int = 1,
     memory_source: str | None = None,
+    sdpa_kernel: str | None = None,
 ) -> go.Figure:
     """Peak memory (left) and time (right) against sequence length, one colour per implementation.
 
@@ -86,6 +87,8 @@ def memory_sweep_figure(
             + " · predicted (dashed)")
     if memory_source:
         text += f" · peak from {memory_source.split(' allocation')[0]}"
+    if sdpa_kernel:
+        text += f" · SDPA ran its {sdpa_kernel} kernel"
     base_layout(fig, f"Naive vs flash attention · {n_heads} heads × {head_dim} dims ({kv}) · batch {batch} · "
                      f"{'causal' if causal else 'bidirectional'}<br><sup>{text}</sup>", height=500)
     fig.update_layout(legend=dict(orientation="h", y=-0.2, x=0), margin=dict(t=90, b=150))

@@ -53,7 +53,7 @@ from .predict import (
     request_bytes,
     sdpa_cpu_split_sizes,
 )
-from .profile import measure_peak_bytes, peak_bytes_cpu, peak_bytes_cuda, sync, time_call, timed
+from .profile import measure_peak_bytes, memory_source, peak_bytes_cpu, sync, time_call, timed
 from .run import (
     SweepStep,
     attention_memory,

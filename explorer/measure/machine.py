@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from explorer import device as dev
+
 from .units import as_dtype
 
 
@@ -29,17 +31,21 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def runtime_info(model: torch.nn.Module | None = None, *, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | str = torch.float32) -> dict[str, str]:
+def runtime_info(model: torch.nn.Module | None = None, *, device: str | torch.device | None = None,
+                 dtype: torch.dtype | str | None = None) -> dict[str, str]:
     """Device, dtype and torch version a number was computed with: the model's own (its first parameter)
-    when a model is given, else ``device`` and ``dtype``. The provenance line on every chart."""
+    when a model is given, else ``device`` and ``dtype`` (``None``: the app's, from explorer.device).
+    The provenance line on every chart."""
     p = next(model.parameters(), None) if model is not None else None
     if p is not None:
         device, dtype = p.device, p.dtype
-    return {"device": str(device), "dtype": str(as_dtype(dtype)).replace("torch.", ""), "torch": torch.__version__}
+    device = dev.resolve(device)
+    dtype = dev.default_dtype() if dtype is None else dtype
+    return {"device": dev.describe(device), "dtype": str(as_dtype(dtype)).replace("torch.", ""),
+            "torch": torch.__version__}
 
 
-def machine_info(device: str = "cpu", dtype: torch.dtype | str = torch.float32) -> dict[str, Any]:
+def machine_info(device: str | torch.device | None = None, dtype: torch.dtype | str | None = None) -> dict[str, Any]:
     """Where the numbers come from: CPU, cores, threads, versions, device, dtype, UTC date."""
     run = runtime_info(device=device, dtype=dtype)
     info = {"cpu": cpu_model(), "cores": cpu_cores(), "torch_threads": torch.get_num_threads(),
@@ -53,7 +59,7 @@ def machine_info(device: str = "cpu", dtype: torch.dtype | str = torch.float32) 
         info["transformers"] = transformers.__version__
     except ImportError:
         pass
-    if str(device).startswith("cuda") and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(device)
+    if dev.is_cuda(dev.resolve(device)):
+        info["gpu"] = run["device"]
     return info
 

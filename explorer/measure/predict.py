@@ -10,6 +10,8 @@ from typing import Sequence
 
 import torch
 
+from explorer import device as dev
+
 from models.config import ATTN_IMPLS
 
 from . import units
@@ -99,14 +101,14 @@ def sdpa_cpu_split_sizes(seq_len: int) -> tuple[int, int]:
 
 def predict_sdpa_bytes(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: int | None = None,
                        batch: int = 1, dtype: torch.dtype | str = torch.float32, causal: bool = True,
-                       device: str = "cpu", threads: int | None = None) -> int:
+                       device: str | torch.device | None = None, threads: int | None = None) -> int:
     """Peak bytes of the fused kernel: the (B, H, T, D) output, the (B, H, T) log-sum-exp and, on CPU,
     one fp32 scratch block per thread (q_split × kv_split scores, running max/sum, q_split × D output)."""
     _check_sizes(seq_len, n_heads, head_dim, n_kv_heads, batch)
     e = element_size(dtype)
     out = batch * n_heads * seq_len * head_dim * e
     lse = batch * n_heads * seq_len * 4
-    if str(device).startswith("cuda"):
+    if dev.is_cuda(device):
         return out + lse  # the CUDA kernels keep their blocks in shared memory and registers
     threads = torch.get_num_threads() if threads is None else threads
     qs, ks = sdpa_cpu_split_sizes(seq_len)
@@ -147,7 +149,7 @@ def predict_tiled_bytes(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads
 
 def predict_attention_bytes(impl: str, seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: int | None = None,
                             batch: int = 1, dtype: torch.dtype | str = torch.float32, causal: bool = True,
-                            device: str = "cpu", tile_size: int = 64) -> int:
+                            device: str | torch.device | None = None, tile_size: int = 64) -> int:
     """Predicted peak bytes one implementation allocates beyond its inputs q (B, H, T, D), k, v (B, Hkv, S, D)."""
     kw = dict(n_kv_heads=n_kv_heads, batch=batch, dtype=dtype, causal=causal)
     if impl == "naive":
@@ -168,7 +170,7 @@ def input_bytes(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: int | 
 
 def request_bytes(seq_len: int, n_heads: int, head_dim: int, *, impls: Sequence[str] = ATTN_IMPLS,
                   n_kv_heads: int | None = None, batch: int = 1, dtype: torch.dtype | str = torch.float32,
-                  causal: bool = True, device: str = "cpu", tile_size: int = 64) -> int:
+                  causal: bool = True, device: str | torch.device | None = None, tile_size: int = 64) -> int:
     """What ``attention_memory`` holds at its highest: the inputs, one kept output per implementation (for
     the comparison) and the largest implementation's predicted peak (they run one after another)."""
     kw = dict(n_kv_heads=n_kv_heads, batch=batch, dtype=dtype)

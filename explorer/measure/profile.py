@@ -1,6 +1,6 @@
 """The one place that measures peak memory and wall time of a call.
 
-On CUDA the peak comes from the caching allocator's statistics; on CPU from the profiler's allocation events
+On CUDA the peak comes from the caching allocator's statistics (``explorer.device.cuda_peak_bytes``); on CPU from the profiler's allocation events
 (``torch.profiler.profile(profile_memory=True)``), replayed in time order to find the highest point above the
 start. The CPU path reads torch's private event tree (``torch._C._profiler``); it is checked against the torch
 versions it was written for, and any other version raises a clear error instead of a wrong number.
@@ -13,13 +13,13 @@ from typing import Any, Callable
 
 import torch
 
+from explorer import device as dev
 from explorer.locks import PROFILER_LOCK
 
 
-def sync(device: str | torch.device) -> None:
+def sync(device: str | torch.device | None = None) -> None:
     """Wait for the device to finish queued work (a no-op on the CPU), so a clock read after it is honest."""
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize(device)
+    dev.synchronize(device)
 
 
 # The private profiler API read below (torch._C._profiler._EventType, kineto_results.experimental_event_tree,
@@ -55,7 +55,7 @@ def peak_bytes_cpu(fn: Callable[[], Any]) -> tuple[Any, int]:
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
-        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+        if node.tag == _EventType.Allocation and node.extra_fields.device == dev.HOST:
             events.append((node.start_time_ns, node.extra_fields.alloc_size))
         stack.extend(node.children)
     events.sort(key=lambda ev: ev[0])
@@ -66,24 +66,20 @@ def peak_bytes_cpu(fn: Callable[[], Any]) -> tuple[Any, int]:
     return result, peak
 
 
-def peak_bytes_cuda(fn: Callable[[], Any], device: str | torch.device = "cuda") -> tuple[Any, int]:
-    """Run ``fn`` once; peak bytes the CUDA caching allocator handed out above what was allocated before."""
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    start = torch.cuda.memory_allocated(device)
-    result = fn()
-    torch.cuda.synchronize(device)
-    return result, torch.cuda.max_memory_allocated(device) - start
-
-
-def measure_peak_bytes(fn: Callable[[], Any], device: str | torch.device = "cpu") -> tuple[Any, int]:
-    """(result, peak bytes above the start) of one call, with the tracker that fits the device."""
-    if str(device).startswith("cuda"):
-        return peak_bytes_cuda(fn, device)
+def measure_peak_bytes(fn: Callable[[], Any], device: str | torch.device | None = None) -> tuple[Any, int]:
+    """(result, peak bytes above the start) of one call, with the tracker that fits the device
+    (``None``: the app's device)."""
+    if dev.is_cuda(device):
+        return dev.cuda_peak_bytes(fn, device)
     return peak_bytes_cpu(fn)
 
 
-def timed(fn: Callable[[], Any], device: str | torch.device = "cpu") -> tuple[Any, float]:
+def memory_source(device: str | torch.device | None = None) -> str:
+    """Where a measured peak comes from, said on every memory chart."""
+    return "torch.cuda.max_memory_allocated" if dev.is_cuda(device) else "torch.profiler allocation events"
+
+
+def timed(fn: Callable[[], Any], device: str | torch.device | None = None) -> tuple[Any, float]:
     """(result, wall seconds) of one call, the device synchronised before and after."""
     sync(device)
     t0 = time.perf_counter()
@@ -92,7 +88,7 @@ def timed(fn: Callable[[], Any], device: str | torch.device = "cpu") -> tuple[An
     return result, time.perf_counter() - t0
 
 
-def time_call(fn: Callable[[], Any], *, repeats: int = 3, device: str | torch.device = "cpu",
+def time_call(fn: Callable[[], Any], *, repeats: int = 3, device: str | torch.device | None = None,
               warmup: int = 1) -> float:
     """Median wall seconds of ``repeats`` calls after ``warmup`` calls (device synchronised)."""
     for _ in range(warmup):

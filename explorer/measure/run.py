@@ -11,6 +11,8 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import torch
 
+from explorer import device as dev
+
 from explorer.locks import MEASURE_LOCK
 from explorer.threads import default_threads
 from models.attention import attention, naive_attention, tiled_attention
@@ -18,12 +20,12 @@ from models.config import ATTN_IMPLS
 
 from . import units
 from .predict import _check_sizes, check_budget, predict_attention_bytes, predict_naive_bytes
-from .profile import measure_peak_bytes, time_call
+from .profile import measure_peak_bytes, memory_source, time_call
 from .units import MIB, as_dtype, format_bytes
 
 
 def random_qkv(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: int | None = None, batch: int = 1,
-               dtype: torch.dtype | str = torch.float32, device: str = "cpu", seed: int = 0):
+               dtype: torch.dtype | str = torch.float32, device: str | torch.device | None = None, seed: int = 0):
     """q (B, H, T, D), k and v (B, Hkv, T, D): standard normal from a fixed seed (drawn on the CPU, so every
     device gets the same numbers)."""
     hkv = _check_sizes(seq_len, n_heads, head_dim, n_kv_heads, batch)
@@ -32,7 +34,7 @@ def random_qkv(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: int | N
     q = torch.randn(batch, n_heads, seq_len, head_dim, generator=g)
     k = torch.randn(batch, hkv, seq_len, head_dim, generator=g)
     v = torch.randn(batch, hkv, seq_len, head_dim, generator=g)
-    return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
+    return tuple(t.to(device=dev.resolve(device), dtype=dtype) for t in (q, k, v))
 
 
 def _check_impls(impls: Iterable[str]) -> tuple[str, ...]:
@@ -44,7 +46,7 @@ def _check_impls(impls: Iterable[str]) -> tuple[str, ...]:
 
 
 def attention_memory(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: int | None = None, batch: int = 1,
-                     dtype: torch.dtype | str = torch.float32, device: str = "cpu",
+                     dtype: torch.dtype | str = torch.float32, device: str | torch.device | None = None,
                      impls: Sequence[str] = ATTN_IMPLS, causal: bool = True, repeats: int = 3,
                      tile_size: int = 64, seed: int = 0,
                      budget_bytes: int | None = None) -> dict[str, dict[str, Any]]:
@@ -60,13 +62,12 @@ def attention_memory(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: i
     """
     impls = _check_impls(impls)
     dtype = as_dtype(dtype)
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but this machine has no CUDA GPU: use device='cpu'.")
+    device = dev.resolve(device)  # a GPU asked for where there is none: a sentence, before anything runs
     kw = dict(n_kv_heads=n_kv_heads, batch=batch, dtype=dtype, causal=causal, device=device, tile_size=tile_size)
     check_budget(seq_len, n_heads, head_dim, impls=impls, budget_bytes=budget_bytes, **kw)
     q, k, v = random_qkv(seq_len, n_heads, head_dim, n_kv_heads=n_kv_heads, batch=batch, dtype=dtype,
                          device=device, seed=seed)
-    source = "torch.cuda.max_memory_allocated" if str(device).startswith("cuda") else "torch.profiler allocation events"
+    source = memory_source(device)
     results: dict[str, dict[str, Any]] = {}
     outputs: dict[str, torch.Tensor] = {}
     with torch.inference_mode():
@@ -74,7 +75,7 @@ def attention_memory(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: i
             def fn(q, k, v, impl=impl):
                 return attention(q, k, v, impl=impl, causal=causal, tile_size=tile_size)[0]
 
-            if str(device).startswith("cuda"):
+            if dev.is_cuda(device):
                 # a first CUDA call allocates lasting workspaces (cuBLAS, kernels); keep them out of the peak
                 fn(q, k, v)
             # the profiled call is also the timing's warm-up; its output is kept for the comparison
@@ -86,6 +87,7 @@ def attention_memory(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: i
                 "seconds": seconds,
                 "max_abs_diff": None,
                 "memory_source": source,
+                "kernel": dev.sdpa_backend(q, k, v, causal=causal) if impl == "sdpa" else None,
             }
     if "naive" in outputs:
         ref = outputs["naive"].float()
@@ -96,7 +98,7 @@ def attention_memory(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: i
 
 def attention_sweep(seq_lens: Sequence[int], n_heads: int = 8, head_dim: int = 64, *,
                     n_kv_heads: int | None = None, batch: int = 1, dtype: torch.dtype | str = torch.float32,
-                    device: str = "cpu", impls: Sequence[str] = ATTN_IMPLS, causal: bool = True,
+                    device: str | torch.device | None = None, impls: Sequence[str] = ATTN_IMPLS, causal: bool = True,
                     repeats: int = 3, tile_size: int = 64, seed: int = 0, budget_bytes: int | None = None,
                     over_budget: str = "raise",
                     on_result: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
@@ -149,7 +151,7 @@ def attention_sweep(seq_lens: Sequence[int], n_heads: int = 8, head_dim: int = 6
             else:
                 row = {"seq_len": T, "impl": impl, "peak_bytes": None, "seconds": None, "max_abs_diff": None,
                        "predicted_bytes": predict_attention_bytes(impl, T, n_heads, head_dim, **kw),
-                       "memory_source": None, "refused": refused[impl]}
+                       "memory_source": None, "kernel": None, "refused": refused[impl]}
             rows.append(row)
             if on_result is not None:
                 on_result(row)
@@ -235,8 +237,9 @@ def tiled_trace(seq_len: int, n_heads: int, head_dim: int, tile_size: int, seed:
             "head_dim": head_dim, "tile_size": tile_size, "causal": causal}
 
 
-def copy_bandwidth(nbytes: int = 256 * MIB, *, repeats: int = 5, device: str = "cpu") -> float:
+def copy_bandwidth(nbytes: int = 256 * MIB, *, repeats: int = 5, device: str | torch.device | None = None) -> float:
     """Measured memory bandwidth in bytes/s of a large tensor copy (bytes read + bytes written per second)."""
+    device = dev.resolve(device)
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     seconds = time_call(lambda: dst.copy_(src), repeats=repeats, device=device, warmup=1)

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import gradio as gr
 import numpy as np
 
+from explorer.device import gpu
 from explorer import measure, probes, session
 from explorer.figures import attention as figs
 from explorer.figures.common import head_label, kv_head_of
@@ -153,6 +154,7 @@ def _attention_view(prompt, layer, head, view, state):
 
 
 @user_errors
+@gpu(30)
 def attention_view(prompt, layer, head, view, state) -> AttentionView:
     model, _, _ = session.get_model(state)
     with session.threads_for(model):

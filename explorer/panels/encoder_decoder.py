@@ -8,6 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from explorer.device import gpu
 from explorer import probes, session
 from explorer.figures import encoder_decoder as figs
 from explorer.figures.common import head_label
@@ -105,6 +106,7 @@ def _encoder_decoder_view(prompt, layer, head, token_pos, state):
             gr.Dropdown(choices=head_choices(c.n_heads, c.n_kv_heads), value=head))
 
 @user_errors
+@gpu(30)
 def encoder_decoder_view(prompt, layer, head, token_pos, state):
     model, _, _ = session.get_model(state)
     with session.threads_for(model):

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
+from explorer.device import gpu
 from explorer import measure, probes, session
 from explorer.figures import generation as figs
 from models.lora import adapter_mode
@@ -115,6 +116,7 @@ class GenerationView(NamedTuple):
 
 
 @user_errors
+@gpu(120)
 def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state):
     """Generate with and without the KV cache (same prompt, settings and seed) and show every step."""
     model, tokenizer, name = session.get_model(state)

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import gradio as gr
 import torch
 
+from explorer.device import gpu
 from explorer import finetune, measure, probes, session
 from explorer.figures import lora as figs
 from explorer.figures.common import head_label
@@ -125,6 +126,7 @@ class FinetuneUpdate(NamedTuple):
 
 
 @user_errors
+@gpu(120)
 def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, progress=gr.Progress()):
     """Fine-tune a fresh adapter on the user's own copy; yields the loss curve as it falls."""
     model, tokenizer, _ = session.get_model(state)
@@ -220,6 +222,7 @@ def _continue(model, ids: list[int], n: int) -> list[int]:
 
 
 @user_errors
+@gpu(60)
 def lora_compare(prompt, layer, head, new_tokens, state):
     """Base model (adapter off) vs adapter on or merged: one head's attention and a greedy continuation.
 

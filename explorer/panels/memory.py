@@ -9,6 +9,8 @@ from typing import Any, NamedTuple
 import gradio as gr
 import torch
 
+from explorer.device import gpu
+from explorer import device as dev
 from explorer import measure, session
 from explorer.figures import memory as figs
 
@@ -35,8 +37,9 @@ partial output are scaled down by exp(m_old − m_new). Move the slider: the out
 final shape without the T×T matrix ever being stored."""
 
 
-def device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+def device() -> torch.device:
+    """Where the lab measures: the app's device (explorer.device)."""
+    return dev.device()
 
 
 def sweep_lengths(max_T: int) -> list[int]:
@@ -117,8 +120,10 @@ TABLE_HEADERS = ["T", "implementation", "measured peak (bytes)", "predicted peak
 def _figure(rows: list[dict], req: dict):
     prov = measure.runtime_info(device=device(), dtype=req["dtype"])
     source = next((r.get("memory_source") for r in rows if r.get("memory_source")), None)
+    kernel = next((r.get("kernel") for r in rows if r.get("kernel")), None)
     return figs.memory_sweep_figure(rows, provenance=prov, n_heads=req["n_heads"], head_dim=req["head_dim"],
-                                    n_kv_heads=req["n_kv_heads"], causal=req["causal"], memory_source=source)
+                                    n_kv_heads=req["n_kv_heads"], causal=req["causal"], memory_source=source,
+                                    sdpa_kernel=kernel)
 
 
 def run_sweep(req: dict, progress=None):
@@ -159,6 +164,7 @@ def opening_rows() -> tuple[list[dict], float]:
 
 
 @user_errors
+@gpu(180)
 def memory_compare(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype, progress=gr.Progress()):
     """Measure naive / SDPA / tiled attention over sequence lengths; yields the chart as each size lands."""
     req = _check_request(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype)
@@ -189,6 +195,7 @@ def _budget_text(req: dict) -> str:
 
 
 @user_errors
+@gpu(60)
 def memory_example():
     req = _check_request(**OPENING)
     rows, elapsed = opening_rows()
@@ -225,6 +232,7 @@ class TraceView(NamedTuple):
 
 
 @user_errors
+@gpu(60)
 def memory_trace(seq_len, tile_size, causal, head) -> TraceView:
     seq_len = as_whole(seq_len, "trace length", 4, 256)
     tile_size = as_whole(tile_size, "block size", 1, 256)

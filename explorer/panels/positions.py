@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
+from explorer.device import gpu
 from explorer import probes, session
 from explorer.figures import positions as figs
 from explorer.figures.common import head_label
@@ -112,6 +113,7 @@ def _rope_view(prompt, theta, position, pairs, layer, head, state):
 
 
 @user_errors
+@gpu(30)
 def rope_view(prompt, theta, position, pairs, layer, head, state) -> RopeView:
     model, _, _ = session.get_model(state)
     with session.threads_for(model):

@@ -14,6 +14,7 @@ from collections import OrderedDict
 
 import gradio as gr
 
+from explorer.device import gpu
 from explorer import measure, session
 from explorer import walkthrough as wt
 from explorer.figures import walkthrough as figs
@@ -138,6 +139,7 @@ def _walkthrough(prompt, token, layer, step, state):
 
 
 @user_errors
+@gpu(30)
 def walkthrough(prompt, token, layer, step, state):
     """The whole tab for one prompt, token, expanded layer and step."""
     model, _, _ = session.get_model(state)
@@ -154,17 +156,20 @@ def _show_step(prompt, token, layer, step, state, delta: int = 0):
 
 
 @user_errors
+@gpu(30)
 def walkthrough_step(prompt, token, layer, step, state):
     """One step's figure and text (the forward reused when this prompt and token were just computed)."""
     return _show_step(prompt, token, layer, step, state)
 
 
 @user_errors
+@gpu(30)
 def walkthrough_prev(prompt, token, layer, step, state):
     return _show_step(prompt, token, layer, step, state, -1)
 
 
 @user_errors
+@gpu(30)
 def walkthrough_next(prompt, token, layer, step, state):
     return _show_step(prompt, token, layer, step, state, +1)
 

@@ -12,6 +12,8 @@ import threading
 
 import numpy as np
 import torch
+
+from explorer import device as dev
 from torch import nn
 
 from explorer.locks import model_lock
@@ -128,7 +130,7 @@ def _select(model: nn.Module, names) -> list[tuple[str, HookPoint]]:
 
 def _device(model: nn.Module) -> torch.device:
     p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
+    return p.device if p is not None else dev.device()
 
 
 def _as_tokens(model: nn.Module, tokens, start_pos: int = 0) -> torch.Tensor:

@@ -8,6 +8,8 @@ from typing import TypedDict
 
 import numpy as np
 import torch
+
+from explorer.device import to_host
 from torch import nn
 
 from models.config import ATTN_IMPLS
@@ -39,7 +41,7 @@ def attention_pattern(model: nn.Module, tokens, layer: int, head: int | None = N
         check_head(model, head)
     name = f"blocks.{layer}.attn.hook_pattern"
     _, cache = run_with_cache(model, tokens, [name], attn_impl=attn_impl, **_causal_kwargs(causal), **forward_kwargs)
-    p = cache[name][0].float().cpu().numpy()  # (H, T, S)
+    p = to_host(cache[name][0])  # (H, T, S), the figure boundary
     return p if head is None else p[head]
 
 
@@ -51,7 +53,7 @@ def patterns_with_source(model: nn.Module, tokens, *, causal: bool | None = None
                          attn_impl: str | None = None) -> tuple[np.ndarray, str]:
     """``all_patterns`` and the sentence saying how the weights were obtained (``ActivationCache.pattern_source``)."""
     _, cache = run_with_cache(model, tokens, _is_pattern, attn_impl=attn_impl, **_causal_kwargs(causal))
-    return cache.stack("attn.hook_pattern")[:, 0].float().cpu().numpy(), cache.pattern_source
+    return to_host(cache.stack("attn.hook_pattern")[:, 0]), cache.pattern_source
 
 
 def all_patterns(model: nn.Module, tokens, *, causal: bool | None = None,
@@ -90,17 +92,17 @@ def pattern_scores(patterns: torch.Tensor | np.ndarray, tokens) -> dict[str, np.
     Returns ``{"previous_token", "first_token", "duplicate_token"}``, each (L, H) float32; with one token
     (nothing before it to look at) the first two are NaN.
     """
-    pats = torch.as_tensor(patterns).cpu()
-    toks = torch.as_tensor(np.asarray(tokens)).cpu()
+    pats = torch.as_tensor(patterns)
+    toks = torch.as_tensor(tokens).to(pats.device)
     if toks.dim() == 1:
         toks = toks[None]
     if pats.shape[-2] >= 2:
         scores = {"previous_token": previous_token_score(pats), "first_token": first_token_score(pats)}
     else:  # one token: nothing before it to look at
-        nan = torch.full(pats.shape[:1] + pats.shape[2:3], float("nan"))  # (L, H)
+        nan = torch.full(pats.shape[:1] + pats.shape[2:3], float("nan"), device=pats.device)  # (L, H)
         scores = {"previous_token": nan, "first_token": nan}
     scores["duplicate_token"] = duplicate_token_score(pats, toks)
-    return {k: v.float().numpy() for k, v in scores.items()}
+    return {k: to_host(v.float()) for k, v in scores.items()}
 
 
 def head_scores(model: nn.Module, *, tokens=None, span_len: int | None = None, batch: int = 4, seed: int = 0,
@@ -130,14 +132,14 @@ def head_scores(model: nn.Module, *, tokens=None, span_len: int | None = None, b
     toks = None if tokens is None else _as_tokens(model, tokens)  # refused before anything runs
     probe = repeated_random_tokens(config.vocab_size, span_len, batch, seed, bos_id=bos)  # (B, P + 2*span)
     _, cache = run_with_cache(model, probe, _is_pattern, attn_impl=attn_impl)
-    rep = cache.stack("attn.hook_pattern").cpu()  # (L, B, H, T, T)
+    rep = cache.stack("attn.hook_pattern")  # (L, B, H, T, T)
     if toks is None:
         pats, toks = rep, probe
     else:
         _, cache = run_with_cache(model, toks, _is_pattern, attn_impl=attn_impl)
-        pats, toks = cache.stack("attn.hook_pattern").cpu(), toks.cpu()
+        pats = cache.stack("attn.hook_pattern")
     scores = pattern_scores(pats, toks)
     return HeadScores(previous_token=scores["previous_token"], first_token=scores["first_token"],
-                      induction=induction_score(rep, span_len).float().numpy(),
+                      induction=to_host(induction_score(rep, span_len).float()),
                       duplicate_token=scores["duplicate_token"])
 

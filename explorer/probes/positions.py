@@ -10,6 +10,8 @@ from typing import Any, TypedDict
 
 import numpy as np
 import torch
+
+from explorer.device import to_host
 from torch import nn
 
 from models.config import ModelConfig
@@ -145,8 +147,9 @@ def rope_probe(model_or_config, *, theta: float | None = None, thetas: Sequence[
         names = [f"blocks.{layer}.attn.hook_{n}" for n in ("q", "k", "rot_q", "rot_k")]
         _, cache = run_with_cache(model, tokens, names)
         kv_head = head // config.n_kv_groups
-        q, rot_q = (cache[names[i]][0, head].double().cpu() for i in (0, 2))  # (T_tok, D)
-        k, rot_k = (cache[names[i]][0, kv_head].double().cpu() for i in (1, 3))  # (T_tok, D)
+        # the figure boundary: this probe's q and k go to the host once, in float64, for the pair geometry
+        q, rot_q = (torch.from_numpy(to_host(cache[names[i]][0, head].double())) for i in (0, 2))  # (T_tok, D)
+        k, rot_k = (torch.from_numpy(to_host(cache[names[i]][0, kv_head].double())) for i in (1, 3))  # (T_tok, D)
 
         def as_pairs(x: torch.Tensor) -> np.ndarray:
             return torch.stack((x[:, pairs], x[:, [i + half for i in pairs]]), dim=-1).numpy()  # (T_tok, P, 2)
