@@ -8,6 +8,8 @@ import time
 from typing import Any, TypedDict
 
 import torch
+
+from explorer.device import synchronize
 from torch import nn
 
 from explorer.measure import runtime_info
@@ -105,6 +107,7 @@ def generation_trace(model: nn.Module, tokens, max_new_tokens: int, *, temperatu
     final_cache = [None]
 
     def on_step(step: int, logits: torch.Tensor, nxt: torch.Tensor, cache) -> None:
+        synchronize(logits.device)  # on a GPU the step's work is queued: the clock waits for it
         seconds = time.perf_counter() - last[0]
         row = logits[0].float()  # (V,)
         probs = sampling_probs(logits[:1], temperature=temperature, top_k=top_k, top_p=top_p)[0]  # (V,)
@@ -130,6 +133,7 @@ def generation_trace(model: nn.Module, tokens, max_new_tokens: int, *, temperatu
         final_cache[0] = cache
         last[0] = time.perf_counter()
 
+    synchronize(tokens.device)
     last[0] = time.perf_counter()
     out = generate(model, tokens, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                    use_cache=use_cache, seed=seed, on_step=on_step)
