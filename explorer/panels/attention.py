@@ -14,7 +14,7 @@ import torch
 from explorer import probes, session
 from explorer.figures import attention as figs
 from explorer.figures.common import head_label, kv_head_of
-from models.heads import first_token_score, previous_token_score
+from explorer.heads import first_token_score, previous_token_score
 
 from . import as_index, head_choices, layer_choices, user_errors
 
