@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> dict:
                          "nothing from a second thread and loses a lot when cores are shared)")
     ap.add_argument("--card-only", action="store_true",
                     help="rewrite README.md in --out from its training_log.json (no training)")
+    ap.add_argument("--compare-decoder", metavar="FOLDER", default=None,
+                    help="with --encoder: measure the decoder in FOLDER (same tokenizer) at the encoder's "
+                         "held-out positions, into the encoder's log and card (no training)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="override one settings field (for experiments), e.g. --set max_gap=32")
     args = ap.parse_args(argv)
@@ -48,6 +51,10 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error("--quick needs --out: it must not overwrite the shipped model.")
     default_out = encoder.DEFAULT_OUT if args.encoder else loop.DEFAULT_OUT
     out = args.out or default_out
+    if args.compare_decoder:
+        if not args.encoder:
+            ap.error("--compare-decoder goes with --encoder.")
+        return encoder.compare_decoder(out, args.compare_decoder)
     if args.card_only:
         return encoder.rewrite_card(out) if args.encoder else rewrite_card(out)
     torch.set_num_threads(args.threads or (1 if args.quick else 2))

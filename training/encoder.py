@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from explorer.encoder_probe import (HELD_OUT_FILE, MASK_SEED, choose_positions, held_out_sequences,
-                                    masked_accuracy, next_token_accuracy)
+                                    held_out_stories, masked_accuracy, next_token_accuracy)
 
 from . import corpus
 from .data import story_rows
@@ -195,9 +195,8 @@ def colour_probe(model, hf_tok, sentence: str = "Tom gave the red ball to Anna."
 
 
 def train_encoder(s: EncoderSettings, out: str, log=print) -> dict:
-    from explorer.measure import machine_info
-    from models import load_pretrained
     from explorer.encoder_probe import load_encoder_tokenizer
+    from explorer.measure import machine_info
 
     t_start = time.time()
     torch.manual_seed(s.seed)
@@ -223,7 +222,6 @@ def train_encoder(s: EncoderSettings, out: str, log=print) -> dict:
         shutil.copy(os.path.join(s.tokenizer_from, name), os.path.join(out, name))
     with open(os.path.join(out, HELD_OUT_FILE), "w", encoding="utf-8") as fh:
         fh.write("\n".join(ho.stories) + "\n")
-    decoder = load_pretrained(s.tokenizer_from)
     summary = {
         "settings": asdict(s), "vocab_size": tok.get_vocab_size(), "n_params": n_params,
         "steps_run": steps_run, "train_minutes": minutes,
@@ -232,20 +230,54 @@ def train_encoder(s: EncoderSettings, out: str, log=print) -> dict:
                      "masked_tokens": int(sum(int(c.sum()) for c in ho.chosen)),
                      "encoder_accuracy": masked_accuracy(model, ho.sequences, ho.chosen, mask_id),
                      "unigram": unigram_accuracy(train_rows, ho.sequences, ho.chosen, tok),
-                     "decoder_next_token_accuracy": next_token_accuracy(decoder, ho.sequences,
-                                                                        ho.chosen),
+                     "decoder_next_token_accuracy": None,
                      "seed": s.seed + HELD_OUT_SEED_OFFSET, "mask_seed": MASK_SEED},
         "colour_probe": colour_probe(model, hf_tok),
         "machine": machine_info(),
     }
     with open(os.path.join(out, "training_log.json"), "w") as fh:
         json.dump(summary, fh, indent=1)
-    write_card(summary, out)
+    if same_tokenizer_files(s.tokenizer_from, out) and os.path.isfile(
+            os.path.join(s.tokenizer_from, "model.safetensors")):
+        summary = compare_decoder(out, s.tokenizer_from)
+    else:
+        write_card(summary, out)
     h = summary["held_out"]
     log(f"held-out masked-token top-1 {h['encoder_accuracy']:.3f} (unigram guess "
-        f"{h['unigram']['accuracy']:.3f}, decoder next-token top-1 "
-        f"{h['decoder_next_token_accuracy']:.3f}); wrote {out} "
-        f"({(time.time() - t_start) / 60:.1f} min in all)")
+        f"{h['unigram']['accuracy']:.3f}); wrote {out} ({(time.time() - t_start) / 60:.1f} min in all)")
+    return summary
+
+
+def same_tokenizer_files(a: str, b: str) -> bool:
+    import filecmp
+
+    return all(os.path.isfile(os.path.join(d, n)) for d in (a, b) for n in TOKENIZER_FILES) and all(
+        filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False) for n in TOKENIZER_FILES)
+
+
+def compare_decoder(folder: str, decoder_from: str = DECODER_OUT) -> dict:
+    """Measure the decoder in ``decoder_from`` (same tokenizer) at the encoder's held-out positions:
+    its next-token top-1 goes into the encoder's training_log.json and card. Returns the log."""
+    from explorer.encoder_probe import load_encoder_tokenizer
+    from models import load_pretrained
+
+    if not same_tokenizer_files(folder, decoder_from):
+        raise ValueError(f"the decoder in {decoder_from} uses another tokenizer than the encoder in "
+                         f"{folder}: train the encoder again from that decoder's tokenizer.")
+    with open(os.path.join(folder, "training_log.json")) as fh:
+        summary = json.load(fh)
+    tok = load_encoder_tokenizer(folder)
+    stories = held_out_stories(folder)
+    seqs = held_out_sequences(tok, stories, summary["settings"]["seq_len"])
+    chosen = choose_positions(seqs, tok.all_special_ids, summary["settings"]["mask_rate"])
+    decoder = load_pretrained(decoder_from)
+    seqs = [ids[:decoder.config.max_seq_len + 1] for ids in seqs]
+    summary["held_out"]["decoder_next_token_accuracy"] = next_token_accuracy(
+        decoder, seqs, [c[:len(ids)] for c, ids in zip(chosen, seqs)])
+    summary["held_out"]["decoder"] = decoder_from
+    with open(os.path.join(folder, "training_log.json"), "w") as fh:
+        json.dump(summary, fh, indent=1)
+    write_card(summary, folder)
     return summary
 
 
@@ -259,7 +291,8 @@ def write_card(summary: dict, out: str) -> None:
     hist = "\n".join(f"| {e['step']} | {e['minutes']:.1f} | {e['train_loss']:.3f} | "
                      f"{e['held_out_accuracy']:.3f} |" for e in summary["history"])
     dec = h["decoder_next_token_accuracy"]
-    dec_line = (f"\n- The default decoder's **next-token** top-1 at the same positions (it reads "
+    dec_line = ("" if dec is None else
+                f"\n- The default decoder's **next-token** top-1 at the same positions (it reads "
                 f"only the tokens to the left, unmasked): **{dec:.3f}**.")
     probe = summary["colour_probe"]
     top = ", ".join(f"{w} ({p:.1%})" for w, p in probe["top"])
