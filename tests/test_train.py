@@ -85,8 +85,8 @@ def test_repeated_span_rows_repeat_each_span():
     g = torch.Generator().manual_seed(0)
     pool = torch.arange(4, 100)
     background = torch.zeros(3, 41, dtype=torch.long)
-    rows = D.repeated_span_rows(background, pool, len(pool), bos_id=1, span=(5, 5), max_gap=0,
-                                max_lead=0, g=g)
+    rows, second = D.repeated_span_rows(background, pool, len(pool), bos_id=1, span=(5, 5), max_gap=0,
+                                        max_lead=0, g=g)
     assert rows.shape == (3, 41)
     assert (rows[:, 0] == 1).all()
     assert (background == 0).all()                          # the background is not written to
@@ -96,6 +96,11 @@ def test_repeated_span_rows_repeat_each_span():
     assert torch.equal(body[:, 10:15], body[:, 15:20])      # q q
     for row in body:
         assert len(set(row[0:5].tolist())) == 5            # distinct within a span
+    # Only second copies are marked as predictable targets: positions 6-10, 16-20, ...
+    expected = torch.zeros(41, dtype=torch.bool)
+    for start in range(6, 41, 10):
+        expected[start:start + 5] = True
+    assert torch.equal(second, expected.expand(3, 41))
 
 
 def test_repeated_spans_vary_in_length_and_gap_and_keep_the_background():
@@ -113,14 +118,17 @@ def test_repeated_spans_vary_in_length_and_gap_and_keep_the_background():
     background = torch.arange(1000, 1000 + W).repeat(2, 1)
     pool = torch.arange(4, 900)
     g = torch.Generator().manual_seed(2)
-    rows = D.repeated_span_rows(background, pool, len(pool), 1, (4, 124), 64, 32, g)
+    rows, second = D.repeated_span_rows(background, pool, len(pool), 1, (4, 124), 64, 32, g)
     g = torch.Generator().manual_seed(2)
     placed = [D.place_repeats(W, (4, 124), 64, 32, g) for _ in range(2)]
-    for row, bg, where in zip(rows, background, placed):
+    for row, bg, where, marked in zip(rows, background, placed, second):
         covered = torch.zeros(W, dtype=torch.bool)
+        seconds = torch.zeros(W, dtype=torch.bool)
         for a, b, n in where:
             assert torch.equal(row[a:a + n], row[b:b + n])
             covered[a:a + n] = covered[b:b + n] = True
+            seconds[b:b + n] = True
+        assert torch.equal(marked, seconds)
         covered[0] = True
         assert torch.equal(row[~covered], bg[~covered])
         assert (row[covered][1:] < 900).all()
@@ -237,3 +245,22 @@ def test_set_overrides_settings_fields_and_refuses_unknown_ones():
     assert (s.max_gap, s.span, s.story_background) == (7, (3, 9), 0.25)
     with pytest.raises(SystemExit):
         cli._apply_overrides(s, ["no_such_field=1"], ap)
+
+
+def test_span_loss_counts_only_the_marked_targets():
+    class Fixed(torch.nn.Module):
+        def __init__(self, logits):
+            super().__init__()
+            self.logits = logits
+
+        def forward(self, x):
+            return self.logits
+
+    torch.manual_seed(0)
+    rows = torch.tensor([[1, 5, 6, 5, 6]])
+    logits = torch.randn(1, 4, 10)
+    marked = torch.tensor([[False, False, False, True, True]])
+    expected = torch.nn.functional.cross_entropy(logits[0, 2:], rows[0, 3:])
+    torch.testing.assert_close(T.next_token_loss(Fixed(logits), rows, marked), expected)
+    everything = torch.nn.functional.cross_entropy(logits[0], rows[0, 1:])
+    torch.testing.assert_close(T.next_token_loss(Fixed(logits), rows), everything)

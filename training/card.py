@@ -100,7 +100,8 @@ the row is full.
 spans of {s['span'][0]}-{s['span'][1]} distinct random token ids (half the draws uniform in
 length, half log-uniform) are each written twice, with 0-{s['max_gap']} tokens between the two
 copies and 0-{s['max_lead']} tokens before each pair, over story text in
-{s['story_background']:.0%} of the rows and over random tokens in the rest. The loss is the mean of
+{s['story_background']:.0%} of the rows and over random tokens from the whole vocabulary in the
+rest. The loss is the mean of
 the two batches' losses. A model trained on spans of one range of lengths given back to back
 learns "look 16-32 tokens back" rather than "find the earlier occurrence" (its induction vanished
 at span 64); with copy distances from 4 to about 250 tokens, only the second works. The random

@@ -94,21 +94,23 @@ def place_repeats(width: int, span: tuple[int, int], max_gap: int, max_lead: int
 
 def repeated_span_rows(background: torch.Tensor, pool: torch.Tensor, n_pool: int, bos_id: int,
                        span: tuple[int, int], max_gap: int, max_lead: int,
-                       g: torch.Generator) -> torch.Tensor:
+                       g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows in which spans of random tokens recur: ``background`` (N, W) with pairs of copies
     written over it.
 
     Each span is ``length`` distinct tokens from the first ``n_pool`` ids of ``pool``, written at
     ``first`` and again at ``second`` (see :func:`place_repeats`). The background is whatever the
     caller passes: story rows (copies inside text) or random tokens (copies alone). Position 0 is
-    ``<s>``. Returns a new LongTensor (N, W).
+    ``<s>``. Returns (rows, second): a new LongTensor (N, W) and a bool (N, W) that is True on the
+    tokens of every second copy, the only ones a model can predict from earlier in the row.
     """
     rows = background.clone()
     rows[:, 0] = bos_id
     W = rows.shape[1]
     # All placements first, then the tokens: the same generator state gives the same placements.
     placements = [place_repeats(W, span, max_gap, max_lead, g) for _ in range(len(rows))]
-    for row, where in zip(rows, placements):
+    copies = torch.zeros(rows.shape, dtype=torch.bool)
+    for row, is_copy, where in zip(rows, copies, placements):
         for first, second, n in where:
             if n <= n_pool:
                 r = pool[torch.randperm(n_pool, generator=g)[:n]]
@@ -116,7 +118,8 @@ def repeated_span_rows(background: torch.Tensor, pool: torch.Tensor, n_pool: int
                 r = pool[torch.randint(0, n_pool, (n,), generator=g)]
             row[first:first + n] = r
             row[second:second + n] = r
-    return rows
+            is_copy[second:second + n] = True
+    return rows, copies
 
 
 def random_background(n_rows: int, width: int, pool: torch.Tensor, n_pool: int,

@@ -53,13 +53,19 @@ class EncoderSettings:
     seq_len: int = 256
     mask_rate: float = 0.15
     held_out_stories: int = 64
-    steps: int = 600
+    steps: int = 800
     batch: int = 32
-    lr: float = 2e-3
+    lr: float = 3e-3
     min_lr: float = 1e-4
     warmup: int = 50
     weight_decay: float = 0.01
     grad_clip: float = 1.0
+    # For the first `short_until` of training every row is cut into rows of `short_len` tokens.
+    # At initialisation bidirectional attention is uniform over the whole row, so the neighbours
+    # that predict a hidden word carry 1/T of it; on short rows the model learns to look at them
+    # much sooner (measured here: 0.23 masked-token accuracy after 400 steps on 256-token rows).
+    short_len: int = 64
+    short_until: float = 0.4
     eval_every: int = 50
     max_minutes: float = 25.0
     tokenizer_from: str = DECODER_OUT
@@ -67,7 +73,7 @@ class EncoderSettings:
     @classmethod
     def quick(cls) -> "EncoderSettings":
         return cls(d_model=32, n_layers=2, n_heads=4, d_ff=64, seq_len=64, held_out_stories=8,
-                   steps=30, batch=8, warmup=5, eval_every=15, max_minutes=2.0)
+                   short_len=16, steps=30, batch=8, warmup=5, eval_every=15, max_minutes=2.0)
 
 
 def mask_tokens(tokens: torch.Tensor, vocab_size: int, mask_id: int, rate: float,
@@ -119,7 +125,13 @@ def build_encoder(s: EncoderSettings, tok):
                       n_heads=s.n_heads, n_kv_heads=s.n_heads, d_ff=s.d_ff, max_seq_len=s.seq_len,
                       norm_eps=1e-5, attn_impl="sdpa", bos_token_id=tok.token_to_id("<s>"),
                       eos_token_id=tok.token_to_id("</s>"), pad_token_id=tok.token_to_id("<pad>"))
-    return EncoderForMaskedLM(cfg)
+    model = EncoderForMaskedLM(cfg)
+    # Token embeddings at std 1/√C, not Llama's 0.02: the encoder multiplies them by √C, so tokens
+    # enter at unit scale beside the sinusoidal positions (amplitude 1) instead of a quarter of it,
+    # and the tied output head starts with logits of unit spread instead of near-uniform ones.
+    # Measured here: with 0.02 the held-out masked-token accuracy was 0.20 after 300 steps.
+    torch.nn.init.normal_(model.encoder.embed_tokens.weight, std=s.d_model ** -0.5)
+    return model
 
 
 @dataclass
@@ -163,6 +175,8 @@ def run_mlm(model, train_rows: torch.Tensor, ho: HeldOut, mask_id: int, s: Encod
     for step in range(s.steps):
         lr = lr_at(step, s)
         x = train_rows[step * s.batch:(step + 1) * s.batch]
+        if step < s.short_until * s.steps:
+            x = x.reshape(-1, s.short_len)  # (B, T) -> (B * T / short_len, short_len)
         loss_ema.update(train_one_step(model, opt, x, mask_id, s, lr, g))
         show_progress(step, s.steps, f"step {step + 1}/{s.steps} masked-token loss "
                       f"{loss_ema.value:.3f} lr {lr:.2e} {(time.time() - t_train) / 60:.1f} min")
