@@ -74,7 +74,6 @@ def test_held_out_accuracies_are_the_measured_ones(client, served, encoder_and_t
     if ep.same_tokenizer(dec_tok, tok):
         dec = ep.next_token_accuracy(decoder, seqs, chosen)
         assert f"right **{dec:.1%}**" in md and "only the words before" in md
-        assert dec < acc                                  # reading both sides helps
 
 
 def test_encoder_map_is_the_trained_encoders_pattern(client, encoder_and_tokenizer):

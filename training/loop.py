@@ -62,11 +62,16 @@ class TrainSettings:
     max_gap: int = 16                 # tokens between the two copies of a span
     max_lead: int = 4                 # tokens before each pair of copies
     story_background: float = 0.25    # share of span rows whose copies sit inside story text
+    # Until this share of training each span row is cut into `short_rows` rows with spans of
+    # `short_span` (see span_batch).
+    short_until: float = 0.45
+    short_rows: int = 4
+    short_span: tuple[int, int] = (4, 28)
     pool_start: int = 256
     pool_grow: tuple[float, float] = (0.2, 0.5)
     held_out_rows: int = 64
     # optimisation
-    steps: int = 1200
+    steps: int = 1000
     batch: int = 16
     lr: float = 3e-3
     min_lr: float = 1e-4
@@ -81,6 +86,7 @@ class TrainSettings:
     def quick(cls) -> "TrainSettings":
         return cls(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, seq_len=64,
                    tokenizer_stories=300, held_out_rows=8, span_batch=8, span=(4, 20),
+                   short_span=(2, 6),
                    max_gap=8, max_lead=4, pool_start=64, steps=40, batch=8, lr=3e-3, warmup=5,
                    eval_every=20, max_minutes=2.0)
 
@@ -155,18 +161,28 @@ def build_model(s: TrainSettings, tok, vocab_size: int):
 
 def span_batch(step: int, s: TrainSettings, data: Data,
                g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """This step's repeated-span rows: the first part over story rows (read from the end of the
-    training rows, so not the rows this step trains on), the rest over random tokens. The spans
-    come from the growing pool; random backgrounds from the whole vocabulary, so that while the
-    pool is small the filler rarely holds a span's tokens (a distractor copy)."""
+    """This step's repeated-span rows and the mask of their second copies.
+
+    The first part of the rows lies over story text (read from the end of the training rows, so
+    not the rows this step trains on), the rest over random tokens from the whole vocabulary (so
+    that while the span pool is small the filler rarely holds a span's tokens). Until
+    ``short_until`` of training the same tokens come as rows of ``seq_len // short_rows`` with
+    spans of ``short_span``: at initialisation attention spreads over the whole row, so the one key
+    an induction head needs carries 1/T of it, and on short rows the circuit forms much sooner.
+    """
     n_pool = pool_size(step, s.steps, s.pool_start, s.pool_grow, len(data.pool))
     n_story = round(s.story_background * s.span_batch)
     end = len(data.train_rows) - step * n_story
     stories = data.train_rows[end - n_story:end]
     noise = random_background(s.span_batch - n_story, s.seq_len + 1, data.pool, len(data.pool), g)
-    background = torch.cat([stories, noise])
+    background = torch.cat([stories, noise])                       # (span_batch, seq_len + 1)
+    span, max_gap, max_lead = s.span, s.max_gap, s.max_lead
+    if step < s.short_until * s.steps:
+        width = s.seq_len // s.short_rows
+        background = background[:, :width * s.short_rows].reshape(-1, width)  # (N, W*k) -> (N*k, W)
+        span, max_gap, max_lead = s.short_span, min(max_gap, 4), min(max_lead, 2)
     bos = data.tokenizer.token_to_id("<s>")
-    return repeated_span_rows(background, data.pool, n_pool, bos, s.span, s.max_gap, s.max_lead, g)
+    return repeated_span_rows(background, data.pool, n_pool, bos, span, max_gap, max_lead, g)
 
 
 def next_token_loss(model, rows: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
