@@ -54,3 +54,18 @@ class Encoder(SwitchableAttention, nn.Module):
         for block in self.blocks:
             x = block(x, key_padding=key_padding, causal=causal, impl=attn_impl)
         return self.norm(x)
+
+
+class EncoderForMaskedLM(nn.Module):
+    """The encoder with BERT's masked-language-model output: logits = hidden · Eᵀ + b, where E is the
+    token embedding (tied, so the head adds only the bias b). tokens (B, T) -> logits (B, T, V)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config)
+        self.mlm_bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, tokens: torch.Tensor, **encoder_kwargs) -> torch.Tensor:
+        hidden = self.encoder(tokens, **encoder_kwargs)  # (B, T, C)
+        return nn.functional.linear(hidden, self.encoder.embed_tokens.weight, self.mlm_bias)  # (B, T, V)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gradio_client.exceptions import AppError
 
-from explorer import probes, session
+from explorer import encoder_probe, probes, session
 from explorer.panels.attention import AttentionView
 from explorer.panels.positions import RopeView
 from tests.api_answer import named
@@ -149,11 +149,12 @@ def test_encoder_decoder_maps_are_each_models_pattern(client, served):
     np.testing.assert_array_equal(heat(m, 1), np.ones((len(ids), len(ids))))
     a = fig(attn)
     np.testing.assert_allclose(heat(a, 0), pattern(model, ids, 0, 1), atol=1e-6)
-    encoder = session.encoder_for(model)
-    np.testing.assert_allclose(heat(a, 1), probes.attention_pattern(encoder, ids, 0, 1), atol=1e-6)
+    encoder, enc_tok = encoder_probe.shared_encoder()
+    enc_ids, _ = session.encode(enc_tok, PROMPT, 48)
+    np.testing.assert_allclose(heat(a, 1), probes.attention_pattern(encoder.encoder, enc_ids, 0, 1), atol=1e-6)
     assert a["data"][0]["coloraxis"] == a["data"][1]["coloraxis"]
     assert (a["layout"]["coloraxis"]["cmin"], a["layout"]["coloraxis"]["cmax"]) == (0, 1)
-    assert "random" in md and "untrained" in md
+    assert "trained encoder" in md and "masked-language modelling" in md
     n = fig(norms)
     rms = arr(n["data"][2]["y"])
     assert abs(np.sqrt((rms ** 2).mean()) - 1) < 1e-3  # RMSNorm output has unit RMS

@@ -2,8 +2,8 @@
 import re
 from collections import Counter
 
-from models import corpus
-from models.corpus import CONTENT_WORDS, corpus_vocabulary, stories, words_of, write_corpus
+from training import corpus
+from training.corpus import CONTENT_WORDS, corpus_vocabulary, stories, words_of, write_corpus
 
 
 def test_same_seed_same_text_other_seed_other_text():
@@ -93,3 +93,27 @@ def test_random_span_is_large_share_of_words():
                 covered.update(range(i, i + 5))
         copied += len(covered)
     assert copied / total > 0.15
+
+
+def test_day_names_keep_their_capital_inside_a_sentence():
+    text = " ".join(stories(0, 2000))
+    assert "On Sunday," in text                    # at a sentence start
+    assert "sunday" not in text                    # never lower-cased inside one
+    assert "sunday" not in corpus_vocabulary() and "Sunday" in corpus_vocabulary()
+
+
+def test_random_spans_come_back_after_a_gap_of_other_words():
+    # "<span>. <gap>. <span>." with spans of 4-32 words and gaps of 0-12: the copy distance varies.
+    lengths, gaps = set(), set()
+    for s in stories(9, 400):
+        for sentence_a, gap, sentence_b in zip(s.split(". "), s.split(". ")[1:], s.split(". ")[2:]):
+            if sentence_a == sentence_b and all(w in CONTENT_WORDS or w.lower() in CONTENT_WORDS
+                                                for w in sentence_a.split()):
+                lengths.add(len(sentence_a.split()))
+                gaps.add(len(gap.split()))
+    assert min(lengths) <= 6 and max(lengths) >= 28
+    assert max(gaps) >= 10 and min(gaps) <= 2
+
+
+def test_special_tokens_include_the_mask_for_the_encoder():
+    assert corpus.SPECIAL_TOKENS == ("<pad>", "<s>", "</s>", "<unk>", "<mask>")

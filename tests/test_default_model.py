@@ -8,10 +8,13 @@ import json
 import pytest
 import torch
 
+from explorer.finetune import evaluate_loss
+from explorer.heads import induction_score, previous_token_score, repeated_random_tokens
+from explorer.probes import run_with_cache
 from models import generate, load_pretrained
-from models import train as T
-from models.corpus import corpus_vocabulary, words_of
-from models.heads import induction_score, previous_token_score, repeated_random_tokens
+from training.corpus import corpus_vocabulary, words_of
+from training.data import story_rows, unigram_entropy
+from training.evaluate import PROBE_SPANS, best, probe_scores
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDER = os.path.join(ROOT, "assets", "default-model")
@@ -50,7 +53,8 @@ def test_architecture_is_the_one_the_card_promises(ours):
     assert c.n_layers >= 4
     assert c.n_kv_heads < c.n_heads
     assert c.tie_embeddings
-    cfg = json.load(open(os.path.join(FOLDER, "config.json")))
+    with open(os.path.join(FOLDER, "config.json")) as fh:
+        cfg = json.load(fh)
     assert cfg["model_type"] == "llama" and cfg["hidden_act"] == "silu"
 
 
@@ -84,10 +88,21 @@ def test_held_out_loss_well_under_the_unigram_baseline(ours):
 
     t = Tokenizer.from_file(os.path.join(FOLDER, "tokenizer.json"))
     # Stories from a seed no training run reads (training uses seed 0, held out seed 0 + offset).
-    rows = T.story_rows(t, seed=424242, n_rows=16, seq_len=ours.config.max_seq_len)
-    loss = T.held_out_loss(ours, rows)
-    baseline = T.unigram_entropy(rows[:, 1:], ours.config.vocab_size)
+    rows = story_rows(t, seed=424242, n_rows=16, seq_len=ours.config.max_seq_len)
+    loss = evaluate_loss(ours, rows)
+    baseline = unigram_entropy(rows[:, 1:], ours.config.vocab_size)
+    print(f"held-out loss {loss:.3f} nats/token, unigram baseline {baseline:.3f}")
     assert loss < 0.5 * baseline, (loss, baseline)
+    assert loss <= 1.20, loss
+
+
+@pytest.mark.xfail(strict=True, reason="issue 13 target not met: held-out loss 1.12 (1.17 on these rows), target 1.10")
+def test_held_out_loss_meets_the_issue_target(ours):
+    from tokenizers import Tokenizer
+
+    t = Tokenizer.from_file(os.path.join(FOLDER, "tokenizer.json"))
+    rows = story_rows(t, seed=424242, n_rows=16, seq_len=ours.config.max_seq_len)
+    assert evaluate_loss(ours, rows) <= 1.10
 
 
 def _patterns_hf(hf, x):
@@ -99,14 +114,56 @@ def _patterns_hf(hf, x):
 def test_head_scores_previous_token_and_induction(ours, hf, tok):
     span = 32
     x = repeated_random_tokens(ours.config.vocab_size, span, 8, seed=123, bos_id=tok.bos_token_id)
-    pat = T.attention_patterns(ours, x)
+    _, cache = run_with_cache(ours, x, lambda n: n.endswith("attn.hook_pattern"))
+    pat = cache.stack("attn.hook_pattern")          # (L, B, H, T, T)
     # The hook pattern is the same as transformers' eager attention weights.
     ref = _patterns_hf(hf, x)
     torch.testing.assert_close(pat, ref, rtol=1e-4, atol=1e-5)
     prev = previous_token_score(ref)                # (L, H)
     ind = induction_score(ref, span)
-    assert prev.max() >= 0.5, prev
-    assert ind.max() >= 0.3, ind
+    assert prev.max() >= 0.7, prev
+    assert ind.max() >= 0.7, ind
+
+
+@pytest.mark.xfail(strict=True, reason="issue 13 target not met: best previous-token head 0.73, target 0.8")
+def test_previous_token_head_meets_the_issue_target(hf, tok):
+    x = repeated_random_tokens(hf.config.vocab_size, 32, 8, seed=123, bos_id=tok.bos_token_id)
+    assert previous_token_score(_patterns_hf(hf, x)).max() >= 0.8
+
+
+@pytest.mark.parametrize("span", PROBE_SPANS)
+def test_induction_works_at_every_distance(hf, tok, span):
+    # <s> + r + r, 8 rows, a seed training never used to choose its checkpoint; scored on
+    # transformers' own attention weights.
+    x = repeated_random_tokens(hf.config.vocab_size, span, 8, seed=123, bos_id=tok.bos_token_id)
+    ind = induction_score(_patterns_hf(hf, x), span)
+    print(f"span {span}: best induction head {float(ind.max()):.3f}")
+    assert ind.max() >= 0.7, (span, ind)
+    # ...and the model uses it: the second copy is predicted far better than the first.
+    with torch.no_grad():
+        logits = hf(x).logits
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten(),
+                                             reduction="none").view(8, -1)
+    first, second = loss[:, :span - 1].mean(), loss[:, span + 1:].mean()
+    assert second < 0.25 * first, (span, float(first), float(second))
+
+
+def test_logged_scores_are_the_shipped_weights_and_the_card_says_them(ours):
+    with open(os.path.join(FOLDER, "training_log.json")) as fh:
+        log = json.load(fh)
+    picked = log["picked"]
+    now = probe_scores(ours, [int(k) for k in picked["induction"]], seed=log["probe_seed"])
+    for span, scores in picked["induction"].items():
+        torch.testing.assert_close(torch.tensor(now["induction"][span]), torch.tensor(scores),
+                                   atol=1e-4, rtol=0)
+    assert list(picked["induction"]) == [str(s) for s in PROBE_SPANS]
+    with open(os.path.join(FOLDER, "README.md")) as fh:
+        card = fh.read()
+    for span, scores in picked["induction"].items():
+        assert f"span {span}: **{best(scores)[0]:.3f}**" in card
+    assert f"{picked['held_out_loss']:.3f} nats/token" in card
+    assert f"{log['train_minutes']:.1f} minutes" in card and log["machine"]["cpu"] in card
+    assert "sunday" not in card
 
 
 def test_greedy_story_continuation_is_made_of_corpus_words(ours, tok):

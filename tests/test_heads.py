@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.heads import (
+from explorer.heads import (
     duplicate_token_score,
     first_token_score,
     induction_score,

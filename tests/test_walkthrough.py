@@ -417,7 +417,8 @@ def test_endpoint_answers_with_the_computation(client, served):
     out = client.predict(PROMPT, position, layer, step, api_name="/walkthrough")
     step_fig, step_md, lens_fig, info, token, layer_menu, slider = out
     ids, labels = session.encode(tokenizer, PROMPT, pw.MAX_TOKENS)
-    w = wt.walk(model, ids, position)
+    with session.threads_for(model):  # the thread count the handler runs with: the same sums, to the bit
+        w = wt.walk(model, ids, position)
     s = w.step(step, layer, labels[position])
     f = fig(step_fig)
     np.testing.assert_array_equal(arr(f["data"][0]["z"]).astype(np.float32), s.arrays["weights"])

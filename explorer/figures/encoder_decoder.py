@@ -25,11 +25,14 @@ def side_by_side_maps(
     value_name: str = "weight",
     zmin: float = 0.0,
     zmax: float = 1.0,
+    right_labels: Sequence[str] | None = None,
 ) -> go.Figure:
-    """Two (T, T) maps with the same axes and one shared colour range (``zmin``..``zmax``)."""
+    """Two (T, T) maps with one shared colour range (``zmin``..``zmax``). ``right_labels``: the right
+    map's tokens when its model tokenizes the sentence differently (default: ``labels``)."""
+    right_labels = labels if right_labels is None else right_labels
     fig = make_subplots(rows=1, cols=2, subplot_titles=[left_title, right_title], horizontal_spacing=0.12)
-    for col, z in ((1, left), (2, right)):
-        trace = heatmap_trace(np.asarray(z, dtype=float), labels, labels, colorbar_title=colorbar_title,
+    for col, z, lab in ((1, left, labels), (2, right, right_labels)):
+        trace = heatmap_trace(np.asarray(z, dtype=float), lab, lab, colorbar_title=colorbar_title,
                               zmin=zmin, zmax=zmax, colorscale=SEQUENTIAL, value_name=value_name,
                               showscale=False)
         trace.update(coloraxis="coloraxis")
@@ -39,7 +42,29 @@ def side_by_side_maps(
                          row=1, col=col)
     fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=zmin, cmax=zmax,
                                      colorbar=dict(title=dict(text=colorbar_title, side="right"))))
-    base_layout(fig, title, height=auto_height(len(labels), lo=420, hi=820))
+    base_layout(fig, title, height=auto_height(max(len(labels), len(right_labels)), lo=420, hi=820))
+    fig.update_layout(margin=dict(t=90))
+    return fig
+
+
+def fill_in_blank_figure(left_tokens: Sequence[str], left_probs: Sequence[float],
+                         right_tokens: Sequence[str] | None, right_probs: Sequence[float] | None, *,
+                         hidden: str, left_title: str, right_title: str) -> go.Figure:
+    """Two top-k bar charts side by side on one probability axis (0..1), best guess at the top; the
+    hidden word's bar (if among the guesses) is drawn in another colour. A side given as None is
+    left empty with its title saying why."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[left_title, right_title], horizontal_spacing=0.18)
+    for col, tokens, probs in ((1, left_tokens, left_probs), (2, right_tokens, right_probs)):
+        if tokens is None:
+            continue
+        colours = [QUALITATIVE[1] if t == hidden else QUALITATIVE[0] for t in tokens]
+        fig.add_trace(go.Bar(x=list(probs), y=[f"{i + 1}·{t}" for i, t in enumerate(tokens)], orientation="h",
+                             marker_color=colours, showlegend=False,
+                             hovertemplate="%{y}<br>probability %{x:.4f}<extra></extra>"), row=1, col=col)
+        fig.update_yaxes(autorange="reversed", type="category", row=1, col=col)
+        fig.update_xaxes(title_text="probability (0–1)", range=[0, 1], row=1, col=col)
+    base_layout(fig, f"Fill in the blank: top guesses for the hidden token “{hidden}” (orange = the hidden word)",
+                height=420)
     fig.update_layout(margin=dict(t=90))
     return fig
 

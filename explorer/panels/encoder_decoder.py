@@ -1,32 +1,31 @@
-"""Encoder vs decoder tab: one sentence through the trained decoder and an untrained encoder of the same
-width and vocabulary; masks and attention maps side by side; RMSNorm vs LayerNorm and SwiGLU vs GELU on
-the same vectors."""
+"""Encoder vs decoder tab: one sentence through the trained decoder and the trained encoder; masks and
+attention maps side by side; fill in the blank (the encoder reads both sides, the decoder only the left);
+RMSNorm vs LayerNorm and SwiGLU vs GELU on the same vectors. The computing is in explorer.encoder_probe."""
 from __future__ import annotations
 
 import gradio as gr
-import numpy as np
-import torch
-import torch.nn.functional as F
 
+from explorer import encoder_probe as ep
+from explorer import session
 from explorer.device import gpu
-from explorer import probes, session
 from explorer.figures import encoder_decoder as figs
 from explorer.figures.common import head_label
-from models.attention import build_mask
-from models.layers import LayerNorm, RMSNorm
 
 from . import as_index, head_choices, layer_choices, user_errors
 
 MAX_TOKENS = 48
 DEFAULT_PROMPT = "The little dog found a red ball in the garden."
+DEFAULT_BLANK_WORD = "red"
+TOP_K = 10
+TABLE_HEADERS = ["rank", "encoder guess", "encoder probability", "decoder guess", "decoder probability"]
 
 INTRO = """### Encoder vs decoder: the same sentence, two kinds of transformer
-The **decoder** (left) is the trained model: each token sees only the tokens before it (causal mask), positions
+The **decoder** (left) is the default model: each token sees only the tokens before it (causal mask), positions
 enter by rotating q and k (RoPE), it normalises with RMSNorm and its feed-forward is SwiGLU. The **encoder**
 (right) lets every token see every other token, adds a sinusoidal position table, and uses LayerNorm and GELU.
-
-⚠️ **The encoder's weights are random (seed 0) and untrained.** It shares the decoder's tokenizer and width, so
-its masks, shapes and position code are real, but its attention patterns carry no learned meaning."""
+Both were trained here on the same stories with the same tokenizer: the decoder to predict the next token, the
+encoder to fill in hidden words (masked-language modelling, as BERT). **Fill in the blank** hides one word: the
+encoder guesses it from both sides, the decoder from the words before it only."""
 
 
 def _token_index(value, T: int) -> int:
@@ -39,51 +38,60 @@ def _token_index(value, T: int) -> int:
     return i % T
 
 
-def _encoder_decoder_view(prompt, layer, head, token_pos, state):
+def blank_choices(labels: list[str]) -> list[tuple[str, int]]:
+    """Every token but ``<s>`` (position 0), as (label, position)."""
+    return [(label, i) for i, label in enumerate(labels) if i > 0]
+
+
+def default_blank(labels: list[str]) -> int:
+    """The first ``red`` if the sentence has one (the tab's opening example), else the middle token."""
+    for i, label in enumerate(labels):
+        if i > 0 and label.split("·", 1)[-1].strip("▁ ") == DEFAULT_BLANK_WORD:
+            return i
+    return max(1, len(labels) // 2)
+
+
+def _models(state):
+    """(decoder, its tokenizer, its name, encoder, encoder tokenizer, whether they share the tokenizer)."""
     decoder, tokenizer, name = session.get_model(state)
-    encoder = session.encoder_for(decoder)
+    encoder, enc_tok = ep.shared_encoder()
+    return decoder, tokenizer, name, encoder, enc_tok, ep.same_tokenizer(tokenizer, enc_tok)
+
+
+def _tokenizer_note(name: str) -> str:
+    return (f"⚠️ The model you loaded ({name}) uses another tokenizer than the trained encoder, which reads the "
+            "default model's tokenizer. The two maps therefore show each model's own tokens, and fill in the blank "
+            "shows the encoder only: its guesses cannot be lined up token by token with this decoder's. Load the "
+            "default model to compare both.")
+
+
+def _encoder_decoder_view(prompt, layer, head, token_pos, state):
+    decoder, tokenizer, name, encoder, enc_tok, same = _models(state)
     c, ec = decoder.config, encoder.config
     layer = as_index(layer, c.n_layers, "layer")
     head = as_index(head, c.n_heads, "head")
-    enc_layer = min(layer, ec.n_layers - 1)
-    ids, labels, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_TOKENS, c.max_seq_len,
-                                                                           ec.max_seq_len))
-    T = len(ids)
-    t = _token_index(token_pos, T)
+    ids, labels, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_TOKENS, c.max_seq_len))
+    enc_ids, enc_labels = ids, labels
+    if not same:
+        enc_ids, enc_labels, _ = session.encode_with_notice(enc_tok, prompt, min(MAX_TOKENS, ec.max_seq_len))
+    t = _token_index(token_pos, len(ids))
 
-    dec_mask = build_mask(T, T, causal=True)[0, 0].float().numpy()
-    enc_mask = np.ones((T, T))  # build_mask(..., causal=False) is None: every key visible
+    dec_mask, enc_mask = ep.masks(len(ids))[0], ep.masks(len(enc_ids))[1]
     masks = figs.side_by_side_maps(
-        dec_mask, enc_mask, labels, left_title="decoder · causal mask", right_title="encoder · no mask",
-        title="Which keys each query may see (1 = visible, 0 = hidden)",
+        dec_mask, enc_mask, labels, right_labels=enc_labels, left_title="decoder · causal mask",
+        right_title="encoder · no mask", title="Which keys each query may see (1 = visible, 0 = hidden)",
         colorbar_title="visible (1) / hidden (0)", value_name="visible")
-
-    hooks = [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.hook_resid_mid",
-             f"blocks.{layer}.mlp.hook_gate", f"blocks.{layer}.mlp.hook_up", f"blocks.{layer}.mlp.hook_post"]
-    _, dcache = probes.run_with_cache(decoder, ids, hooks)
-    dec_att = dcache[hooks[0]][0, head].float().numpy()
-    enc_att = probes.attention_pattern(encoder, ids, enc_layer, head)
-    hl = head_label(head, c.n_heads, c.n_kv_heads)
+    dec_att, enc_att, enc_layer, enc_head = ep.attention_maps(decoder, ids, encoder, enc_ids, layer, head)
     attn = figs.side_by_side_maps(
-        dec_att, enc_att, labels,
-        left_title=f"decoder (trained) · layer {layer} · {hl}",
-        right_title=f"encoder (random weights) · layer {enc_layer} · head {head}",
+        dec_att, enc_att, labels, right_labels=enc_labels,
+        left_title=f"decoder · layer {layer} · {head_label(head, c.n_heads, c.n_kv_heads)}",
+        right_title=f"encoder (trained, masked LM) · layer {enc_layer} · head {enc_head}",
         title="Attention weights, same sentence, same colour range (0–1)")
 
-    # The same vector into both norms: the decoder's residual stream entering layer `layer`'s MLP norm,
-    # at token t. Both norms with gain 1 and bias 0, so only the normalisation itself differs.
-    x = dcache[hooks[1]][0, t].float()  # (C,)
-    with torch.inference_mode():
-        rms = RMSNorm(c.d_model, c.norm_eps)(x[None])[0]
-        ln = LayerNorm(c.d_model, c.norm_eps)(x[None])[0]
-        u = dcache[hooks[2]][0, t].float()  # (F,) SwiGLU's gate pre-activation
-        grid = torch.linspace(-6, 6, 241)
-        silu_grid, gelu_grid = F.silu(grid), F.gelu(grid)
-        silu_u, gelu_u = F.silu(u), F.gelu(u)
-    swiglu = dcache[hooks[4]][0, t].float()  # SiLU(gate) * up, as the model computed it
-    norms = figs.norm_figure(x.numpy(), rms.numpy(), ln.numpy(), token=labels[t], eps=c.norm_eps)
-    acts = figs.activation_figure(grid.numpy(), silu_grid.numpy(), gelu_grid.numpy(), u.numpy(), silu_u.numpy(),
-                                  gelu_u.numpy(), swiglu.numpy(), token=labels[t])
+    v = ep.norms_and_activations(decoder, ids, layer, t)
+    norms = figs.norm_figure(v.x, v.rms, v.ln, token=labels[t], eps=v.eps)
+    acts = figs.activation_figure(v.grid, v.silu_grid, v.gelu_grid, v.u, v.silu_u, v.gelu_u, v.swiglu,
+                                  token=labels[t])
     rows = [
         ("attention", "causal (sees earlier tokens)", "bidirectional (sees all tokens)"),
         ("positions", f"RoPE, θ = {c.rope_theta:,.0f}, rotates q and k", "sinusoidal table added to embeddings"),
@@ -92,18 +100,64 @@ def _encoder_decoder_view(prompt, layer, head, token_pos, state):
          f"GELU MLP {ec.d_model} → {ec.d_ff} → {ec.d_model}"),
         ("heads", f"{c.n_heads} query / {c.n_kv_heads} key-value", f"{ec.n_heads} / {ec.n_kv_heads}"),
         ("layers", str(c.n_layers), str(ec.n_layers)),
-        ("weights", f"trained ({name})", f"random, seed {session.ENCODER_SEED}, untrained"),
+        ("trained to", "predict the next token", "fill in hidden tokens (masked-language modelling)"),
+        ("weights", name, f"trained encoder ({ep.encoder_dir().name})"),
     ]
     md = "| | decoder | encoder |\n|---|---|---|\n" + "\n".join(f"| {a} | {b} | {e} |" for a, b, e in rows)
     md += (f"\n\nNorm and activation plots use token **{labels[t]}**: its residual stream before layer {layer}'s "
            f"feed-forward norm (RMSNorm and LayerNorm with gain 1, bias 0), and the gate pre-activations of that "
            f"feed-forward.")
-    if enc_layer != layer:
-        md += f" The encoder has {ec.n_layers} layers, so its map shows layer {enc_layer}."
+    if (enc_layer, enc_head) != (layer, head):
+        md += (f" The encoder has {ec.n_layers} layers and {ec.n_heads} heads, so its map shows layer {enc_layer}, "
+               f"head {enc_head}.")
+    if not same:
+        md += "\n\n" + _tokenizer_note(name)
     if notice:
         md += f"\n\n⚠️ {notice}"
+    blank = gr.Dropdown(choices=blank_choices(enc_labels), value=default_blank(enc_labels))
     return (masks, attn, norms, acts, md, gr.Dropdown(choices=layer_choices(c.n_layers), value=layer),
-            gr.Dropdown(choices=head_choices(c.n_heads, c.n_kv_heads), value=head))
+            gr.Dropdown(choices=head_choices(c.n_heads, c.n_kv_heads), value=head), blank)
+
+
+def _fill_in_blank_view(prompt, position, state):
+    decoder, tokenizer, name, encoder, enc_tok, same = _models(state)
+    ids, labels, notice = session.encode_with_notice(enc_tok, prompt, min(MAX_TOKENS, encoder.config.max_seq_len))
+    if position is None:
+        position = default_blank(labels)
+    blank = ep.fill_in_blank(encoder, enc_tok.mask_token_id, ids, position, decoder if same else None, k=TOP_K)
+    words = lambda g: session.token_strings(enc_tok, g.ids)  # noqa: E731
+    hidden = session.token_strings(enc_tok, [blank.target])[0]
+    enc_words = words(blank.encoder)
+    dec_words = words(blank.decoder) if blank.decoder else None
+    left = labels[blank.position - 1] if blank.position > 1 else "<s>"
+    fig = figs.fill_in_blank_figure(
+        enc_words, blank.encoder.probs, dec_words, blank.decoder.probs if blank.decoder else None, hidden=hidden,
+        left_title="encoder: reads both sides of the blank",
+        right_title=(f"decoder: reads only up to {left}" if blank.decoder else
+                     "decoder: another tokenizer, not comparable"))
+    table = [[i + 1, enc_words[i], round(blank.encoder.probs[i], 6),
+              dec_words[i] if dec_words else "", round(blank.decoder.probs[i], 6) if blank.decoder else None]
+             for i in range(len(enc_words))]
+    acc = ep.held_out_accuracy(decoder if same else None, tokenizer)
+    masked_text = " ".join("[MASK]" if i == blank.position else session.token_strings(enc_tok, [t])[0]
+                           for i, t in enumerate(ids[1:], start=1))
+    md = (f"Hidden: **{labels[blank.position]}**. The encoder read: `{masked_text}`. Its best guess is "
+          f"**{enc_words[0]}** ({blank.encoder.probs[0]:.1%})")
+    if blank.decoder:
+        md += (f"; the decoder, reading only the {blank.position} tokens before the blank, guesses "
+               f"**{dec_words[0]}** ({blank.decoder.probs[0]:.1%}).")
+    else:
+        md += ".\n\n" + _tokenizer_note(name)
+    md += (f"\n\n**Measured on {acc['stories']} held-out stories** ({acc['positions']:,} hidden tokens, 15 % of "
+           f"the words, chosen with a fixed seed): the encoder's top guess is right **{acc['encoder']:.1%}** of the "
+           f"time, reading both sides of each blank.")
+    if acc["decoder"] is not None:
+        md += (f" The decoder's top next-token guess at the same positions is right **{acc['decoder']:.1%}** of the "
+               f"time, reading only the words before each blank (and none of them hidden).")
+    if notice:
+        md += f"\n\n⚠️ {notice}"
+    return fig, {"headers": TABLE_HEADERS, "data": table}, md
+
 
 @user_errors
 @gpu(30)
@@ -111,6 +165,14 @@ def encoder_decoder_view(prompt, layer, head, token_pos, state):
     model, _, _ = session.get_model(state)
     with session.threads_for(model):
         return _encoder_decoder_view(prompt, layer, head, token_pos, state)
+
+
+@user_errors
+@gpu(30)
+def fill_in_blank_view(prompt, position, state):
+    model, _, _ = session.get_model(state)
+    with session.threads_for(model):
+        return _fill_in_blank_view(prompt, position, state)
 
 
 def build_encoder_decoder(demo: gr.Blocks, state: gr.State) -> None:
@@ -127,14 +189,31 @@ def build_encoder_decoder(demo: gr.Blocks, state: gr.State) -> None:
         run = gr.Button("Compare", variant="primary", scale=1)
     masks = gr.Plot(label="Masks")
     attn = gr.Plot(label="Attention maps")
+    gr.Markdown("#### Fill in the blank\nPick a word to hide. The encoder sees the sentence with that word replaced "
+                "by `<mask>`; the decoder sees only the words before it.")
+    with gr.Row():
+        blank = gr.Dropdown(label="Word to hide", choices=[], value=None, allow_custom_value=True, scale=2)
+        guess = gr.Button("Fill in the blank", scale=1)
+    blank_fig = gr.Plot(label="Top-10 guesses")
+    blank_md = gr.Markdown()
+    blank_table = gr.Dataframe(label="Top-10 guesses (probabilities)", headers=TABLE_HEADERS, interactive=False)
     md = gr.Markdown()
     norms = gr.Plot(label="RMSNorm vs LayerNorm")
     acts = gr.Plot(label="SwiGLU vs GELU")
     inputs = [prompt, layer, head, token, state]
-    outputs = [masks, attn, norms, acts, md, layer, head]
-    run.click(encoder_decoder_view, inputs, outputs, api_name="encoder_decoder")
-    prompt.submit(encoder_decoder_view, inputs, outputs, api_name="encoder_decoder_submit", api_visibility="private")
+    outputs = [masks, attn, norms, acts, md, layer, head, blank]
+    blank_io = ([prompt, blank, state], [blank_fig, blank_table, blank_md])
+    run.click(encoder_decoder_view, inputs, outputs, api_name="encoder_decoder").then(
+        fill_in_blank_view, *blank_io, api_name="encoder_decoder_then_blank", api_visibility="private")
+    prompt.submit(encoder_decoder_view, inputs, outputs, api_name="encoder_decoder_submit",
+                  api_visibility="private").then(fill_in_blank_view, *blank_io,
+                                                 api_name="encoder_decoder_submit_then_blank",
+                                                 api_visibility="private")
     for control in (layer, head, token):
-        control.input(encoder_decoder_view, inputs, outputs, api_name=f"encoder_decoder_{control.label.split()[0].lower()}",
-                      api_visibility="private")
-    demo.load(encoder_decoder_view, inputs, outputs, api_name="encoder_decoder_example", api_visibility="undocumented")
+        control.input(encoder_decoder_view, inputs, outputs,
+                      api_name=f"encoder_decoder_{control.label.split()[0].lower()}", api_visibility="private")
+    guess.click(fill_in_blank_view, *blank_io, api_name="fill_in_blank")
+    blank.input(fill_in_blank_view, *blank_io, api_name="fill_in_blank_pick", api_visibility="private")
+    demo.load(encoder_decoder_view, inputs, outputs, api_name="encoder_decoder_example",
+              api_visibility="undocumented").then(fill_in_blank_view, *blank_io,
+                                                  api_name="fill_in_blank_example", api_visibility="undocumented")

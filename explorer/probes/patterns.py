@@ -13,7 +13,7 @@ from explorer.device import to_host
 from torch import nn
 
 from models.config import ATTN_IMPLS
-from models.heads import (
+from explorer.heads import (
     duplicate_token_score,
     first_token_score,
     induction_score,
@@ -110,7 +110,7 @@ def head_scores(model: nn.Module, *, tokens=None, span_len: int | None = None, b
     """What kind of head each head looks like; each value is (L, H) float32 in [0, 1].
 
     ``induction`` is always measured on ``batch`` rows of ``[BOS] + r + r`` (``r`` = ``span_len`` random
-    distinct tokens, ``models.heads.repeated_random_tokens``; BOS is the config's ``bos_token_id`` if set).
+    distinct tokens, ``explorer.heads.repeated_random_tokens``; BOS is the config's ``bos_token_id`` if set).
     ``previous_token``, ``first_token`` and ``duplicate_token`` are measured on ``tokens`` when given,
     else on that same repeated sequence. ``duplicate_token`` is NaN when no token repeats in ``tokens``.
     span_len default: min(32, what fits the context and the vocabulary).

@@ -36,8 +36,9 @@ __all__ = [
     "words_of",
 ]
 
-# Special tokens of the tokenizer trained on this corpus (ids 0..3 in this order).
-SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
+# Special tokens of the tokenizer trained on this corpus (ids 0..4 in this order). ``<mask>`` is what
+# the encoder's masked-language-model training puts in place of a hidden word.
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", "<mask>")
 
 # ---------------------------------------------------------------------------------------------
 # Word lists. Kept short and concrete; every word here becomes (at most) one token.
@@ -150,6 +151,11 @@ def _cap(s: str) -> str:
     return s[:1].upper() + s[1:]
 
 
+def _uncap(s: str) -> str:
+    # Only the first letter: "On Sunday" inside a sentence is "on Sunday", never "on sunday".
+    return s[:1].lower() + s[1:]
+
+
 def _and_list(items: list[str], article: str = "") -> str:
     """'a, b and c' (with an optional article before each item)."""
     parts = [f"{article}{x}" for x in items]
@@ -199,7 +205,7 @@ class _Story:
 
     def visit(self) -> None:
         r, h, f = self.rng, self.hero, self.friend
-        self.say(f"{r.choice(TIMES).lower()}, {h.name} and {f.name} went to the {self.place}.",
+        self.say(f"{_uncap(r.choice(TIMES))}, {h.name} and {f.name} went to the {self.place}.",
                  f"it was a {r.choice(WEATHER)} day.")
         verb = r.choice(VERBS_PLAY)
         self.say(f"{h.name} {verb} the {self.thing} and {f.name} watched.",
@@ -237,18 +243,19 @@ class _Story:
         self.say(f"later, {f.name} read the list out loud: {text}.")
 
     def random_span(self) -> None:
-        # A span of random words, then the same span again; no grammar at all.
+        # A span of random words, then the same span again; no grammar at all. Span lengths and the
+        # gap between the copies vary widely so that the copy distance is no cue to copying.
         r = self.rng
-        span = r.sample(CONTENT_WORDS, r.randint(8, 24))
+        span = r.sample(CONTENT_WORDS, r.randint(4, 32))
         text = " ".join(span)
-        gap = " ".join(r.sample(CONTENT_WORDS, r.randint(0, 6)))
+        gap = " ".join(r.sample(CONTENT_WORDS, r.randint(0, 12)))
         self.say(f"{text}." + (f" {_cap(gap)}." if gap else "") + f" {_cap(text)}.")
 
     def lost(self) -> None:
         r, h = self.rng, self.hero
         rooms = r.sample(ROOMS, 2)
         spot = r.choice(HIDING)
-        self.say(f"{r.choice(TIMES).lower()}, {h.name} could not find {h.their} {self.color} "
+        self.say(f"{_uncap(r.choice(TIMES))}, {h.name} could not find {h.their} {self.color} "
                  f"{self.thing}.",
                  f"{h.they} looked in the {rooms[0]} and in the {rooms[1]}.",
                  f"at last, {h.they} found the {self.color} {self.thing} under the {spot}.",
@@ -342,7 +349,7 @@ def corpus_vocabulary() -> frozenset[str]:
         words.update((w, _cap(w)))
     for t in TIMES:
         words.update(t.split())
-        words.update(w.lower() for w in t.split())
+        words.add(_uncap(t.split()[0]))
     for v in VERBS_PLAY:
         words.update(v.split())
     for r in REFRAINS:

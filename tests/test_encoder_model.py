@@ -1,0 +1,188 @@
+"""The shipped encoder (assets/encoder-model), measured on its shipped weights, offline; and the
+masked-language-model training code it comes from, in its --quick form."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tests never reach the network
+
+import filecmp
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from explorer import encoder_probe as ep
+from training import encoder as E
+from training.corpus import COLORS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FOLDER = os.path.join(ROOT, "assets", "encoder-model")
+DECODER = os.path.join(ROOT, "assets", "default-model")
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return ep.load_encoder(FOLDER)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return ep.load_encoder_tokenizer(FOLDER)
+
+
+def test_folder_holds_the_shipped_files_and_assets_stay_small():
+    for name in ("config.json", "model.safetensors", "README.md", "training_log.json",
+                 ep.HELD_OUT_FILE, *E.TOKENIZER_FILES):
+        assert os.path.isfile(os.path.join(FOLDER, name)), name
+    total = sum(os.path.getsize(os.path.join(d, f))
+                for d, _, files in os.walk(os.path.join(ROOT, "assets")) for f in files)
+    assert total < 20 * 1024 * 1024, total
+
+
+def test_encoder_reads_the_default_decoders_tokenizer(tok):
+    for name in E.TOKENIZER_FILES:
+        assert filecmp.cmp(os.path.join(FOLDER, name), os.path.join(DECODER, name), shallow=False), name
+    assert tok.mask_token == "<mask>" and tok.convert_tokens_to_ids("<mask>") == tok.mask_token_id
+
+
+def test_mlm_head_is_tied_to_the_embedding(encoder):
+    from safetensors.torch import load_file
+
+    state = load_file(os.path.join(FOLDER, "model.safetensors"))
+    assert set(state) - {k for k in state if k.startswith("encoder.")} == {"mlm_bias"}
+    x = torch.tensor([[1, 20, 30, 40, 2]])
+    with torch.no_grad():
+        h = encoder.encoder(x)                                   # (1, T, C)
+        expected = h @ state["encoder.embed_tokens.weight"].T + state["mlm_bias"]
+        torch.testing.assert_close(encoder(x), expected)
+
+
+def _masked_accuracy_reference(encoder, tok, stories, seed=0, rate=0.15):
+    """Written out again here, with its own masking: hide 15 % of word positions, argmax."""
+    rng = np.random.default_rng(seed)
+    special = set(tok.all_special_ids)
+    hits = total = 0
+    for story in stories:
+        ids = tok(story, truncation=True, max_length=encoder.config.max_seq_len)["input_ids"]
+        hide = [i for i, t in enumerate(ids) if t not in special and rng.random() < rate]
+        x = torch.tensor([ids])
+        x[0, hide] = tok.mask_token_id
+        with torch.no_grad():
+            pred = encoder(x)[0].argmax(-1)
+        hits += sum(int(pred[i]) == ids[i] for i in hide)
+        total += len(hide)
+    return hits / total, total
+
+
+def test_masked_token_accuracy_on_held_out_stories(encoder, tok):
+    with open(os.path.join(FOLDER, "training_log.json")) as fh:
+        log = json.load(fh)
+    stories = ep.held_out_stories(FOLDER)
+    assert len(stories) == log["held_out"]["stories"] >= 32
+    acc, n = _masked_accuracy_reference(encoder, tok, stories)
+    unigram = log["held_out"]["unigram"]["accuracy"]
+    print(f"encoder masked-token top-1 {acc:.3f} on {n} hidden tokens; unigram guess {unigram:.3f}; "
+          f"decoder next-token top-1 {log['held_out']['decoder_next_token_accuracy']:.3f}")
+    assert acc >= 0.5
+    assert acc >= unigram + 0.3
+    # The logged number is the one explorer.encoder_probe measures on the same stories.
+    seqs = ep.held_out_sequences(tok, stories, encoder.config.max_seq_len)
+    chosen = ep.choose_positions(seqs, tok.all_special_ids)
+    assert ep.masked_accuracy(encoder, seqs, chosen, tok.mask_token_id) == pytest.approx(
+        log["held_out"]["encoder_accuracy"], abs=1e-9)
+    assert abs(log["held_out"]["encoder_accuracy"] - acc) < 0.05   # another 15 %, same skill
+
+
+@pytest.mark.xfail(strict=True, reason="issue 13 target not met by the shipped encoder: its top 5 for "
+                   "'Tom gave the [MASK] ball' are king, prince, man, boy, time")
+def test_a_colour_fills_the_colour_blank(encoder, tok):
+    ids = tok("Tom gave the red ball to Anna.")["input_ids"]
+    pos = ids.index(tok.convert_tokens_to_ids("▁red"))
+    x = torch.tensor([ids])
+    x[0, pos] = tok.mask_token_id
+    with torch.no_grad():
+        top5 = encoder(x)[0, pos].topk(5).indices.tolist()
+    words = [tok.decode([i]).strip() for i in top5]
+    print("top 5 for 'Tom gave the [MASK] ball to Anna.':", words)
+    assert set(words) & set(COLORS), words
+
+
+def test_encoder_reads_the_right_side(encoder, tok):
+    # Only the words after the blank differ, so only a model that reads them can tell the two apart.
+    a = tok("Mom asked Tom to buy milk. Tom bought the milk.")["input_ids"]
+    b = tok("Mom asked Tom to buy milk. Tom bought the eggs.")["input_ids"]
+    pos = a.index(tok.convert_tokens_to_ids("▁milk"))
+    pa = ep.encoder_probs(encoder, a, pos, tok.mask_token_id)
+    pb = ep.encoder_probs(encoder, b, pos, tok.mask_token_id)
+    assert (pa - pb).abs().sum() > 0.01   # a left-only model gives exactly 0
+
+
+def test_mask_tokens_follows_bert():
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(E.N_SPECIAL, 1000, (200, 256))
+    tokens[:, 0] = 1                                             # <s> is never chosen
+    inputs, chosen = E.mask_tokens(tokens, 1000, mask_id=4, rate=0.15, g=g)
+    assert not chosen[:, 0].any()
+    assert chosen.float().mean().item() == pytest.approx(0.15 * 255 / 256, abs=0.005)
+    n = chosen.sum().item()
+    masked = (inputs == 4) & chosen
+    kept = (inputs == tokens) & chosen
+    swapped = chosen & ~masked & ~kept
+    assert masked.sum().item() / n == pytest.approx(0.8, abs=0.01)
+    assert kept.sum().item() / n == pytest.approx(0.1, abs=0.01)   # (a random swap can hit itself)
+    assert swapped.sum().item() / n == pytest.approx(0.1, abs=0.01)
+    assert (inputs[swapped] >= E.N_SPECIAL).all()
+    assert torch.equal(inputs[~chosen], tokens[~chosen])
+
+
+def test_mlm_loss_counts_only_the_chosen_positions():
+    class Fixed(torch.nn.Module):
+        def __init__(self, logits):
+            super().__init__()
+            self.logits = logits
+
+        def forward(self, x):
+            return self.logits
+
+    logits = torch.randn(1, 4, 10)
+    tokens = torch.tensor([[1, 5, 6, 7]])
+    chosen = torch.tensor([[False, True, False, True]])
+    expected = (F.cross_entropy(logits[0, 1:2], tokens[0, 1:2]) + F.cross_entropy(logits[0, 3:4], tokens[0, 3:4])) / 2
+    torch.testing.assert_close(E.mlm_loss(Fixed(logits), tokens, tokens, chosen), expected)
+
+
+@pytest.fixture(scope="module")
+def quick_encoder(tmp_path_factory):
+    base = tmp_path_factory.mktemp("quick-encoder")
+    dec, enc = base / "decoder", base / "encoder"
+    for args in (["--quick", "--out", str(dec)],
+                 ["--encoder", "--quick", "--out", str(enc), "--set", f"tokenizer_from={dec}"]):
+        proc = subprocess.run([sys.executable, "-m", "training", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return dec, enc, proc.stdout
+
+
+def test_quick_encoder_run_writes_a_folder_the_app_reads(quick_encoder):
+    dec, enc, stdout = quick_encoder
+    assert "step 30/30" in stdout
+    log = json.loads((enc / "training_log.json").read_text())
+    model, tok = ep.load_encoder(enc), ep.load_encoder_tokenizer(enc)
+    stories = ep.held_out_stories(enc)
+    seqs = ep.held_out_sequences(tok, stories, model.config.max_seq_len)
+    chosen = ep.choose_positions(seqs, tok.all_special_ids)
+    assert ep.masked_accuracy(model, seqs, chosen, tok.mask_token_id) == pytest.approx(
+        log["held_out"]["encoder_accuracy"], abs=1e-9)
+    assert max(e["held_out_accuracy"] for e in log["history"]) == log["picked"]["held_out_accuracy"]
+    card = (enc / "README.md").read_text()
+    assert f"**{log['held_out']['encoder_accuracy']:.3f}**" in card
+    assert f"**{log['held_out']['unigram']['accuracy']:.3f}**" in card
+    assert f"{log['train_minutes']:.1f} minutes" in card
+    (enc / "README.md").unlink()
+    proc = subprocess.run([sys.executable, "-m", "training", "--encoder", "--card-only", "--out", str(enc)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (enc / "README.md").read_text() == card
