@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from explorer import encoder_probe as ep
 from training import encoder as E
 from training.corpus import COLORS
+from tests.fixed_logits import FixedLogits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDER = os.path.join(ROOT, "assets", "encoder-model")
@@ -139,19 +140,11 @@ def test_mask_tokens_follows_bert():
 
 
 def test_mlm_loss_counts_only_the_chosen_positions():
-    class Fixed(torch.nn.Module):
-        def __init__(self, logits):
-            super().__init__()
-            self.logits = logits
-
-        def forward(self, x):
-            return self.logits
-
     logits = torch.randn(1, 4, 10)
     tokens = torch.tensor([[1, 5, 6, 7]])
     chosen = torch.tensor([[False, True, False, True]])
     expected = (F.cross_entropy(logits[0, 1:2], tokens[0, 1:2]) + F.cross_entropy(logits[0, 3:4], tokens[0, 3:4])) / 2
-    torch.testing.assert_close(E.mlm_loss(Fixed(logits), tokens, tokens, chosen), expected)
+    torch.testing.assert_close(E.mlm_loss(FixedLogits(logits), tokens, tokens, chosen), expected)
 
 
 @pytest.fixture(scope="module")

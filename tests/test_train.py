@@ -18,6 +18,7 @@ from training import __main__ as cli
 from training import data as D
 from training import evaluate as E
 from training import loop as T
+from tests.fixed_logits import FixedLogits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -248,19 +249,11 @@ def test_set_overrides_settings_fields_and_refuses_unknown_ones():
 
 
 def test_span_loss_counts_only_the_marked_targets():
-    class Fixed(torch.nn.Module):
-        def __init__(self, logits):
-            super().__init__()
-            self.logits = logits
-
-        def forward(self, x):
-            return self.logits
-
     torch.manual_seed(0)
     rows = torch.tensor([[1, 5, 6, 5, 6]])
     logits = torch.randn(1, 4, 10)
     marked = torch.tensor([[False, False, False, True, True]])
     expected = torch.nn.functional.cross_entropy(logits[0, 2:], rows[0, 3:])
-    torch.testing.assert_close(T.next_token_loss(Fixed(logits), rows, marked), expected)
+    torch.testing.assert_close(T.next_token_loss(FixedLogits(logits), rows, marked), expected)
     everything = torch.nn.functional.cross_entropy(logits[0], rows[0, 1:])
-    torch.testing.assert_close(T.next_token_loss(Fixed(logits), rows), everything)
+    torch.testing.assert_close(T.next_token_loss(FixedLogits(logits), rows), everything)
