@@ -21,8 +21,6 @@ import copy
 import threading
 from typing import Any
 
-import torch
-
 from explorer.device import place
 from models import Decoder, load_pretrained, optimize_for_decode
 from models.loading import load_tokenizer
@@ -33,7 +31,7 @@ from .private_models import PRIVATE_LOCK, add_private, model_bytes, reserve_priv
 from .text import as_tensor, clean_text, encode, encode_with_notice, token_strings  # noqa: F401
 from .threads import default_threads, threads_for  # noqa: F401
 
-_lock = threading.Lock()  # guards the default model's first load and the encoder cache
+_lock = threading.Lock()  # guards the default model's first load
 _default: tuple[Decoder, Any] | None = None
 
 
@@ -90,36 +88,3 @@ def set_model(state: dict, model: Decoder | None, tokenizer: Any, name: str, sou
 
 def reset_to_default(state: dict) -> dict:
     return set_model(state, None, None, default_model_name(), "default")
-
-
-
-
-ENCODER_SEED = 0
-_encoders: dict[tuple, Any] = {}
-
-
-def encoder_for(model: Decoder):
-    """The untrained companion encoder for ``model``'s vocabulary and width (random weights, seed 0).
-
-    Same vocabulary size, model width and query-head count as the decoder (so one tokenizer serves both),
-    at most 4 layers, plain multi-head attention, GELU feed-forward of 4 × width. Built once per shape.
-    """
-    from models import Encoder, ModelConfig
-
-    c = model.config
-    key = (c.vocab_size, c.d_model, c.n_heads, min(c.n_layers, 4), min(c.max_seq_len, 1024))
-    with _lock:
-        enc = _encoders.get(key)
-        if enc is None:
-            cfg = ModelConfig(vocab_size=key[0], d_model=key[1], n_heads=key[2], n_kv_heads=key[2],
-                              n_layers=key[3], d_ff=4 * key[1], max_seq_len=key[4], attn_impl="sdpa")
-            g = torch.random.fork_rng()
-            with g:
-                torch.manual_seed(ENCODER_SEED)
-                enc = Encoder(cfg).eval()
-            for p in enc.parameters():
-                p.requires_grad_(False)
-            while len(_encoders) >= 3:  # loaded models of other shapes must not pile up encoders for ever
-                _encoders.pop(next(iter(_encoders)))
-            _encoders[key] = enc
-        return enc

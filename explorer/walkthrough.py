@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from models.config import ModelConfig
+from models.decoder import check_tokens
 from models.rope import rope_frequencies
 
 from . import probes
@@ -185,8 +186,7 @@ def check_ids(ids, config: ModelConfig) -> tuple[int, ...]:
     if len(ids) > config.max_seq_len:
         raise ValueError(f"The prompt is {len(ids)} tokens long; the model's context is {config.max_seq_len}: "
                          "shorten it.")
-    if min(ids) < 0 or max(ids) >= config.vocab_size:
-        raise ValueError(f"token ids must lie in 0..{config.vocab_size - 1}, got {min(ids)}..{max(ids)}.")
+    check_tokens(torch.tensor([ids]), config)  # the decoder's own rule for ids, with its sentence
     return ids
 
 

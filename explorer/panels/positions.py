@@ -95,7 +95,7 @@ def _rope_view(prompt, theta, position, pairs, layer, head, state):
     hl = head_label(head, c.n_heads, c.n_kv_heads)
     compare = figs.theta_attention_figure(before, after, labels, theta_before=trained, theta_after=theta,
                                           layer=layer, head_text=hl)
-    sin = probes.sinusoidal_probe(POSITIONS, session.encoder_for(model).config.d_model)
+    sin = probes.sinusoidal_probe(POSITIONS, c.d_model)
     sinus = figs.sinusoidal_heatmap(sin["table"])
 
     changed = abs(after - before).max()
