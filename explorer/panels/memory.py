@@ -7,10 +7,9 @@ import time
 from typing import Any, NamedTuple
 
 import gradio as gr
-import torch
 
-from explorer.device import gpu
 from explorer import device as dev
+from explorer.device import gpu
 from explorer import measure, session
 from explorer.figures import memory as figs
 
@@ -35,11 +34,6 @@ Each step reads one block of keys (red outline). Every query row keeps a running
 scores and a running sum *l* of exp(score − m); when a new block raises the maximum, the old sum and the
 partial output are scaled down by exp(m_old − m_new). Move the slider: the output on the right takes its
 final shape without the T×T matrix ever being stored."""
-
-
-def device() -> torch.device:
-    """Where the lab measures: the app's device (explorer.device)."""
-    return dev.device()
 
 
 def sweep_lengths(max_T: int) -> list[int]:
@@ -93,7 +87,7 @@ def _summary(rows: list[dict], req: dict, notes: list[str], elapsed: float) -> s
         if best["peak_bytes"]:
             parts.append(f"\nNaive needs **{at['naive']['peak_bytes'] / best['peak_bytes']:.0f}×** the memory of "
                          f"{best['impl']} here.")
-    run = measure.runtime_info(device=device(), dtype=req["dtype"])
+    run = measure.runtime_info(device=dev.device(), dtype=req["dtype"])
     parts.append(f"\nMeasured on {run['device']} with torch {run['torch']} in {elapsed:.1f} s "
                  f"(median of {REPEATS} calls; peak memory from "
                  f"{done[0].get('memory_source') or 'the allocator'}). Budget: "
@@ -118,7 +112,7 @@ TABLE_HEADERS = ["T", "implementation", "measured peak (bytes)", "predicted peak
 
 
 def _figure(rows: list[dict], req: dict):
-    prov = measure.runtime_info(device=device(), dtype=req["dtype"])
+    prov = measure.runtime_info(device=dev.device(), dtype=req["dtype"])
     source = next((r.get("memory_source") for r in rows if r.get("memory_source")), None)
     kernel = next((r.get("kernel") for r in rows if r.get("kernel")), None)
     return figs.memory_sweep_figure(rows, provenance=prov, n_heads=req["n_heads"], head_dim=req["head_dim"],
@@ -138,7 +132,7 @@ def run_sweep(req: dict, progress=None):
     for step in measure.timed_sweep(lens, req["n_heads"], req["head_dim"], impls=tuple(req["impls"]),
                                     time_limit=SWEEP_SECONDS, repeats=REPEATS, on_start=on_start,
                                     n_kv_heads=req["n_kv_heads"], dtype=req["dtype"], causal=req["causal"],
-                                    device=device()):
+                                    device=dev.device()):
         if step.stopped_before is not None:
             T, expect = step.stopped_before
             notes.append(f"\n⏱️ Stopped before T = {T}: it would take about {expect:.0f} s and the sweep is "
@@ -181,7 +175,7 @@ def memory_budget(n_heads, head_dim, n_kv_heads, impls, causal, dtype):
 
 
 def _budget_text(req: dict) -> str:
-    kw = dict(n_kv_heads=req["n_kv_heads"], dtype=req["dtype"], causal=req["causal"], device=device())
+    kw = dict(n_kv_heads=req["n_kv_heads"], dtype=req["dtype"], causal=req["causal"], device=dev.device())
     parts = []
     for impl in req["impls"]:
         fits = measure.largest_fitting_seq_len(measure.MEMORY_BUDGET_BYTES, req["n_heads"], req["head_dim"],
