@@ -1,7 +1,10 @@
 """Weight-only int8: each output row of a linear layer stored as int8 with one fp32 scale.
 
 ``W ≈ scale[:, None] · Q`` with ``Q = round(W / scale)`` in [-127, 127] and ``scale = max|W_row| / 127``.
-Activations stay in floating point; the matmul runs on the dequantised weight.
+Activations stay in floating point. Where torch has a CPU kernel that reads the int8 weight directly
+(``torch.ops.aten._weight_int8pack_mm``: x (N, in) fp32/bf16, Q (out, in) int8, scale (out,)), the matmul
+uses it; elsewhere (a GPU, fp16, an old torch) the weight is dequantised on the fly, ``x @ Q.T`` then the
+per-row scale. ``Int8Linear.kernel_for(x)`` says which one a call takes.
 
 Notation: ``in``/``out`` the features of the quantised linear; ``x`` is (..., in), the output (..., out).
 """
@@ -16,6 +19,9 @@ from torch import nn
 from .layers import replace_linears
 from .lora import PROJECTIONS
 
+# None where this torch build has no such operator (then every call dequantises).
+_INT8_MM = getattr(torch.ops.aten, "_weight_int8pack_mm", None) if hasattr(torch.ops, "aten") else None
+
 
 class Int8Linear(nn.Module):
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> None:
@@ -29,12 +35,23 @@ class Int8Linear(nn.Module):
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
         w = linear.weight.detach().float()  # (out, in)
         scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)  # (out,)
-        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)  # (out, in) / (out, 1)
+        # contiguous (out, in): the int8 kernel reads rows; a weight re-laid out by models.fast is not
+        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()  # (out, in) / (out, 1)
         bias = None if linear.bias is None else linear.bias.detach().clone()
         return cls(q, scale, bias)
 
+    def kernel_for(self, x: torch.Tensor) -> str:
+        """"int8pack_mm" when torch's int8-weight kernel serves this input, else "dequantize"."""
+        if _INT8_MM is not None and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16):
+            return "int8pack_mm"
+        return "dequantize"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)  # per-output-channel rescale
+        if self.kernel_for(x) == "int8pack_mm":
+            y = _INT8_MM(x.reshape(-1, self.in_features), self.qweight, self.scale.to(x.dtype))  # (N, out)
+            y = y.reshape(*x.shape[:-1], self.out_features)  # (..., out)
+        else:
+            y = F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)  # per-output-channel rescale
         return y if self.bias is None else y + self.bias
 
     @property

@@ -20,6 +20,7 @@ from models.generate import generate as generate_tokens
 from models.lora import PROJECTIONS, attach_lora, detach_lora
 
 from . import as_index, as_number, as_whole, head_choices, layer_choices, outputs_of, user_errors
+from .formats import build_formats
 
 MAX_RANK = 64
 MAX_TEXT_TOKENS = 2048
@@ -358,3 +359,4 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     demo.load(lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_example", api_visibility="undocumented")
     demo.load(lambda: figs.loss_curve_figure([], [], max_steps=40), None, [loss_plot], api_name="lora_empty_curve",
               api_visibility="private")
+    build_formats(demo, state)  # Weight formats: fp32 · bf16 · int8, and the measured summary table

@@ -1,0 +1,274 @@
+"""Weight formats and the decoding roofline: one model at fp32, bf16 and weight-only int8, measured side by side,
+and the speed limit memory bandwidth puts on one-token decoding.
+
+Notation: B batch (1 here), T prompt length, S cached positions, V vocabulary, L layers, Hkv key/value heads,
+D head dim.
+
+Decoding one token multiplies one vector by every weight matrix: each weight byte is read once and used for one
+multiply-add (arithmetic intensity about 2 flops per 4 bytes in fp32), so the step waits for memory, not for
+arithmetic. Hence the limit ``tokens/s <= bandwidth / bytes read per token``, where bytes read per token are the
+weights (every matrix once; the embedding table only as the tied LM head, a lookup reads one row) plus the KV
+cache at the current length. Prefill reads the same weights once for T tokens (intensity about T times higher),
+so it is bound by arithmetic instead.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from explorer import device as dev
+from models.generate import generate
+from models.layers import RMSNorm
+from models.quant import Int8Linear, quantize_int8
+
+from .profile import timed
+from .units import MIB
+
+FORMATS = ("fp32", "bf16", "int8")
+FORMAT_NOTES = {
+    "fp32": "every weight in float32 (4 bytes)",
+    "bf16": "every weight and activation in bfloat16 (2 bytes); norms compute in fp32",
+    "int8": "the 7 projections of every layer int8 with one fp32 scale per output row (1 byte + 4/in); "
+            "embedding, LM head and norms stay fp32; activations fp32",
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Converted copies
+# ---------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def convert(model: nn.Module, fmt: str) -> nn.Module:
+    """``model`` in format ``fmt`` ("fp32", "bf16", "int8"): a new copy, the original untouched (fp32 of an fp32
+    model is a copy too, so every format is timed on a model laid out the same way)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}.")
+    if fmt == "int8":
+        out = quantize_int8(copy.deepcopy(model).float())[0]
+    else:
+        out = copy.deepcopy(model).to(torch.float32 if fmt == "fp32" else torch.bfloat16)
+    for p in out.parameters():
+        p.requires_grad_(False)
+    return out.eval()
+
+
+def int8_kernel(model: nn.Module) -> str | None:
+    """Which int8 matmul a model's ``Int8Linear`` layers run ("int8pack_mm" or "dequantize"); None without any."""
+    for m in model.modules():
+        if isinstance(m, Int8Linear):
+            return m.kernel_for(torch.empty(1, m.in_features, device=m.qweight.device, dtype=m.scale.dtype))
+    return None
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes the model's weights occupy: distinct parameters (a tied table once) plus int8 weights and scales."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return params + sum(m.nbytes for m in model.modules() if isinstance(m, Int8Linear))
+
+
+def cache_bytes_per_position(model: nn.Module) -> int:
+    """Bytes one cached position holds, all layers: L · 2 (k and v) · Hkv · D · element size of the model's cache."""
+    c = model.config
+    return c.n_layers * 2 * c.n_kv_heads * c.head_dim * model.embed_tokens.weight.element_size()
+
+
+def bytes_per_token(model: nn.Module, kv_len: int) -> dict[str, int]:
+    """Bytes one decoding step reads, counted on the model: every linear weight once (int8 with its scales),
+    the norms, one embedding row when the table is not also the LM head, and the KV cache of ``kv_len`` positions.
+
+    Returns {"weights", "kv_cache", "total"} in bytes.
+    """
+    if not isinstance(kv_len, int) or kv_len < 0:
+        raise ValueError(f"kv_len must be a non-negative whole number of positions, got {kv_len!r}.")
+    seen: set[int] = set()
+    weights = 0
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, RMSNorm)) and id(m.weight) not in seen:
+            seen.add(id(m.weight))
+            weights += m.weight.numel() * m.weight.element_size()
+        elif isinstance(m, Int8Linear):
+            weights += m.nbytes
+    emb = model.embed_tokens.weight
+    if id(emb) not in seen:  # untied: the lookup reads one row; tied: already read in full as the LM head
+        weights += emb.shape[1] * emb.element_size()
+    kv = kv_len * cache_bytes_per_position(model)
+    return {"weights": weights, "kv_cache": kv, "total": weights + kv}
+
+
+def roofline_tokens_per_s(bytes_per_step: float, bandwidth_bytes_per_s: float) -> float:
+    """The memory-bound speed limit: each step must read ``bytes_per_step`` at ``bandwidth_bytes_per_s``."""
+    if bytes_per_step <= 0 or bandwidth_bytes_per_s <= 0:
+        raise ValueError("bytes per step and bandwidth must both be positive.")
+    return bandwidth_bytes_per_s / bytes_per_step
+
+
+# ---------------------------------------------------------------------------------------------------
+# Measurements
+# ---------------------------------------------------------------------------------------------------
+READ_METHOD = ("a {size} fp32 tensor (far larger than any cache) summed with torch.sum, which reads every byte "
+               "once; bytes read / median wall time of {repeats} calls after one warm-up")
+
+
+def read_bandwidth(nbytes: int = 256 * MIB, *, repeats: int = 7, device: str | torch.device | None = None
+                   ) -> dict[str, Any]:
+    """Memory read bandwidth: a large tensor summed (read once, nothing written but one number).
+
+    Returns {"bytes_per_s", "nbytes", "repeats", "seconds" (median), "runs", "method"}.
+    """
+    if nbytes < MIB or repeats < 1:
+        raise ValueError("read at least 1 MiB, at least once.")
+    device = dev.resolve(device)
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    x.sum()
+    runs = [timed(x.sum, device)[1] for _ in range(repeats)]
+    seconds = statistics.median(runs)
+    size = f"{nbytes / MIB:.0f} MiB"
+    return {"bytes_per_s": x.numel() * 4 / seconds, "nbytes": x.numel() * 4, "repeats": repeats,
+            "seconds": seconds, "runs": runs, "method": READ_METHOD.format(size=size, repeats=repeats)}
+
+
+def decode_speed(generate_fn, n_tokens: int, *, repeats: int = 3, device=None) -> dict[str, Any]:
+    """Decode tokens/s of ``generate_fn(k)`` (greedy, k new tokens): (n - 1) / (time(n) - time(1)), medians of
+    ``repeats``, so the prompt's prefill and the first token cancel out and only one-token steps are counted.
+
+    Returns {"tokens_per_s", "step_seconds", "tokens" (the n-token output)}.
+    """
+    if n_tokens < 2:
+        raise ValueError("measure at least 2 new tokens.")
+    generate_fn(2)  # warm-up
+    long_runs, short_runs, tokens = [], [], None
+    for _ in range(repeats):
+        tokens, t = timed(lambda: generate_fn(n_tokens), device)
+        long_runs.append(t)
+        short_runs.append(timed(lambda: generate_fn(1), device)[1])
+    step = max(statistics.median(long_runs) - statistics.median(short_runs), 1e-9) / (n_tokens - 1)
+    return {"tokens_per_s": 1.0 / step, "step_seconds": step, "tokens": tokens}
+
+
+@torch.inference_mode()
+def prefill_speed(model: nn.Module, ids: torch.Tensor, *, repeats: int = 3) -> float:
+    """Prompt tokens/s of one forward pass over ``ids`` (1, T) filling a cache (median of ``repeats``)."""
+    def run():
+        return model(ids, cache=model.new_cache(ids.shape[0], ids.shape[1]), last_only=True)
+    run()
+    device = ids.device
+    return ids.shape[1] / statistics.median(timed(run, device)[1] for _ in range(repeats))
+
+
+def greedy_agreement(reference: torch.Tensor, other: torch.Tensor, prompt_len: int) -> dict[str, Any]:
+    """How far two greedy continuations (B, T + n) of the same prompt agree.
+
+    Returns {"matching": positions equal, "new_tokens": n, "fraction", "first_divergence": index of the first new
+    token that differs (None when all match)}.
+    """
+    if reference.shape != other.shape:
+        raise ValueError("compare continuations of the same length.")
+    same = (reference[0, prompt_len:] == other[0, prompt_len:].to(reference.device)).tolist()
+    n = len(same)
+    first = next((i for i, s in enumerate(same) if not s), None)
+    return {"matching": sum(same), "new_tokens": n, "fraction": sum(same) / n if n else 1.0,
+            "first_divergence": first}
+
+
+@torch.inference_mode()
+def max_abs_logit_diff(reference: nn.Module, other: nn.Module, ids: torch.Tensor) -> float:
+    """max |logits_reference - logits_other| over every position of ``ids`` (1, T), in fp32."""
+    return float((reference(ids).float() - other(ids).float()).abs().max())
+
+
+@torch.inference_mode()
+def held_out_loss(model: nn.Module, ids: torch.Tensor) -> float:
+    """Mean next-token cross-entropy of ``ids`` (B, T), nats per token, computed in fp32."""
+    if ids.shape[1] < 2:
+        raise ValueError("the held-out text needs at least two tokens.")
+    logits = model(ids[:, :-1]).float()  # (B, T-1, V)
+    return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)))
+
+
+@torch.inference_mode()
+def next_token_top(model: nn.Module, ids: torch.Tensor, k: int = 10) -> list[tuple[int, float]]:
+    """The ``k`` most likely next tokens after ``ids`` (1, T): [(id, probability)], most likely first."""
+    probs = torch.softmax(model(ids, last_only=True)[0, -1].float(), -1)  # (V,)
+    top = torch.topk(probs, min(k, probs.numel()))
+    return list(zip(top.indices.tolist(), top.values.tolist()))
+
+
+def compare_formats(models: dict[str, nn.Module], prompt: torch.Tensor, held_out: torch.Tensor, *,
+                    new_tokens: int = 64, repeats: int = 3, top_k: int = 10) -> dict[str, dict[str, Any]]:
+    """Each converted model beside the first (the fp32 reference): weight bytes, decode tokens/s, bytes per
+    decoded token at the continuation's mean cache length, greedy agreement over ``new_tokens``, max |Δlogit| on
+    ``held_out``, held-out loss (nats/token), the prompt's next-token top-k and which int8 kernel ran.
+
+    prompt (1, T) and held_out (1, T') token ids; ``prompt`` + ``new_tokens`` must fit the context.
+    """
+    names = list(models)
+    ref = models[names[0]]
+    T = prompt.shape[1]
+    out: dict[str, dict[str, Any]] = {}
+    for name in names:
+        model = models[name]
+        speed = decode_speed(lambda n, m=model: generate(m, prompt, n), new_tokens, repeats=repeats,
+                             device=prompt.device)
+        out[name] = {"weight_bytes": weight_bytes(model), "tokens_per_s": speed["tokens_per_s"],
+                     "bytes_per_token": bytes_per_token(model, T + new_tokens // 2),
+                     "tokens": speed["tokens"][0].tolist(), "held_out_loss": held_out_loss(model, held_out),
+                     "top": next_token_top(model, prompt, top_k), "int8_kernel": int8_kernel(model)}
+    for name in names:
+        out[name]["agreement"] = greedy_agreement(torch.tensor([out[names[0]]["tokens"]]),
+                                                  torch.tensor([out[name]["tokens"]]), T)
+        out[name]["max_abs_logit_diff"] = 0.0 if name == names[0] else max_abs_logit_diff(ref, models[name],
+                                                                                           held_out)
+    return out
+
+
+def transformers_copy(model: nn.Module, folder) -> nn.Module | None:
+    """transformers' ``LlamaForCausalLM`` on the same weights (fp32, SDPA), or None when transformers is absent
+    or cannot build this configuration. ``folder`` receives the safetensors it is loaded from."""
+    try:
+        import transformers
+        from transformers import LlamaForCausalLM
+    except ImportError:
+        return None
+    from models.loading import save_pretrained
+
+    transformers.logging.set_verbosity_error()
+    try:
+        save_pretrained(model, folder)
+        hf = LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="sdpa")
+    except (ValueError, OSError, KeyError) as exc:  # a configuration transformers' Llama cannot express
+        del exc
+        return None
+    return hf.to(model.embed_tokens.weight.device).eval()
+
+
+def transformers_generate_fn(hf, prompt: torch.Tensor):
+    """``fn(n)``: transformers' greedy generate of exactly n new tokens after ``prompt`` (1, T)."""
+    mask = torch.ones_like(prompt)
+
+    def fn(n: int):
+        with torch.inference_mode():
+            return hf.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                               pad_token_id=0)
+    return fn
+
+
+def fraction_rows(results: dict[str, dict[str, Any]], bandwidth: float) -> list[dict[str, Any]]:
+    """Per format: bytes per token, the roofline limit and measured tokens/s as a fraction of it."""
+    rows = []
+    for name, r in results.items():
+        limit = roofline_tokens_per_s(r["bytes_per_token"]["total"], bandwidth)
+        rows.append({"name": name, "bytes_per_token": r["bytes_per_token"]["total"], "limit_tokens_per_s": limit,
+                     "tokens_per_s": r["tokens_per_s"], "fraction": r["tokens_per_s"] / limit})
+    return rows
+
+
+def check_formats(formats: Sequence[str]) -> tuple[str, ...]:
+    formats = tuple(formats)
+    bad = [f for f in formats if f not in FORMATS]
+    if not formats or bad:
+        raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {list(formats)}.")
+    return formats

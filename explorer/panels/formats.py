@@ -1,0 +1,285 @@
+"""Weight formats: fp32 · bf16 · int8 (a section of the LoRA & int8 tab): the loaded model in three formats
+side by side, the memory-bandwidth roofline of one-token decoding, and the tutorial's memory-and-compute
+summary table measured on this machine.
+
+Every number comes from ``explorer.measure`` on the loaded model when the button is pressed; a result is kept in
+``explorer.cache.results`` (keyed by the model's weights and the prompt), never in ``gr.State``.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import gradio as gr
+import torch
+
+from explorer import measure, session
+from explorer.cache import results, weights_key
+from explorer.figures import formats as figs
+from explorer.figures.common import provenance_text
+from explorer.locks import MEASURE_LOCK, model_lock
+from explorer.measure import formats as fm
+from models.generate import generate
+
+from . import user_errors
+
+ROOT = Path(__file__).resolve().parents[2]
+HELD_OUT_PATH = ROOT / "assets" / "encoder-model" / "held_out_stories.txt"
+HELD_OUT_TOKENS = 256  # the fixed text's first tokens (fewer when the model's context is shorter)
+MAX_PROMPT_TOKENS = 64
+NEW_TOKENS = 64  # greedy agreement and decode speed are measured over this many new tokens
+REPEATS = 3
+CACHE_TOKENS = 32  # the KV-caching row: decode with and without the cache
+FLASH_LENGTHS = (1024, 2048)  # the FlashAttention row: peak memory at two lengths, to see how it grows
+LORA_RANK, LORA_TARGETS = 8, ("q_proj", "v_proj")
+DEFAULT_PROMPT = "Once upon a time, there was a happy girl named Lily. She had a"
+TRANSFORMERS = "transformers fp32"
+CACHE_SIZED = 64 * 2**20  # weights under this may stay in the CPU's caches between steps
+
+INTRO = """### Weight formats: fp32 · bf16 · int8
+Decoding one token reads **every weight once** to do one multiply-add with it, so its speed is set by how fast
+memory delivers bytes, not by arithmetic: *tokens/s ≤ memory bandwidth ÷ bytes read per token*. Smaller weights
+should mean faster decoding — if the machine has fast kernels for them. Press **Measure** to convert the loaded
+model to bf16 and weight-only int8 and measure all three here, now, beside transformers on the same weights."""
+
+FORMAT_HEADERS = ["format", "weight bytes", "decode tokens/s", "MB read / token", "limit tokens/s",
+                  "% of limit", f"greedy agreement with fp32 ({NEW_TOKENS} tokens)", "max |Δlogit| vs fp32",
+                  "held-out loss (nats/token)", "matmul kernel"]
+SUMMARY_HEADERS = ["technique", "the tutorial's claim", "measured here, on the loaded model", "held?",
+                   "where it is measured live"]
+CLAIMS = {
+    "KV caching": "the cache grows linearly with length; per-step compute O(S²) → O(S)",
+    "GQA": "KV cache ÷ (query heads / KV heads)",
+    "FlashAttention": "peak attention memory O(S²) → O(S)",
+    "LoRA": "~1 % of the parameters trained",
+    "INT8": "~50 % model size reduction, minor throughput gain, small accuracy drop",
+}
+TABS = {"KV caching": "KV cache & generation tab", "GQA": "KV cache & generation tab (MHA / GQA / MQA sizes)",
+        "FlashAttention": "Memory lab tab", "LoRA": "LoRA & int8 tab (top: trainable vs frozen)",
+        "INT8": "this section (table above)"}
+
+
+class FormatsView(NamedTuple):
+    table: list[list[Any]]  # one row per format (and transformers), FORMAT_HEADERS
+    top: list[list[Any]]  # next-token top-10 per format
+    roofline: Any  # plotly figure
+    notes: str  # markdown: bandwidth and how it was measured, prefill for contrast, kernels
+    summary: list[list[Any]]  # the tutorial's five rows, SUMMARY_HEADERS
+    numbers: dict  # the measured values behind both tables (small: numbers and short lists)
+
+
+def held_out_ids(tokenizer, max_len: int) -> list[int]:
+    """The fixed held-out text's first tokens (at most ``max_len``)."""
+    text = HELD_OUT_PATH.read_text()[:20_000]  # far more characters than HELD_OUT_TOKENS tokens need
+    return list(tokenizer(text, add_special_tokens=True, truncation=True, max_length=max_len)["input_ids"])
+
+
+def _copies(model) -> dict[str, torch.nn.Module]:
+    """fp32, bf16 and int8 copies of ``model``, kept in the shared cache (bounded; the weights' key changes with
+    every in-place write, so a trained LoRA model never meets a stale copy)."""
+    key = weights_key(model)
+    out = {}
+    for fmt in fm.FORMATS:
+        def build(fmt=fmt):
+            with model_lock(model):  # no LoRA write half-way through the copy
+                return fm.convert(model, fmt)
+        copy_ = results.get_or_compute(("format_copy", key, fmt), build)
+        out[fmt] = copy_
+    return out
+
+
+def _summary(model, numbers: dict) -> list[list[Any]]:
+    """The five rows, each cell computed from ``numbers`` (filled here from the calculators and measurements)."""
+    c = model.config
+    rows = []
+    # KV caching: bytes per cached position counted on an allocated cache, and time per step with and without it
+    kv = numbers["kv"]
+    per_pos = kv["allocated_bytes_per_position"]
+    held = kv["speedup"] > 1 and per_pos == kv["formula_bytes_per_token"]
+    rows.append(["KV caching", CLAIMS["KV caching"],
+                 f"{per_pos:,} bytes per cached position ({measure.format_bytes(per_pos * kv['seq_len'])} at "
+                 f"{kv['seq_len']} positions); {kv['cached_ms']:.1f} ms per token with the cache, "
+                 f"{kv['uncached_ms']:.1f} ms without ({kv['speedup']:.1f}x) over {CACHE_TOKENS} tokens",
+                 "yes" if held else "no", TABS["KV caching"]])
+    g = numbers["gqa"]
+    held = g["ratio"] == c.n_heads / c.n_kv_heads and g["allocated_bytes"] == g["gqa_bytes"]
+    rows.append(["GQA", CLAIMS["GQA"],
+                 f"{c.n_heads} query / {c.n_kv_heads} KV heads: cache {measure.format_bytes(g['gqa_bytes'])} against "
+                 f"{measure.format_bytes(g['mha_bytes'])} as MHA at {g['seq_len']} positions "
+                 f"(÷{g['ratio']:g}; the model's own allocated cache: {measure.format_bytes(g['allocated_bytes'])})",
+                 "yes" if held else "no", TABS["GQA"]])
+    f = numbers["flash"]
+    (t1, t2) = FLASH_LENGTHS
+    held = f["naive_growth"] > 3 and f["sdpa_growth"] < 2.5
+    rows.append(["FlashAttention", CLAIMS["FlashAttention"],
+                 f"peak above the inputs, T={t1} → {t2}: naive {measure.format_bytes(f['naive'][0])} → "
+                 f"{measure.format_bytes(f['naive'][1])} (x{f['naive_growth']:.2f}), fused SDPA "
+                 f"{measure.format_bytes(f['sdpa'][0])} → {measure.format_bytes(f['sdpa'][1])} "
+                 f"(x{f['sdpa_growth']:.2f}); {f['naive'][1] / max(f['sdpa'][1], 1):.0f}x less at T={t2}",
+                 "yes" if held else "no", TABS["FlashAttention"]])
+    lo = numbers["lora"]
+    held = 0.001 <= lo["trainable_fraction"] <= 0.02
+    rows.append(["LoRA", CLAIMS["LoRA"],
+                 f"rank {LORA_RANK} on {' and '.join(LORA_TARGETS)}: {lo['trainable']:,} of {lo['frozen']:,} "
+                 f"parameters trained ({lo['trainable_fraction']:.2%})", "yes" if held else "no", TABS["LoRA"]])
+    q = numbers["int8"]
+    parts = [q["size_reduction"] >= 0.4, q["speed_ratio"] >= 1.0, q["loss_change"] <= 0.05]
+    verdict = "yes" if all(parts) else "no" if not any(parts) else "partly: " + ", ".join(
+        name for name, ok in zip(("size", "speed", "accuracy"), parts) if ok) + " held"
+    rows.append(["INT8", CLAIMS["INT8"],
+                 f"weights {q['size_reduction']:.0%} smaller than fp32; decoding x{q['speed_ratio']:.2f} the fp32 "
+                 f"tokens/s ({q['kernel']}); held-out loss {q['loss_change']:+.4f} nats/token",
+                 verdict, TABS["INT8"]])
+    return rows
+
+
+def _measure(model, tokenizer, ids: list[int]) -> dict:
+    c = model.config
+    device = model.embed_tokens.weight.device
+    prompt = torch.tensor([ids], device=device)
+    held = torch.tensor([held_out_ids(tokenizer, min(HELD_OUT_TOKENS, c.max_seq_len))], device=device)
+    copies = _copies(model)
+    with session.default_threads(), MEASURE_LOCK:  # one measurement on the cores at a time
+        bandwidth = fm.read_bandwidth(repeats=7, device=device)
+        measured = fm.compare_formats(copies, prompt, held, new_tokens=NEW_TOKENS, repeats=REPEATS)
+        prefill = {name: fm.prefill_speed(m, held, repeats=REPEATS) for name, m in copies.items()}
+        hf_speed = None
+        with tempfile.TemporaryDirectory() as tmp:
+            hf = fm.transformers_copy(copies["fp32"], Path(tmp))
+            if hf is not None:
+                hf_speed = fm.decode_speed(fm.transformers_generate_fn(hf, prompt), NEW_TOKENS, repeats=REPEATS)
+                del hf
+        fp32 = copies["fp32"]
+        kv_on = fm.decode_speed(lambda n: generate(fp32, prompt, n), CACHE_TOKENS, repeats=1)
+        kv_off = fm.decode_speed(lambda n: generate(fp32, prompt, n, use_cache=False), CACHE_TOKENS, repeats=1)
+        flash = {impl: [] for impl in ("naive", "sdpa")}
+        for T in FLASH_LENGTHS:
+            r = measure.attention_memory(T, c.n_heads, c.head_dim, n_kv_heads=c.n_kv_heads, impls=("naive", "sdpa"),
+                                         repeats=1, device=device)
+            for impl in flash:
+                flash[impl].append(r[impl]["peak_bytes"])
+    formula = measure.kv_cache_bytes(c, seq_len=c.max_seq_len, dtype=torch.float32)
+    variants = measure.attention_variants(c, seq_len=c.max_seq_len, dtype=torch.float32)
+    lora = measure.lora_parameters(c, LORA_RANK, LORA_TARGETS)
+    numbers = {
+        "bandwidth": {k: bandwidth[k] for k in ("bytes_per_s", "nbytes", "repeats", "seconds", "method")},
+        "formats": {name: {"weight_bytes": r["weight_bytes"], "tokens_per_s": r["tokens_per_s"],
+                           "bytes_per_token": r["bytes_per_token"], "agreement": r["agreement"],
+                           "max_abs_logit_diff": r["max_abs_logit_diff"], "held_out_loss": r["held_out_loss"],
+                           "int8_kernel": r["int8_kernel"], "prefill_tokens_per_s": prefill[name],
+                           "top": r["top"]} for name, r in measured.items()},
+        "transformers": None if hf_speed is None else {"tokens_per_s": hf_speed["tokens_per_s"],
+                                                       "tokens": hf_speed["tokens"][0].tolist()},
+        "kv": {"allocated_bytes_per_position": fm.cache_bytes_per_position(fp32),
+               "formula_bytes_per_token": formula["per_token"], "seq_len": c.max_seq_len,
+               "cached_ms": kv_on["step_seconds"] * 1e3, "uncached_ms": kv_off["step_seconds"] * 1e3,
+               "speedup": kv_off["step_seconds"] / kv_on["step_seconds"]},
+        "gqa": {"mha_bytes": variants["MHA"]["per_sequence"], "gqa_bytes": variants["GQA"]["per_sequence"],
+                "ratio": variants["MHA"]["per_sequence"] / variants["GQA"]["per_sequence"],
+                "allocated_bytes": fp32.new_cache(1).nbytes, "seq_len": c.max_seq_len},
+        "flash": {**flash, "lengths": list(FLASH_LENGTHS), "naive_growth": flash["naive"][1] / flash["naive"][0],
+                  "sdpa_growth": flash["sdpa"][1] / max(flash["sdpa"][0], 1)},
+        "lora": {k: lora[k] for k in ("trainable", "frozen", "trainable_fraction")},
+        "fp32_tokens": measured["fp32"]["tokens"], "held_out_tokens": held.shape[1], "prompt_tokens": len(ids), "new_tokens": NEW_TOKENS,
+        "runtime": measure.runtime_info(fp32),
+    }
+    f32, i8 = numbers["formats"]["fp32"], numbers["formats"]["int8"]
+    numbers["int8"] = {"size_reduction": 1 - i8["weight_bytes"] / f32["weight_bytes"],
+                       "speed_ratio": i8["tokens_per_s"] / f32["tokens_per_s"],
+                       "loss_change": i8["held_out_loss"] - f32["held_out_loss"], "kernel": i8["int8_kernel"]}
+    return numbers
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+@user_errors
+def formats_view(prompt, state):
+    """The loaded model at fp32, bf16 and int8: table, top-10, roofline, notes and the measured summary table."""
+    model, tokenizer, _ = session.get_model(state)
+    ids, _, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_PROMPT_TOKENS,
+                                                                      model.config.max_seq_len - NEW_TOKENS))
+    numbers = results.get_or_compute(("formats", weights_key(model), tuple(ids)),
+                                     lambda: _measure(model, tokenizer, ids))
+    bw = numbers["bandwidth"]["bytes_per_s"]
+    table, points = [], []
+    for name, r in numbers["formats"].items():
+        b = r["bytes_per_token"]["total"]
+        limit = fm.roofline_tokens_per_s(b, bw)
+        a = r["agreement"]
+        table.append([name, measure.format_bytes(r["weight_bytes"]), round(r["tokens_per_s"], 1), round(b / 1e6, 3),
+                      round(limit, 1), _pct(r["tokens_per_s"] / limit), f"{a['matching']} / {a['new_tokens']}",
+                      f"{r['max_abs_logit_diff']:.2e}", round(r["held_out_loss"], 4),
+                      {"int8pack_mm": "torch _weight_int8pack_mm (int8 read directly)",
+                       "dequantize": "dequantised on the fly (int8 → fp32, then matmul)"}.get(r["int8_kernel"],
+                                                                                            "dense " + name)])
+        points.append({"name": f"ours {name}", "bytes_per_token": b, "tokens_per_s": r["tokens_per_s"]})
+    hf = numbers["transformers"]
+    f32 = numbers["formats"]["fp32"]
+    if hf is not None:
+        b = f32["bytes_per_token"]["total"]
+        limit = fm.roofline_tokens_per_s(b, bw)
+        same = sum(x == y for x, y in zip(hf["tokens"][len(ids):], numbers["fp32_tokens"][len(ids):]))
+        table.append([TRANSFORMERS, measure.format_bytes(f32["weight_bytes"]), round(hf["tokens_per_s"], 1),
+                      round(b / 1e6, 3), round(limit, 1), _pct(hf["tokens_per_s"] / limit),
+                      f"{same} / {NEW_TOKENS}", "—", "—", "dense fp32 (LlamaForCausalLM, SDPA)"])
+        points.append({"name": TRANSFORMERS, "bytes_per_token": b, "tokens_per_s": hf["tokens_per_s"]})
+    words = {}
+    top = []
+    for rank in range(len(f32["top"])):
+        row = [rank + 1]
+        for r in numbers["formats"].values():
+            i, p = r["top"][rank]
+            words.setdefault(i, session.token_strings(tokenizer, [i])[0])
+            row.append(f"{words[i]!r} {p:.3f}")
+        top.append(row)
+    rt = numbers["runtime"]
+    prov = provenance_text(rt["device"], "fp32 / bf16 / int8 weights", rt["torch"])
+    fig = figs.roofline_figure(points, bw, provenance=prov)
+    pre = f32["prefill_tokens_per_s"]
+    notes = (
+        f"**Memory read bandwidth: {bw / 1e9:.1f} GB/s**, measured now: {numbers['bandwidth']['method']}. "
+        f"Bytes read per token are counted on each model (every weight matrix once, the norms, and the KV cache at "
+        f"the continuation's middle length, {numbers['prompt_tokens'] + NEW_TOKENS // 2} positions); the limit is "
+        f"bandwidth ÷ those bytes.\n\n"
+        f"**Why decoding is memory-bound and prefill is not:** a decode step uses each weight for one multiply-add "
+        f"(about 2 flops per 4 bytes read in fp32), so the cores wait for memory; prefill uses each weight once per "
+        f"prompt token ({numbers['held_out_tokens']} here), so arithmetic sets its pace: fp32 prefill ran at "
+        f"**{pre:,.0f} tokens/s** against **{f32['tokens_per_s']:.1f} tokens/s** decoding, on the same weights.\n\n"
+        f"Held-out loss: the first {numbers['held_out_tokens']} tokens of "
+        f"`assets/encoder-model/held_out_stories.txt`; max |Δlogit| over the same positions. "
+        f"int8: {fm.FORMAT_NOTES['int8']}. bf16: {fm.FORMAT_NOTES['bf16']}. "
+        f"A format is faster only where the CPU has a fast kernel for it: measured, not assumed."
+        + (f"\n\nThis model's weights ({measure.format_bytes(f32['weight_bytes'])}) fit in the CPU's caches, so "
+           f"per-step overhead (Python, small kernels), not memory, sets its decoding pace and the limit is far "
+           f"away; load SmolLM2-135M (about 540 MB in fp32) to see the roofline bite."
+           if f32["weight_bytes"] < CACHE_SIZED else "")
+        + (f"\n\n{notice}" if notice else "")
+        + ("" if hf is not None else "\n\ntransformers could not build this model: its row is left out."))
+    summary = _summary(model, numbers)
+    return FormatsView(table, top, fig, notes, summary, numbers)
+
+
+def build_formats(demo: gr.Blocks, state: gr.State) -> None:
+    gr.Markdown(INTRO)
+    with gr.Row():
+        prompt = gr.Textbox(label="Prompt (its next-token top-10 under each format)", value=DEFAULT_PROMPT, lines=2,
+                            scale=4)
+        run = gr.Button("Measure fp32 · bf16 · int8", variant="primary", scale=1)
+    table = gr.Dataframe(headers=FORMAT_HEADERS, label="The loaded model in three formats, measured now",
+                         interactive=False)
+    with gr.Row():
+        with gr.Column(scale=3):
+            roofline = gr.Plot(label="Decoding speed against bytes per token")
+        with gr.Column(scale=2):
+            top = gr.Dataframe(headers=["rank", *fm.FORMATS], label="Next token: top-10 under each format",
+                               interactive=False)
+    notes = gr.Markdown()
+    gr.Markdown("#### The tutorial's memory and compute summary, measured on the loaded model")
+    summary = gr.Dataframe(headers=SUMMARY_HEADERS, label="Claim, measurement, verdict", interactive=False,
+                           wrap=True)
+    with gr.Accordion("The numbers behind both tables", open=False):
+        numbers = gr.JSON()
+    run.click(formats_view, [prompt, state], [table, top, roofline, notes, summary, numbers], api_name="formats")
