@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from explorer import bench
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,7 +29,13 @@ def test_quick_bench_on_a_tiny_config_writes_markdown_and_json(tmp_path):
     assert report["vs_transformers"]["decode"]["tokens_identical"] is True
     assert {r["impl"] for r in report["attention"]} == {"naive", "sdpa", "tiled"}
     assert all(r["max_abs_diff"] < 1e-4 for r in report["attention"])
-    assert len(report["targets"]) == 13  # 9 for the models, 4 for the Attention tab (time and payload, 2 models)
+    assert len(report["targets"]) == 15  # 11 for the models, 4 for the Attention tab (time and payload, 2 models)
+    f = report["formats"]
+    assert set(f["rows"]) == {"ours fp32", "ours bf16", "ours int8", "transformers fp32"}
+    for r in f["rows"].values():  # each fraction is its own measured speed over bandwidth / bytes
+        assert r["fraction_of_limit"] * f["bandwidth"]["bytes_per_s"] / r["bytes_per_token"] == \
+            pytest.approx(r["tokens_per_s"])
+    assert "Decoding in three weight formats" in md
     assert "| target | measured | result |" in md and "tiny" in md
     for needle in ("Prefill T=128", "Decode 64 tokens", "Cached vs uncached", "naive vs sdpa at T=4096"):
         assert needle in md
@@ -78,6 +86,16 @@ def test_targets_are_judged_from_the_numbers():
     rest = {x["target"]: x["pass"] for x in bench.evaluate_targets(_report())}
     assert rest["tiled peak at least 10x under naive at T=4096"] is True
     assert rest["naive measured peak within 25% of its prediction at T=4096"] is True
+
+
+def test_roofline_targets_are_judged_from_the_formats_rows():
+    rows = {"ours fp32": {"tokens_per_s": 30.0, "limit_tokens_per_s": 50.0, "fraction_of_limit": 0.6},
+            "transformers fp32": {"tokens_per_s": 25.0}}
+    t = {x["target"].split(":")[0]: x for x in
+         bench.evaluate_targets(_report(formats={"rows": rows, "ours_fp32_over_transformers": 1.2}))}
+    assert t["Roofline"]["pass"] is True and t["Roofline"]["measured"].startswith("60%")
+    assert t["Decode steps alone (prefill cancelled out)"]["pass"] is False
+    assert t["Decode steps alone (prefill cancelled out)"]["measured"].startswith("1.20x")
 
 
 def test_targets_not_measured_are_neither_pass_nor_fail():

@@ -17,6 +17,7 @@ from models.decoder import Decoder
 from models.fast import optimize_for_decode
 from models.loading import load_pretrained
 
+from .formats import bench_formats
 from .report import render_markdown
 from .runs import (bench_app, bench_attention, bench_cache, bench_vs_transformers, default_budget,
                    load_transformers_copy, log, model_config, settings_for, weight_bytes_per_token)
@@ -60,6 +61,8 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
         hf = load_transformers_copy(model, Path(tmp), torch_dtype, device)
         report["vs_transformers"] = bench_vs_transformers(model, hf, settings, device, cfg, bandwidth,
                                                           weight_bytes_per_token(cfg, torch_dtype))
+        if torch_dtype == torch.float32:  # the formats are conversions of an fp32 model
+            report["formats"] = bench_formats(model, hf, prompt, settings, log)
         del hf
     app_models = {SMOL_NAME: model}
     from explorer.checkpoints import default_model_dir

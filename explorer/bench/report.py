@@ -72,6 +72,10 @@ def render_markdown(report: dict[str, Any]) -> str:
               f"{measure.format_bytes(report['settings']['bandwidth_bytes'])} tensor) = "
               f"{d['bound_tokens_per_s']:.1f} tokens/s.", "",
               ]
+    if report.get("formats"):
+        from .formats import render_formats
+
+        lines += render_formats(report["formats"])
     app = report.get("app", {})
     lines += ["## (d) The app: Attention tab, one update", ""]
     if "skipped" in app:

@@ -36,6 +36,10 @@ TARGETS: tuple[Target, ...] = (
     Target("Prefill T=128: ours / transformers time <= 1.0", "prefill_128", "<=", 1.0, "issue 7"),
     Target("Prefill T=512: ours / transformers time <= 1.0", "prefill_512", "<=", 1.0, "issue 7"),
     Target(f"Decode {HF_TOKENS} tokens: ours tokens/s >= 1.5x transformers", "decode_speed", ">=", 1.5, "issue 7"),
+    Target(f"Roofline: ours fp32 decode of {HF_TOKENS} tokens >= 50% of read bandwidth / bytes per token",
+           "fp32_roofline_fraction", ">=", 0.5, "issue 15"),
+    Target(f"Decode steps alone (prefill cancelled out): ours fp32 tokens/s >= 1.5x transformers fp32",
+           "formats_fp32_over_transformers", ">=", 1.5, "issue 15"),
     Target(f"Cached vs uncached greedy decoding of {CACHE_TOKENS} tokens: >= 5x faster, identical tokens",
            "cache_speedup", ">=", 5, "issue 7", requires="cache_tokens_identical"),
     Target(f"naive vs sdpa at {AT}: >= 50x less peak memory", "naive_over_sdpa_memory", ">=", 50, "issue 7"),
@@ -62,6 +66,15 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
     if d:
         m["decode_speed"] = (d["ours_over_transformers"], f"{d['ours_over_transformers']:.2f}x ({d['ours_tokens_per_s']:.1f} "
                                                           f"vs {d['transformers_tokens_per_s']:.1f} tok/s)")
+    f = report.get("formats")
+    if f:
+        ours = f["rows"]["ours fp32"]
+        m["fp32_roofline_fraction"] = (ours["fraction_of_limit"], f"{ours['fraction_of_limit']:.0%} "
+                                       f"({ours['tokens_per_s']:.1f} of {ours['limit_tokens_per_s']:.1f} tok/s)")
+        if "ours_fp32_over_transformers" in f:
+            r = f["ours_fp32_over_transformers"]
+            m["formats_fp32_over_transformers"] = (r, f"{r:.2f}x ({ours['tokens_per_s']:.1f} vs "
+                                                      f"{f['rows']['transformers fp32']['tokens_per_s']:.1f} tok/s)")
     c = report.get("cache")
     if c:
         same = bool(c["tokens_identical"])

@@ -1,0 +1,67 @@
+"""Decoding in three weight formats against the memory roofline: ours at fp32 / bf16 / int8 and transformers
+at fp32 on the same weights, each as a fraction of bandwidth ÷ bytes read per token."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from explorer.measure import formats as fm
+from models.decoder import Decoder
+from models.fast import optimize_for_decode
+from models.generate import generate
+
+from .targets import HF_TOKENS
+
+
+def bench_formats(model: Decoder, hf, prompt: torch.Tensor, settings: dict[str, Any], log) -> dict[str, Any]:
+    """Read bandwidth, then decode tokens/s (``decode_speed``: prefill cancelled out) of each format and of
+    transformers, bytes read per token counted on each model at the continuation's middle length, the limit and
+    the fraction of it reached. ``prompt`` (1, T); ``hf`` may be None (then its row is absent)."""
+    bw = fm.read_bandwidth(settings["bandwidth_bytes"], repeats=7, device=prompt.device)
+    log(f"formats: read bandwidth {bw['bytes_per_s'] / 1e9:.1f} GB/s ({bw['method']})")
+    kv_len = prompt.shape[1] + HF_TOKENS // 2
+    rows: dict[str, dict[str, Any]] = {}
+    speeds = {}
+    for fmt in fm.FORMATS:
+        m = model if fmt == "fp32" else optimize_for_decode(fm.convert(model, fmt))
+        speeds[f"ours {fmt}"] = (fm.decode_speed(lambda n, m=m: generate(m, prompt, n), HF_TOKENS,
+                                                 repeats=settings["decode_repeats"], device=prompt.device),
+                                 fm.bytes_per_token(m, kv_len), fm.int8_kernel(m))
+        del m
+    if hf is not None:
+        speeds["transformers fp32"] = (fm.decode_speed(fm.transformers_generate_fn(hf, prompt), HF_TOKENS,
+                                                       repeats=settings["decode_repeats"], device=prompt.device),
+                                       fm.bytes_per_token(model, kv_len), None)
+    for name, (speed, nbytes, kernel) in speeds.items():
+        limit = fm.roofline_tokens_per_s(nbytes["total"], bw["bytes_per_s"])
+        rows[name] = {"tokens_per_s": speed["tokens_per_s"], "bytes_per_token": nbytes["total"],
+                      "weight_bytes_per_token": nbytes["weights"], "kv_bytes_per_token": nbytes["kv_cache"],
+                      "limit_tokens_per_s": limit, "fraction_of_limit": speed["tokens_per_s"] / limit,
+                      "int8_kernel": kernel}
+        log(f"formats: {name} {speed['tokens_per_s']:.1f} tok/s, limit {limit:.1f} "
+            f"({speed['tokens_per_s'] / limit:.0%})")
+    out = {"bandwidth": {k: bw[k] for k in ("bytes_per_s", "nbytes", "repeats", "seconds", "method")},
+           "new_tokens": HF_TOKENS, "kv_len": kv_len, "rows": rows}
+    if "transformers fp32" in rows:
+        out["ours_fp32_over_transformers"] = rows["ours fp32"]["tokens_per_s"] / rows["transformers fp32"][
+            "tokens_per_s"]
+    return out
+
+
+def render_formats(f: dict[str, Any]) -> list[str]:
+    """The report's section for ``bench_formats``'s result (markdown lines)."""
+    bw = f["bandwidth"]
+    lines = ["## (c2) Decoding in three weight formats against the memory roofline", "",
+             f"Read bandwidth {bw['bytes_per_s'] / 1e9:.1f} GB/s: {bw['method']}. Decode tokens/s = "
+             f"({f['new_tokens']} - 1) / (time of {f['new_tokens']} new tokens - time of 1), medians; bytes per token "
+             f"counted on each model (every matrix once, norms, KV cache at {f['kv_len']} positions); "
+             "limit = bandwidth / bytes per token.", "",
+             "| decoder | MB read / token | decode tokens/s | limit tokens/s | fraction of limit | int8 kernel |",
+             "|---|---|---|---|---|---|"]
+    for name, r in f["rows"].items():
+        lines.append(f"| {name} | {r['bytes_per_token'] / 1e6:.1f} | {r['tokens_per_s']:.1f} | "
+                     f"{r['limit_tokens_per_s']:.1f} | {r['fraction_of_limit']:.0%} | {r['int8_kernel'] or '—'} |")
+    if "ours_fp32_over_transformers" in f:
+        lines += ["", f"Ours fp32 / transformers fp32 decode speed: {f['ours_fp32_over_transformers']:.2f}x."]
+    return lines + [""]
