@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from explorer import measure, session
 from explorer.figures.formats import roofline_figure

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import statistics
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -239,8 +239,7 @@ def transformers_copy(model: nn.Module, folder) -> nn.Module | None:
     try:
         save_pretrained(model, folder)
         hf = LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="sdpa")
-    except (ValueError, OSError, KeyError) as exc:  # a configuration transformers' Llama cannot express
-        del exc
+    except (ValueError, OSError, KeyError):  # a configuration transformers' Llama cannot express
         return None
     return hf.to(model.embed_tokens.weight.device).eval()
 
@@ -254,21 +253,3 @@ def transformers_generate_fn(hf, prompt: torch.Tensor):
             return hf.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n,
                                pad_token_id=0)
     return fn
-
-
-def fraction_rows(results: dict[str, dict[str, Any]], bandwidth: float) -> list[dict[str, Any]]:
-    """Per format: bytes per token, the roofline limit and measured tokens/s as a fraction of it."""
-    rows = []
-    for name, r in results.items():
-        limit = roofline_tokens_per_s(r["bytes_per_token"]["total"], bandwidth)
-        rows.append({"name": name, "bytes_per_token": r["bytes_per_token"]["total"], "limit_tokens_per_s": limit,
-                     "tokens_per_s": r["tokens_per_s"], "fraction": r["tokens_per_s"] / limit})
-    return rows
-
-
-def check_formats(formats: Sequence[str]) -> tuple[str, ...]:
-    formats = tuple(formats)
-    bad = [f for f in formats if f not in FORMATS]
-    if not formats or bad:
-        raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {list(formats)}.")
-    return formats

@@ -76,16 +76,28 @@ def held_out_ids(tokenizer, max_len: int) -> list[int]:
 
 
 def _copies(model) -> dict[str, torch.nn.Module]:
-    """fp32, bf16 and int8 copies of ``model``, kept in the shared cache (bounded; the weights' key changes with
-    every in-place write, so a trained LoRA model never meets a stale copy)."""
+    """fp32, bf16 and int8 versions of ``model`` (an fp32 model serves as its own fp32 version), the copies kept
+    in the shared cache (bounded; the weights' key changes with every in-place write, so a trained LoRA model
+    never meets a stale copy). Raises ValueError when the copies would not fit the memory budget."""
+    n = model.num_parameters()
+    sizes = {"fp32": 4 * n, "bf16": 2 * n, "int8": measure.parameter_memory(model.config)["int8_models_quant"]}
+    fp32 = model.embed_tokens.weight.dtype == torch.float32
+    need = sum(v for k, v in sizes.items() if k != "fp32" or not fp32)
+    if need > measure.MEMORY_BUDGET_BYTES:
+        raise ValueError(f"Converting this model needs {measure.format_bytes(need)} for its copies, over the "
+                         f"{measure.format_bytes(measure.MEMORY_BUDGET_BYTES)} one request may use: load a smaller "
+                         "model (SmolLM2-135M fits) to compare formats.")
     key = weights_key(model)
     out = {}
     for fmt in fm.FORMATS:
+        if fmt == "fp32" and fp32:
+            out[fmt] = model
+            continue
+
         def build(fmt=fmt):
             with model_lock(model):  # no LoRA write half-way through the copy
                 return fm.convert(model, fmt)
-        copy_ = results.get_or_compute(("format_copy", key, fmt), build)
-        out[fmt] = copy_
+        out[fmt] = results.get_or_compute(("format_copy", key, fmt), build, nbytes=sizes[fmt])
     return out
 
 
