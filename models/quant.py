@@ -42,7 +42,7 @@ class Int8Linear(nn.Module):
 
     def kernel_for(self, x: torch.Tensor) -> str:
         """"int8pack_mm" when torch's int8-weight kernel serves this input, else "dequantize"."""
-        if _INT8_MM is not None and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16):
+        if _INT8_MM is not None and x.is_cpu and x.dtype in (torch.float32, torch.bfloat16):
             return "int8pack_mm"
         return "dequantize"
 
