@@ -5,7 +5,8 @@ Notation: N rows, T tokens per row (the model sees T, predicts the T targets shi
 Nothing here knows about the UI. ``iter_finetune`` is a generator yielding one ``dict`` per step (so a
 Gradio generator handler can redraw a live loss curve and be cancelled between steps); ``finetune``
 runs it to the end and calls an optional callback per step (return ``False`` from it to stop early).
-Steps and wall time are capped (``MAX_STEPS``, ``MAX_SECONDS``): the job always ends.
+Steps and wall time are capped (``MAX_STEPS``, ``MAX_SECONDS``): the job always ends, and a run whose loss
+goes non-finite or climbs past ``DIVERGE_RATIO`` times its first step's stops there (``stopped="diverged"``).
 """
 from __future__ import annotations
 
@@ -26,6 +27,20 @@ MAX_SECONDS = 60.0
 MIN_TOKENS = 4  # at least a few next-token targets, or there is nothing to learn
 LR_RANGE = (1e-5, 1e-1)
 DEFAULT_BATCH = 8  # rows per step
+DIVERGE_RATIO = 1.5  # a step loss this many times the first step's ends the run as diverged
+# default_lr's two anchors. 1e-2 at width 128: the default model fell from 2.43 to 0.16 nats/token in 20 steps
+# (3e-2 spiked to 6.0 and ended at 3.06). 1e-3 at width 576: SmolLM2-135M went 1.68 -> 2.30 (a spike near 6) at
+# 1e-2 and trained at 1e-3 (issue 12); a random width-576 model still learns at 1e-3 (7.86 -> 5.27 in 20 steps).
+LR_ANCHOR = (128, 1e-2)
+LR_EXPONENT = 1.53  # log(10) / log(576 / 128): the power law through both anchors
+
+
+def default_lr(d_model: int) -> float:
+    """The learning rate a fine-tune starts from for a model of width ``d_model``: 1e-2 · (128 / d_model)^1.53,
+    within ``LR_RANGE``, rounded to two significant digits (1e-2 at 128, 1e-3 at 576, 4.5e-4 at 960)."""
+    width, lr = LR_ANCHOR
+    value = min(max(lr * (width / d_model) ** LR_EXPONENT, LR_RANGE[0]), LR_RANGE[1])
+    return float(f"{value:.2g}")
 
 
 def check_settings(steps: int, lr: float, max_seconds: float, seq_len: int, batch: int) -> None:
@@ -96,7 +111,7 @@ def iter_finetune(
     ids: list[int] | torch.Tensor,
     *,
     steps: int = 50,
-    lr: float = 3e-3,
+    lr: float | None = None,
     max_seconds: float = MAX_SECONDS,
     seq_len: int | None = None,
     batch: int = DEFAULT_BATCH,
@@ -106,12 +121,16 @@ def iter_finetune(
 ) -> Iterator[dict]:
     """Train the model's trainable parameters (the LoRA adapters) on ``ids``; yield after every step.
 
+    lr: None picks ``default_lr(d_model)``.
+
     Each yielded dict: ``step`` (1-based), ``loss`` (this step's batch, nats/token), ``seconds`` since the
     start, ``lr``, ``rows`` (how many windows the text gave), ``tokens`` (target tokens per step) and
-    ``stopped`` (None, or "time" on the last step when the time cap ended the run). The model is
-    left in eval mode. Frozen parameters are never touched (they have no gradient and are not given to
-    the optimiser).
+    ``stopped``: None, or on the last step "time" (the time cap ended the run) or "diverged" (the loss was
+    not finite or above ``DIVERGE_RATIO`` times the first step's; that step's update is not applied). The
+    model is left in eval mode. Frozen parameters are never touched (they have no gradient and are not given
+    to the optimiser).
     """
+    lr = default_lr(model.config.d_model) if lr is None else lr
     seq_len = model.config.max_seq_len - 1 if seq_len is None else min(seq_len, model.config.max_seq_len - 1)
     check_settings(steps, lr, max_seconds, seq_len, batch)
     params = trainable_parameters(model)
@@ -120,6 +139,7 @@ def iter_finetune(
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     model.train()
     t0 = time.perf_counter()
+    first = None
     try:
         for step in range(1, steps + 1):
             if rows.shape[0] <= batch:
@@ -127,19 +147,23 @@ def iter_finetune(
             else:
                 chunk = rows[torch.randperm(rows.shape[0], generator=gen)[:batch]]
             loss = next_token_loss(model, chunk)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if grad_clip:
-                torch.nn.utils.clip_grad_norm_(params, grad_clip)
-            opt.step()
+            value = float(loss.detach())
+            first = value if first is None else first
+            diverged = not math.isfinite(value) or value > DIVERGE_RATIO * first
+            if not diverged:
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if grad_clip:
+                    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+                opt.step()
             elapsed = time.perf_counter() - t0
             out_of_time = elapsed >= max_seconds and step < steps
             model.eval()
-            yield {"step": step, "loss": float(loss.detach()), "seconds": elapsed, "lr": lr,
+            yield {"step": step, "loss": value, "seconds": elapsed, "lr": lr,
                    "rows": int(rows.shape[0]), "tokens": int(chunk[:, 1:].numel()),
-                   "stopped": "time" if out_of_time else None}
+                   "stopped": "diverged" if diverged else "time" if out_of_time else None}
             model.train()
-            if out_of_time:
+            if diverged or out_of_time:
                 break
     finally:
         model.eval()
@@ -155,7 +179,8 @@ def finetune(
 ) -> dict:
     """Run ``iter_finetune`` to its end; ``on_step(record)`` after each step, returning False stops.
 
-    Returns ``{"steps", "losses", "seconds", "stopped"}`` with ``stopped`` None, "time" or "callback".
+    Returns ``{"steps", "losses", "seconds", "stopped"}`` with ``stopped`` None, "time", "diverged" or
+    "callback".
     """
     losses: list[float] = []
     record: dict = {"seconds": 0.0, "stopped": None}

@@ -281,7 +281,7 @@ def _steps(w: Walkthrough, layer: int, token: str) -> list[Step]:
     t = w.layers[layer]
     b = f"blocks.{layer}."
     at = f"Layer {layer} · "
-    freqs = rope_frequencies(D, c.rope_theta).numpy()
+    freqs = rope_frequencies(D, c.rope_theta, c.rope_scaling).numpy()
     n_masked = T - p - 1
     steps = [
         Step("embed", None, f"Embedding of {token} · id {w.token_id} · row {_shape(C)} of a {V} × {C} table",

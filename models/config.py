@@ -6,10 +6,50 @@ are computed in ``__post_init__`` and never stored twice.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 ATTN_IMPLS = ("naive", "sdpa", "tiled")
+# The parameters each supported RoPE scaling needs, under transformers' names (``rope_parameters``).
+ROPE_SCALING_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+
+
+def check_rope_scaling(scaling: dict[str, Any] | None) -> dict[str, Any] | None:
+    """None for plain RoPE, else ``{"rope_type": ..., <its parameters>}`` with numbers checked.
+
+    Raises ValueError naming what is supported for any other ``rope_type`` (yarn, dynamic, longrope, ...)
+    or a missing or out-of-range parameter.
+    """
+    if not scaling:
+        return None
+    if not isinstance(scaling, dict):
+        raise ValueError(f"rope_scaling must be None or a dict with a 'rope_type', got {scaling!r}.")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("default", None):
+        return None
+    if kind not in ROPE_SCALING_KEYS:
+        raise ValueError(f"RoPE scaling {kind!r} is not supported: only plain RoPE and the scalings "
+                         f"{sorted(ROPE_SCALING_KEYS)} load.")
+    out: dict[str, Any] = {"rope_type": kind}
+    for key in ROPE_SCALING_KEYS[kind]:
+        value = scaling.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{kind} RoPE scaling needs a number for {key!r}, got {value!r}.")
+        out[key] = int(value) if key == "original_max_position_embeddings" else float(value)
+    if out["factor"] < 1.0:
+        raise ValueError(f"the RoPE scaling factor must be at least 1, got {out['factor']:g}.")
+    if kind == "llama3":
+        if not 0 < out["low_freq_factor"] < out["high_freq_factor"]:
+            raise ValueError("llama3 RoPE scaling needs 0 < low_freq_factor < high_freq_factor, got "
+                             f"{out['low_freq_factor']:g} and {out['high_freq_factor']:g}.")
+        if out["original_max_position_embeddings"] <= 0:
+            raise ValueError("llama3 RoPE scaling needs a positive original_max_position_embeddings, got "
+                             f"{out['original_max_position_embeddings']}.")
+    return out
 
 
 def check_attn_impl(name: str) -> str:
@@ -28,6 +68,7 @@ class ModelConfig:
     d_ff: int | None = None  # None: SwiGLU's usual 8/3 * d_model rounded up to a multiple of 64
     max_seq_len: int = 512
     rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None  # None: plain RoPE; else check_rope_scaling's dict
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     attn_impl: str = "sdpa"
@@ -70,6 +111,7 @@ class ModelConfig:
         self.n_kv_groups = self.n_heads // self.n_kv_heads
         if not self.rope_theta > 1.0:
             raise ValueError(f"rope_theta must be greater than 1, got {self.rope_theta!r}.")
+        self.rope_scaling = check_rope_scaling(self.rope_scaling)
         if not 0.0 < self.norm_eps < 1.0:
             raise ValueError(f"norm_eps must be between 0 and 1, got {self.norm_eps!r}.")
         check_attn_impl(self.attn_impl)
@@ -94,10 +136,14 @@ class ModelConfig:
             raise ValueError(
                 f"Only Llama-family checkpoints (model_type 'llama') can be loaded, this one is {model_type!r}."
             )
-        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", None):
-            raise ValueError(f"RoPE scaling {rope_type!r} is not supported; only plain RoPE checkpoints load.")
+        # transformers 5 keeps theta and scaling together in rope_parameters; older files have rope_theta at the
+        # top and the scaling (its type under "type" or "rope_type") in rope_scaling
+        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+        if rope.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError("Checkpoints that rotate only part of each head (partial_rotary_factor) are not supported.")
+        if rope.get("rope_type", rope.get("type")) == "llama3":  # transformers' own fallback for a missing length
+            rope.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings"))
+        scaling = check_rope_scaling(rope)
         theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
         head_dim = hf.get("head_dim")
         if head_dim is not None and head_dim * hf["num_attention_heads"] != hf["hidden_size"]:
@@ -114,6 +160,7 @@ class ModelConfig:
             d_ff=hf["intermediate_size"],
             max_seq_len=hf.get("max_position_embeddings", 2048),
             rope_theta=float(theta),
+            rope_scaling=scaling,
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             bos_token_id=hf.get("bos_token_id"),
@@ -136,7 +183,7 @@ class ModelConfig:
             "hidden_act": "silu",
             "max_position_embeddings": self.max_seq_len,
             "rms_norm_eps": self.norm_eps,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "rope_parameters": {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta},
             "tie_word_embeddings": self.tie_embeddings,
             "attention_bias": False,
             "mlp_bias": False,

@@ -45,7 +45,8 @@ class Decoder(SwitchableAttention, nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        cos, sin = rope_tables(config.max_seq_len, config.head_dim, config.rope_theta)  # (T_max, D) each
+        cos, sin = rope_tables(config.max_seq_len, config.head_dim, config.rope_theta,
+                               config.rope_scaling)  # (T_max, D) each
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.hook_embed = HookPoint()
@@ -71,7 +72,8 @@ class Decoder(SwitchableAttention, nn.Module):
         causal=False lets every token see every other (a view for teaching; the model was trained causal).
         attn_impl: use this implementation for this call only.
         rope_theta: rotate q and k with tables for this theta, this call only (the model's own tables and
-        config stay as they are): the same weights seen through other rotary frequencies.
+        config stay as they are): the same weights seen through other rotary frequencies (the model's RoPE
+        scaling, if any, applied to them as to its own).
 
         The token ids are not range-checked here: reading them is a host sync on a GPU, once per decode
         step. Callers that take ids from outside call ``check_tokens`` once (``generate`` does).
@@ -83,7 +85,9 @@ class Decoder(SwitchableAttention, nn.Module):
         if rope_theta is None:
             cos, sin = self.rope_cos, self.rope_sin  # (T_max, D) each
         else:
+            scaling = self.config.rope_scaling
             cos, sin = _rope_tables_for(start_pos + T, self.config.head_dim, _check_theta(rope_theta),
+                                        tuple(scaling.items()) if scaling else None,
                                         self.rope_cos.dtype, self.rope_cos.device)  # (start_pos + T, D) each
         rope = (cos[start_pos:start_pos + T], sin[start_pos:start_pos + T])  # (T, D) each
         x = self.embed_tokens(tokens)  # (B, T, C)
@@ -139,12 +143,12 @@ def _check_theta(theta) -> float:
 
 
 @lru_cache(maxsize=2)
-def _rope_tables_for(length: int, head_dim: int, theta: float, dtype: torch.dtype,
+def _rope_tables_for(length: int, head_dim: int, theta: float, scaling: tuple | None, dtype: torch.dtype,
                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    # The last two (length, theta) asked for: a figure redrawn for one theta builds its tables once.
+    # The last two (length, theta, scaling) asked for: a figure redrawn for one theta builds its tables once.
     # Built outside inference mode so a later call with autograd on may still use them.
     with torch.inference_mode(False), torch.no_grad():
-        cos, sin = rope_tables(length, head_dim, theta)  # (length, D) each, fp32
+        cos, sin = rope_tables(length, head_dim, theta, dict(scaling) if scaling else None)  # (length, D) each
         return cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)
 
 

@@ -6,28 +6,60 @@ RoPE pairs dimension ``i`` with dimension ``i + D/2`` (transformers' ``rotate_ha
 adjacent pairs ``(2i, 2i+1)`` of Meta's original complex-number code: transformers' Llama conversion
 permuted the q/k rows to this layout, so only this pairing loads its checkpoints unchanged.
 Pair ``i`` turns by ``angle = position * theta ** (-2i / D)`` radians.
+
+Context-extended checkpoints rescale those speeds once, when the table is built (``scale_frequencies``):
+``linear`` divides every speed by ``factor``; ``llama3`` (Llama 3.1+) divides only the slow pairs, those
+turning less than once in ``original_max_position_embeddings / low_freq_factor`` positions, leaves the fast
+ones turning more than once in ``original_max_position_embeddings / high_freq_factor`` alone, and blends the
+two in between. ``scaling`` is ``ModelConfig.rope_scaling``: None or a dict with ``rope_type`` and those
+parameters under transformers' names.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
+ROPE_TYPES = ("default", "linear", "llama3")
 
-def rope_frequencies(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+
+def scale_frequencies(freqs: torch.Tensor, scaling: Mapping[str, Any] | None) -> torch.Tensor:
+    """``freqs`` (D/2,) radians per position, rescaled by ``scaling`` (None: unchanged). Same shape and dtype."""
+    if not scaling:
+        return freqs
+    kind = scaling["rope_type"]
+    if kind == "linear":  # position p turns like position p / factor did in training
+        return freqs / scaling["factor"]
+    if kind == "llama3":
+        factor, context = scaling["factor"], scaling["original_max_position_embeddings"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        turns = context * freqs / (2 * math.pi)  # full turns of each pair over the original context
+        # 0 for pairs that turned fewer than `low` times (scaled by 1/factor), 1 for more than `high` (kept)
+        smooth = ((turns - low) / (high - low)).clamp(0.0, 1.0)
+        return (1 - smooth) * freqs / factor + smooth * freqs
+    raise ValueError(f"RoPE scaling {kind!r} is not supported: choose one of {ROPE_TYPES}.")
+
+
+def rope_frequencies(head_dim: int, theta: float = 10000.0,
+                     scaling: Mapping[str, Any] | None = None) -> torch.Tensor:
     """Angular speed of each of the ``D/2`` pairs, radians per position. Shape (D/2,), fp32."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    return scale_frequencies(freqs, scaling)
 
 
-def rope_angles(seq_len: int, head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+def rope_angles(seq_len: int, head_dim: int, theta: float = 10000.0,
+                scaling: Mapping[str, Any] | None = None) -> torch.Tensor:
     """Rotation angle of every pair at every position, radians. Shape (T, D/2), fp32."""
     positions = torch.arange(seq_len, dtype=torch.int64).float()
-    return torch.outer(positions, rope_frequencies(head_dim, theta))
+    return torch.outer(positions, rope_frequencies(head_dim, theta, scaling))
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(seq_len: int, head_dim: int, theta: float = 10000.0,
+                scaling: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables in ``rotate_half`` layout. Each (T, D), fp32."""
-    angles = rope_angles(seq_len, head_dim, theta)
+    angles = rope_angles(seq_len, head_dim, theta, scaling)
     angles = torch.cat((angles, angles), dim=-1)  # (T, D/2) -> (T, D): pair i at i and i + D/2
     return angles.cos(), angles.sin()
 

@@ -339,6 +339,20 @@ def test_a_diverging_fine_tune_removes_the_adapter(served, monkeypatch):
         assert torch.equal(own(torch.tensor([ids])), served[0](torch.tensor([ids])))
 
 
+def test_a_climbing_loss_is_reported_as_diverged_on_screen(served):
+    """The real guard on the default model at the largest learning rate: the summary says it diverged, and the
+    user's copy is the base model again."""
+    from explorer import finetune
+    from explorer.panels import lora as panel
+
+    state = session.new_state()
+    updates = list(panel.lora_finetune(8, 16, ["q_proj", "v_proj"], panel.DEFAULT_TEXT, 60, finetune.LR_RANGE[1],
+                                       30, state, progress=lambda *a, **k: None))
+    assert "Diverged, stopped at step" in updates[-1].status and "adapter was removed" in updates[-1].status
+    own, _, _ = session.get_model(state)
+    assert not lora_layers(own) and "lora" not in state
+
+
 def test_trace_play_steps_through_every_block():
     from explorer.panels import memory as panel
 

@@ -132,3 +132,48 @@ def test_rows_cover_long_text():
     assert covered == set(range(1, 100))
     with pytest.raises(ValueError, match="paste at least"):
         ft.make_rows([1, 2], 15)
+
+
+def _default_model_and_text():
+    from explorer.panels.lora import DEFAULT_TEXT
+    from models import load_pretrained
+    from models.loading import load_tokenizer
+
+    model = load_pretrained("assets/default-model")
+    attach_lora(model, ("q_proj", "v_proj"), rank=8, alpha=16.0)
+    return model, load_tokenizer("assets/default-model")(DEFAULT_TEXT)["input_ids"]
+
+
+def test_the_default_learning_rate_lowers_the_loss_on_the_default_model():
+    model, ids = _default_model_and_text()
+    rows = ft.make_rows(ids, 127)
+    before = ft.evaluate_loss(model, rows)
+    result = ft.finetune(model, ids, steps=20, seq_len=127)  # lr left to default_lr(width)
+    after = ft.evaluate_loss(model, rows)
+    assert result["stopped"] is None and result["steps"] == 20
+    assert after < 0.5 * before, (before, after)
+
+
+def test_the_guard_stops_a_run_whose_loss_climbs_and_says_so():
+    model, ids = _default_model_and_text()
+    records = list(ft.iter_finetune(model, ids, steps=60, lr=ft.LR_RANGE[1], seq_len=127))
+    last = records[-1]
+    assert last["stopped"] == "diverged" and len(records) < 60
+    assert last["loss"] > ft.DIVERGE_RATIO * records[0]["loss"]
+    assert all(r["stopped"] is None and r["loss"] <= ft.DIVERGE_RATIO * records[0]["loss"] for r in records[:-1])
+    assert ft.finetune(model, ids, steps=60, lr=ft.LR_RANGE[1], seq_len=127)["stopped"] == "diverged"
+
+
+def test_a_non_finite_loss_stops_the_run_at_once():
+    model = tiny_model()
+    attach_lora(model, ("q_proj",), rank=2, alpha=4.0)
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] = float("nan")
+    records = list(ft.iter_finetune(model, text_ids(), steps=10, lr=1e-2))
+    assert len(records) == 1 and records[0]["stopped"] == "diverged"
+
+
+def test_default_lr_follows_the_width_through_its_two_anchors():
+    assert ft.default_lr(128) == 1e-2 and ft.default_lr(576) == 1e-3
+    assert ft.default_lr(960) < ft.default_lr(576) < ft.default_lr(256) < ft.default_lr(128)
+    assert ft.default_lr(8) == ft.LR_RANGE[1] and ft.default_lr(10**6) == ft.LR_RANGE[0]

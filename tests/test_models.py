@@ -392,4 +392,4 @@ def test_config_derived_fields_and_round_trips():
     with pytest.raises(ValueError, match="Llama-family"):
         ModelConfig.from_hf({"model_type": "gpt2"})
     with pytest.raises(ValueError, match="RoPE scaling"):
-        ModelConfig.from_hf({**cfg.to_hf(), "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}})
+        ModelConfig.from_hf({**cfg.to_hf(), "rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5}})

@@ -134,3 +134,31 @@ def theta_attention_figure(before: np.ndarray, after: np.ndarray, labels: Sequen
         left_title=f"θ = {theta_before:,.0f} (trained)", right_title=f"θ = {theta_after:,.0f}",
         title=f"Layer {layer} · {head_text} · attention weights with another rope_theta",
     )
+
+
+def rope_wavelength_figure(plain: np.ndarray, scaled: np.ndarray | None, *, theta: float, scaling_text: str = "",
+                           context: int | None = None) -> go.Figure:
+    """Positions per full turn of each pair (D/2,), log scale: θ^(2i/D)·2π as trained, and beside it the
+    wavelengths the model really rotates by when it has RoPE scaling (``scaled``; None: no scaling)."""
+    plain = np.asarray(plain, dtype=float)
+    pairs = np.arange(len(plain))
+    fig = go.Figure(go.Scatter(
+        x=pairs, y=plain, mode="lines+markers", name=f"plain: 2π·θ^(2i/D), θ = {theta:,.0f}",
+        line=dict(color=QUALITATIVE[0], width=2, dash="dot" if scaled is not None else None),
+        hovertemplate="pair %{x}<br>plain: one turn per %{y:,.1f} positions<extra></extra>",
+    ))
+    if scaled is not None:
+        fig.add_trace(go.Scatter(
+            x=pairs, y=np.asarray(scaled, dtype=float), mode="lines+markers", name=f"scaled ({scaling_text})",
+            line=dict(color=QUALITATIVE[1], width=3),
+            hovertemplate="pair %{x}<br>scaled: one turn per %{y:,.1f} positions<extra></extra>",
+        ))
+    if context:
+        fig.add_hline(y=context, line=dict(color="#888", dash="dash", width=1),
+                      annotation_text=f"context {context:,} positions", annotation_position="top left")
+    what = f"plain and scaled ({scaling_text})" if scaled is not None else "this model has no RoPE scaling"
+    base_layout(fig, f"RoPE wavelength of each pair · {what}", height=420)
+    fig.update_layout(legend=dict(orientation="h", y=-0.2, x=0))
+    fig.update_xaxes(title_text="pair i (rotates dims i and i + D/2)")
+    fig.update_yaxes(title_text="wavelength (positions per full turn, log scale)", type="log")
+    return fig

@@ -133,7 +133,8 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
     model, tokenizer, _ = session.get_model(state)
     rank, alpha, targets = check_adapter(rank, alpha, targets, model.config)
     steps = as_whole(steps, "steps", 1, finetune.MAX_STEPS)
-    lr = as_number(lr, "learning rate")
+    # a blank box: the rate for this model's width (the box's default only fits the default model)
+    lr = finetune.default_lr(model.config.d_model) if lr is None or lr == "" else as_number(lr, "learning rate")
     max_seconds = as_number(max_seconds, "time limit")
     finetune.check_settings(steps, lr, max_seconds, 2, 1)
     ids, notice = _encode_text(tokenizer, text)
@@ -182,13 +183,26 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
                                             f"({record['seconds']:.1f} s)", state)
     finally:
         gen.close()
+    seconds = record["seconds"] if record else 0.0
+    if record and record["stopped"] == "diverged":
+        with lock:
+            detach_lora(model)
+        state.pop("lora", None)
+        why = "diverged"
+        status = (f"{head}**Diverged, stopped at step {record['step']}**: the loss rose to {record['loss']:.3f}, "
+                  f"over {finetune.DIVERGE_RATIO:g}× the first step's {ys[1]:.3f} nats/token, at learning rate "
+                  f"{lr:g}. The adapter was removed, so your copy of {name} is the base model again. Try a lower "
+                  f"learning rate (the default for this model's width {model.config.d_model} is "
+                  f"{finetune.default_lr(model.config.d_model):g}).")
+        yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov), status,
+                             state)
+        return
     with session.threads_for(model), lock:
         end_loss = finetune.evaluate_loss(model, rows)
     why = "stopped at the time limit" if record and record["stopped"] == "time" else "done"
-    seconds = record["seconds"] if record else 0.0
-    status = (f"{head}**{why}**: {len(xs) - 1} steps in {seconds:.1f} s. Loss on your text "
-              f"{start_loss:.3f} → **{end_loss:.3f}** nats/token. The adapter is **on** in your copy of {name}; "
-              "other tabs now show your adapted model, other visitors still see the original.")
+    status = (f"{head}**{why}**: {len(xs) - 1} steps in {seconds:.1f} s at learning rate {lr:g}. Loss on your "
+              f"text {start_loss:.3f} → **{end_loss:.3f}** nats/token. The adapter is **on** in your copy of "
+              f"{name}; other tabs now show your adapted model, other visitors still see the original.")
     yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov), status, state)
 
 
@@ -310,7 +324,10 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
                 steps = gr.Slider(1, finetune.MAX_STEPS, value=40, step=1, label="steps")
                 max_seconds = gr.Slider(1, finetune.MAX_SECONDS, value=30, step=1, label="time limit (s)")
             with gr.Row():
-                lr = gr.Number(value=1e-2, label="learning rate", info="1e-5 to 0.1", min_width=120)
+                lr = gr.Number(value=None, label="learning rate", min_width=120,
+                               info=f"1e-5 to 0.1; blank: from the model's width, 1e-2·(128/width)^"
+                                    f"{finetune.LR_EXPONENT:g} ({finetune.default_lr(c.d_model):g} for "
+                                    f"width {c.d_model})")
                 train = gr.Button("Fine-tune", variant="primary", min_width=100)
                 stop = gr.Button("Stop", variant="stop", min_width=80)
             ft_md = gr.Markdown()

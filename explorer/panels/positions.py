@@ -2,10 +2,12 @@
 rope_theta applied to the same weights, and the encoder's sinusoidal table beside it."""
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import gradio as gr
 
+from explorer.cache import results, weights_key
 from explorer.device import gpu
 from explorer import probes, session
 from explorer.figures import positions as figs
@@ -58,6 +60,26 @@ class RopeView(NamedTuple):
     layer: Any  # gr.Dropdown updates
     head: Any
     pairs: Any
+    wavelengths: Any  # plotly Figure: plain and (when the model has RoPE scaling) scaled wavelengths
+    theta: Any  # gr.Number update: the hint names the loaded model's trained θ
+
+
+def scaling_text(scaling: dict | None) -> str:
+    """``ModelConfig.rope_scaling`` in words ("" for plain RoPE)."""
+    if not scaling:
+        return ""
+    if scaling["rope_type"] == "linear":
+        return f"linear, factor {scaling['factor']:g}"
+    return (f"llama3, factor {scaling['factor']:g}, low/high freq factor {scaling['low_freq_factor']:g}/"
+            f"{scaling['high_freq_factor']:g}, original context {scaling['original_max_position_embeddings']:,}")
+
+
+def theta_hint(config) -> str:
+    return f"trained with {config.rope_theta:,.0f}; try 100 or 1,000,000"
+
+
+def pairs_label(config) -> str:
+    return f"Pairs to follow (0 = fastest, {config.head_dim // 2 - 1} = slowest)"
 
 
 def _rope_view(prompt, theta, position, pairs, layer, head, state):
@@ -69,6 +91,20 @@ def _rope_view(prompt, theta, position, pairs, layer, head, state):
     position = as_index(position, POSITIONS, "position")
     layer = as_index(layer, c.n_layers, "layer")
     head = as_index(head, c.n_heads, "head")
+    # every visitor's opening example (and any view asked twice) of the same weights is computed once
+    key = ("positions", weights_key(model), name, str(prompt), theta, position, tuple(pairs), layer, head)
+    figures = results.get_or_compute(key, lambda: _rope_figures(model, tokenizer, name, prompt, theta, position,
+                                                                pairs, layer, head))
+    return RopeView(*figures[:6], layer=gr.Dropdown(choices=layer_choices(c.n_layers), value=layer),
+                    head=gr.Dropdown(choices=head_choices(c.n_heads, c.n_kv_heads), value=head),
+                    pairs=gr.Dropdown(choices=list(range(half)), value=pairs, multiselect=True, label=pairs_label(c)),
+                    wavelengths=figures[-1], theta=gr.Number(info=theta_hint(c)))
+
+
+def _rope_figures(model, tokenizer, name, prompt, theta, position, pairs, layer, head) -> tuple:
+    """(circle, angles, distance, compare, sinusoidal, md, wavelengths) for checked inputs."""
+    c = model.config
+    half = c.head_dim // 2
     ids, labels, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_TOKENS, c.max_seq_len))
 
     trained = float(c.rope_theta)
@@ -102,14 +138,20 @@ def _rope_view(prompt, theta, position, pairs, layer, head, state):
     md = [f"**What changed:** the same weights of {name} ran with rotary tables rebuilt for θ = {theta:,.0f} "
           f"(trained with θ = {trained:,.0f}); every layer saw the new rotations. The shared model was not "
           f"modified. Largest change of an attention weight in layer {layer} · {hl}: **{changed:.3f}**.",
-          f"head_dim {c.head_dim} → {half} pairs; the slowest pair turns once every "
+          f"head_dim {c.head_dim} → {half} pairs; context {c.max_seq_len:,} positions; the slowest pair turns once every "
           f"{probe['wavelengths'][-1]:,.0f} positions, the fastest every {probe['wavelengths'][0]:.1f}."]
+    scaled = None
+    if c.rope_scaling:
+        scaled = probe["wavelengths"]
+        plain = 2 * math.pi / probe["plain_frequencies"]
+        changed_pairs = int((abs(scaled - plain) > 1e-9 * plain).sum())
+        md.append(f"RoPE scaling ({scaling_text(c.rope_scaling)}): {changed_pairs} of {half} pairs turn slower than "
+                  f"θ alone says; every figure here uses the scaled speeds the model rotates by.")
+    wavelengths = figs.rope_wavelength_figure(2 * math.pi / probe["plain_frequencies"], scaled, theta=theta,
+                                              scaling_text=scaling_text(c.rope_scaling), context=c.max_seq_len)
     if notice:
         md.append(f"⚠️ {notice}")
-    return RopeView(circle=circle, angles=angles, distance=distance, compare=compare, sinusoidal=sinus,
-                    md="\n\n".join(md), layer=gr.Dropdown(choices=layer_choices(c.n_layers), value=layer),
-                    head=gr.Dropdown(choices=head_choices(c.n_heads, c.n_kv_heads), value=head),
-                    pairs=gr.Dropdown(choices=list(range(half)), value=pairs, multiselect=True))
+    return circle, angles, distance, compare, sinus, "\n\n".join(md), wavelengths
 
 
 @user_errors
@@ -140,8 +182,7 @@ def build_positions(demo: gr.Blocks, state: gr.State) -> None:
     gr.Markdown(INTRO)
     with gr.Row():
         with gr.Column(scale=2):
-            theta = gr.Number(value=float(c.rope_theta), label="rope_theta (θ)",
-                              info=f"trained with {c.rope_theta:,.0f}; try 100 or 1,000,000")
+            theta = gr.Number(value=float(c.rope_theta), label="rope_theta (θ)", info=theta_hint(c))
             prompt = gr.Textbox(label="Prompt for the attention map", value=DEFAULT_PROMPT, lines=2)
             with gr.Row():
                 layer = gr.Dropdown(label="Layer", choices=layer_choices(c.n_layers), value=0,
@@ -151,7 +192,7 @@ def build_positions(demo: gr.Blocks, state: gr.State) -> None:
             run = gr.Button("Apply θ", variant="primary")
             position = gr.Slider(0, POSITIONS - 1, value=5, step=1, label="Position (moves the circle)")
             pairs = gr.Dropdown(choices=list(range(half)), value=sorted({0, half // 4, half // 2, half - 1}),
-                                multiselect=True, label=f"Pairs to follow (0 = fastest, {half - 1} = slowest)")
+                                multiselect=True, label=pairs_label(c))
         with gr.Column(scale=3):
             circle = gr.Plot(label="RoPE pairs on the unit circle")
     md = gr.Markdown()
@@ -159,11 +200,13 @@ def build_positions(demo: gr.Blocks, state: gr.State) -> None:
     with gr.Row():
         angles = gr.Plot(label="Decoder: RoPE angle of every pair at every position")
         sinus = gr.Plot(label="Encoder: sinusoidal position table")
-    distance = gr.Plot(label="Score against relative distance")
+    with gr.Row():
+        distance = gr.Plot(label="Score against relative distance")
+        wavelengths = gr.Plot(label="Wavelength of each pair (plain, and scaled when the model has RoPE scaling)")
 
     inputs = [prompt, theta, position, pairs, layer, head, state]
     outputs = outputs_of(RopeView, circle=circle, angles=angles, distance=distance, compare=compare, sinusoidal=sinus,
-                         md=md, layer=layer, head=head, pairs=pairs)
+                         md=md, layer=layer, head=head, pairs=pairs, wavelengths=wavelengths, theta=theta)
     run.click(rope_view, inputs, outputs, api_name="rope")
     for control in (theta, prompt):
         control.submit(rope_view, inputs, outputs, api_name=f"rope_{control.label.split()[0].lower()}",

@@ -15,7 +15,7 @@ from explorer.device import to_host
 from torch import nn
 
 from models.config import ModelConfig
-from models.rope import apply_rope, sinusoidal_table
+from models.rope import apply_rope, scale_frequencies, sinusoidal_table
 
 from .hooks import _as_tokens, check_head, check_layer, run_with_cache
 
@@ -23,25 +23,28 @@ from .hooks import _as_tokens, check_head, check_layer, run_with_cache
 _MAX_PROBE_POSITIONS = 2048
 
 
-def _frequencies64(dim: int, base: float) -> torch.Tensor:
-    """``models.rope.rope_frequencies`` in float64: base^(-2i/dim) radians per position, shape (dim/2,).
+def _frequencies64(dim: int, base: float, scaling: dict | None = None) -> torch.Tensor:
+    """``models.rope.rope_frequencies`` in float64: base^(-2i/dim) radians per position, rescaled by the
+    model's RoPE ``scaling`` if any, shape (dim/2,).
 
     The probe's curves should show the maths, not fp32 rounding (the model builds its tables in fp32; the
     captured q/k show that). The encoder's sinusoidal table turns at the same speeds (base^(-2i/C)).
     """
-    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
+    return scale_frequencies(base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim), scaling)  # (dim/2,)
 
 
-def _rotate(x: torch.Tensor, theta: float, n: int) -> torch.Tensor:
+def _rotate(x: torch.Tensor, theta: float, n: int, scaling: dict | None = None) -> torch.Tensor:
     """x (D,) rotated to each position 0..n-1 with the model's ``apply_rope`` -> (n, D), float64."""
-    angles = torch.outer(torch.arange(n, dtype=torch.float64), _frequencies64(x.shape[-1], theta))  # (n, D/2)
+    freqs = _frequencies64(x.shape[-1], theta, scaling)
+    angles = torch.outer(torch.arange(n, dtype=torch.float64), freqs)  # (n, D/2)
     angles = torch.cat((angles, angles), dim=-1)  # (n, D): rotate_half layout, pair i at i and i + D/2
     return apply_rope(x.double()[None, None, None].expand(1, 1, n, -1), angles.cos(), angles.sin())[0, 0]
 
 
-def _relative_scores(q: torch.Tensor, k: torch.Tensor, theta: float, n: int) -> torch.Tensor:
+def _relative_scores(q: torch.Tensor, k: torch.Tensor, theta: float, n: int,
+                     scaling: dict | None = None) -> torch.Tensor:
     """score(m, n) = rot(q, m) · rot(k, n) / √D for m, n in 0..n-1 -> (n, n), float64."""
-    return _rotate(q, theta, n) @ _rotate(k, theta, n).T / math.sqrt(q.shape[-1])
+    return _rotate(q, theta, n, scaling) @ _rotate(k, theta, n, scaling).T / math.sqrt(q.shape[-1])
 
 
 def _by_distance(scores: torch.Tensor) -> np.ndarray:
@@ -61,7 +64,9 @@ class RopeProbe(TypedDict):
     """What ``rope_probe`` returns (the fields are described there)."""
     theta: float
     head_dim: int
+    scaling: dict[str, Any] | None
     positions: np.ndarray
+    plain_frequencies: np.ndarray
     frequencies: np.ndarray
     wavelengths: np.ndarray
     angles: np.ndarray
@@ -87,8 +92,10 @@ def rope_probe(model_or_config, *, theta: float | None = None, thetas: Sequence[
     """What rotary positions do, from a model (or a ``ModelConfig``) and optionally real tokens.
 
     Returns a ``RopeProbe`` (angles in radians, positions in tokens):
-        theta, head_dim, positions (T,), frequencies (D/2,) radians per position, wavelengths (D/2,)
-            positions per full turn, angles (T, D/2) rotation of each pair at each position,
+        theta, head_dim, scaling (the model's ``rope_scaling``: None or its dict), positions (T,),
+            plain_frequencies (D/2,) θ^(-2i/D) radians per position before any scaling, frequencies (D/2,)
+            the ones the model rotates by (scaled, when it has RoPE scaling; everything below uses these),
+            wavelengths (D/2,) positions per full turn, angles (T, D/2) rotation of each pair at each position,
         pairs: the pair indices followed below (default: fastest, one in the middle, slowest); pair ``i``
             rotates dims ``(i, i + D/2)``,
         relative: for one fixed q and k vector (the captured q of the last token and k of the first token
@@ -128,11 +135,14 @@ def rope_probe(model_or_config, *, theta: float | None = None, thetas: Sequence[
         raise ValueError(f"every theta in thetas must be greater than 1, got {sweep}.")
     sweep = sorted(set(sweep) | {theta})
 
-    freqs = _frequencies64(D, theta)  # (D/2,)
+    scaling = config.rope_scaling
+    freqs = _frequencies64(D, theta, scaling)  # (D/2,)
     result: RopeProbe = {  # type: ignore[typeddict-item]  (relative and theta_sweep are added below)
         "theta": theta,
         "head_dim": D,
+        "scaling": dict(scaling) if scaling else None,
         "positions": np.arange(T),
+        "plain_frequencies": _frequencies64(D, theta).numpy(),
         "frequencies": freqs.numpy(),
         "wavelengths": (2 * math.pi / freqs).numpy(),
         "angles": torch.outer(torch.arange(T, dtype=torch.float64), freqs).numpy(),  # (T, D/2)
@@ -176,7 +186,7 @@ def rope_probe(model_or_config, *, theta: float | None = None, thetas: Sequence[
         qv = torch.randn(D, generator=g, dtype=torch.float64)
         kv = torch.randn(D, generator=g, dtype=torch.float64)
         vectors = f"random normal q and k (seed {seed})"
-    scores = _relative_scores(qv, kv, theta, T)  # (T, T)
+    scores = _relative_scores(qv, kv, theta, T, scaling)  # (T, T)
     m, n = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
     by_distance = torch.from_numpy(_by_distance(scores))
     expected = by_distance[(m - n) + (T - 1)]  # the score at the same distance, (T, T)
@@ -188,8 +198,8 @@ def rope_probe(model_or_config, *, theta: float | None = None, thetas: Sequence[
         "vectors": vectors,
     })
     result["theta_sweep"] = {
-        t: {"by_distance": _relative_scores(qv, kv, t, T)[:, 0].numpy(),
-            "wavelengths": (2 * math.pi / _frequencies64(D, t)).numpy()}
+        t: {"by_distance": _relative_scores(qv, kv, t, T, scaling)[:, 0].numpy(),
+            "wavelengths": (2 * math.pi / _frequencies64(D, t, scaling)).numpy()}
         for t in sweep
     }
     return result
