@@ -53,36 +53,40 @@ def span_choices(config) -> list[str]:
     return [str(n) for n in fit] + [PROMPT_SPAN]
 
 
-def _forward(model, ids, causal) -> probes.PromptForward:
+def _forward(model, ids, causal, wk=None) -> probes.PromptForward:
     """The prompt's one forward (every head's weights and the next-token prediction), shared by every session
     and every layer/head/span/display switch that asks the same question of the same weights."""
-    return results.get_or_compute(("attention.forward", weights_key(model), tuple(ids), causal),
+    wk = weights_key(model) if wk is None else wk  # reading every parameter's version costs ~ms on 30 layers
+    return results.get_or_compute(("attention.forward", wk, tuple(ids), causal),
                                   lambda: probes.prompt_forward(model, ids, causal=causal, top_k=TOP_K))
 
 
-def _induction(model, ids, span: str) -> tuple[np.ndarray, str]:
+def _induction(model, ids, span: str, wk) -> tuple[np.ndarray, str]:
     """(L, H) induction scores at the chosen span and the sentence saying what they were measured on."""
     if span == PROMPT_SPAN:
         n = heads.repeated_suffix_len(ids)
         if n == 0:
             raise ValueError("Your prompt does not end with a repeated stretch of tokens (… A B C A B C), so it "
                              "cannot be scored for induction: repeat part of it, or choose a span.")
-        causal = _forward(model, ids, True)["patterns"]  # (L, H, T, T)
-        scores = heads.induction_score(causal[:, None], n).numpy()  # (L, 1, H, T, T) -> (L, H)
+        causal = _forward(model, ids, True, wk)["patterns"]  # (L, H, T, T)
+        scores = results.get_or_compute(("attention.prompt_induction", wk, tuple(ids)),
+                                        lambda: heads.induction_score(causal[:, None], n).numpy())  # (L, H)
         return scores, f"induction on your prompt's repeated last {n} tokens"
     if span not in span_choices(model.config):
         raise ValueError(f"Induction span must be one of {span_choices(model.config)}, got {str(span)[:40]!r}.")
     n = int(span)
-    scores = results.get_or_compute(("attention.induction", weights_key(model), n),
+    scores = results.get_or_compute(("attention.induction", wk, n),
                                     lambda: probes.head_scores(model, span_len=n)["induction"])
     return scores, f"induction on 4 rows of random tokens repeated at span {n}"
 
 
-def _head_scores(model, ids, span: str) -> tuple[dict, str]:
+def _head_scores(model, ids, span: str, wk) -> tuple[dict, str]:
     """Previous-token and sink scores on the prompt (causal), induction at the chosen span."""
-    causal = _forward(model, ids, True)["patterns"]
-    induction, how = _induction(model, ids, span)
-    return {**probes.pattern_scores(causal[:, None], ids), "induction": induction}, how  # (L, 1, H, T, T)
+    causal = _forward(model, ids, True, wk)["patterns"]
+    on_prompt = results.get_or_compute(("attention.prompt_scores", wk, tuple(ids)),
+                                       lambda: probes.pattern_scores(causal[:, None], ids))  # (L, 1, H, T, T)
+    induction, how = _induction(model, ids, span, wk)
+    return {**on_prompt, "induction": induction}, how
 
 
 def describe_head(weights: np.ndarray, layer: int, head: int, n_heads: int, n_kv_heads: int,
@@ -144,9 +148,9 @@ def _attention_view(prompt, layer, head, view, state, span=None, sink=False):
     causal = view == VIEWS[0]
     ids, labels, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_TOKENS, c.max_seq_len))
 
-    fwd = _forward(model, ids, causal)
-    patterns, source = fwd["patterns"], fwd["source"]  # (L, H, T, T)
     wk = weights_key(model)
+    fwd = _forward(model, ids, causal, wk)
+    patterns, source = fwd["patterns"], fwd["source"]  # (L, H, T, T)
     shown_heat = heads.without_sink(patterns[layer, head]).numpy() if sink else patterns[layer, head]
     heat = figs.attention_heatmap(shown_heat, labels, layer=layer, head=head, n_heads=H,
                                   n_kv_heads=Hkv, causal=causal, sink_hidden=sink)
@@ -159,7 +163,7 @@ def _attention_view(prompt, layer, head, view, state, span=None, sink=False):
 
     grid = results.get_or_compute(("attention.grid", wk, tuple(ids), causal, page.start, sink), grid_figure)
 
-    scores, how = _head_scores(model, ids, span)
+    scores, how = _head_scores(model, ids, span, wk)
     scores_fig = figs.head_scores_figure(
         {k: scores[k] for k in SCORES_SHOWN}, n_kv_heads=Hkv, selected=(layer, head),
         subtitle=f"previous-token and sink on your prompt (causal); {how}",
@@ -173,7 +177,7 @@ def _attention_view(prompt, layer, head, view, state, span=None, sink=False):
     top = session.token_strings(tokenizer, [int(i) for i in fwd["top_ids"]])
     prediction = [[rank + 1, tok, int(i), round(float(p), 4)]
                   for rank, (tok, i, p) in enumerate(zip(top, fwd["top_ids"], fwd["top_probs"]))]
-    causal_patterns = _forward(model, ids, True)["patterns"]
+    causal_patterns = _forward(model, ids, True, wk)["patterns"]
     head_md = describe_head(causal_patterns[layer, head], layer, head, H, Hkv, scores)
     group = c.n_kv_groups
     gqa_rows = "\n".join(
