@@ -24,6 +24,9 @@ __all__ = [
     "induction_score",
     "duplicate_token_score",
     "repeated_random_tokens",
+    "repeated_suffix_len",
+    "without_sink",
+    "offset_profile",
 ]
 
 
@@ -170,3 +173,45 @@ def repeated_random_tokens(vocab_size: int, span_len: int, batch: int, seed: int
             parts.insert(0, torch.tensor([bos_id]))
         rows.append(torch.cat(parts))
     return torch.stack(rows).long()
+
+
+def repeated_suffix_len(tokens: Sequence[int]) -> int:
+    """The longest ``L`` such that ``tokens`` ends with the same ``L`` tokens twice (``... + r + r``), else 0.
+
+    A prompt that repeats itself can then be scored for induction on its own tokens (``induction_score`` with
+    ``span_len=L``), instead of on random tokens.
+    """
+    t = list(tokens)
+    for span in range(len(t) // 2, 0, -1):
+        if t[-2 * span:-span] == t[-span:]:
+            return span
+    return 0
+
+
+def without_sink(pattern) -> torch.Tensor:
+    """Weights with key 0 removed and each row renormalised over the keys left: ``(..., T, S) -> (..., T, S - 1)``.
+
+    The attention sink (most of a row's weight on token 0) hides what the rest of the row does; this shows
+    that rest as shares of the weight not on token 0. Row 0 (which can only see key 0) has nothing left and
+    is NaN; so is any row whose weight was all on key 0.
+    """
+    p = torch.as_tensor(pattern).to(torch.float64)
+    rest = p[..., 1:]
+    total = rest.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, rest / total.clamp_min(torch.finfo(p.dtype).tiny), torch.nan)
+
+
+def offset_profile(pattern) -> torch.Tensor:
+    """Where one head's weight goes, by distance back: ``(T, T) -> (T,)``, over queries ``t >= 1``.
+
+    Entry ``d`` is the mean over the queries ``t = 1 .. T-1`` of ``pattern[t, t - d]``, counting only keys
+    ``t - d >= 1`` (a query with no such key adds 0): ``d = 0`` the token itself, ``d = 1`` the previous token.
+    Key 0 is left out (``first_token_score`` measures it), so the profile plus the weight on key 0 sums to 1
+    for a causal pattern: each entry is a share of the rows' weight, comparable across ``d``.
+    """
+    p = torch.as_tensor(pattern).to(torch.float64)
+    if p.dim() != 2 or p.shape[0] != p.shape[1] or p.shape[0] < 2:
+        raise ValueError(f"pattern must be one head's square (T, T) weights, T >= 2; got {tuple(p.shape)}.")
+    T = p.shape[0]
+    rest = p[1:, 1:]  # queries 1.., keys 1..: diagonal -d holds pattern[t, t - d] for t - d >= 1
+    return torch.stack([torch.diagonal(rest, offset=-d).sum() for d in range(T - 1)] + [p.new_zeros(())]) / (T - 1)

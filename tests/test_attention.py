@@ -121,3 +121,150 @@ def test_dispatcher_rejects_unknown_impl_and_bad_head_ratio():
         attention(q, k, v, impl="flash3")
     with pytest.raises(ValueError, match="tile_size"):
         tiled_attention(q, k, v, causal=True, tile_size=0)
+
+
+# --- The Attention tab: one forward reused, labels, the sink option, induction at a chosen span --------------
+
+def _own_model_state():
+    """A private copy of the shipped default model with its tokenizer, as a user's own model is held."""
+    import copy
+
+    from explorer import session
+
+    model, tokenizer = session.load_default()
+    own = copy.deepcopy(model)
+    return own, {"source": "test", "name": "test copy", "model": own, "tokenizer": tokenizer}
+
+
+def _count_forwards(model):
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    return calls
+
+
+CAUSAL_VIEW = "causal (as trained)"
+TAB_PROMPT = "Tom gave the red ball to Anna. Anna gave the red ball to Tom."
+
+
+def test_attention_tab_reuses_its_forward_for_layer_head_jump_and_display_switches():
+    import torch
+
+    from explorer.panels.attention import attention_view, jump_to_head
+
+    model, state = _own_model_state()
+    calls = _count_forwards(model)
+    first = attention_view(TAB_PROMPT, 0, 0, CAUSAL_VIEW, state)
+    assert len(calls) > 0
+    n = len(calls)
+    attention_view(TAB_PROMPT, 1, 1, CAUSAL_VIEW, state)  # layer and head switch
+    layer, head = jump_to_head(first.pick.constructor_args["choices"][0][1])
+    attention_view(TAB_PROMPT, layer, head, CAUSAL_VIEW, state)  # jump to a head
+    attention_view(TAB_PROMPT, 2, 3, CAUSAL_VIEW, state, "32", True)  # sink hidden
+    assert len(calls) == n, "a layer, head, jump or display switch ran the model again"
+    with torch.no_grad():  # an in-place weight change (as LoRA training makes) must not meet a stale result
+        model.blocks[0].attn.q_proj.weight.mul_(1.5)
+    attention_view(TAB_PROMPT, 0, 0, CAUSAL_VIEW, state)
+    assert len(calls) > n
+
+
+def test_attention_tab_labels_every_token_of_a_64_token_prompt_uniquely():
+    from explorer.panels.attention import attention_view
+
+    _, state = _own_model_state()
+    prompt = " ".join(["the red ball"] * 30)  # repeated words: equal labels would merge rows
+    out = attention_view(prompt, 0, 0, CAUSAL_VIEW, state)
+    assert len(out.tokens) == 64
+    fig = out.heatmap
+    y = list(fig.data[0].y)
+    assert len(y) == 64 and len(set(y)) == 64
+    assert list(fig.layout.yaxis.tickvals) == y and list(fig.layout.yaxis.ticktext) == y
+    assert list(fig.layout.xaxis.tickvals) == list(fig.data[0].x) == y
+    for (i, token, _), label in zip(out.tokens, y):
+        assert label.startswith(f"{i}·")
+
+
+def test_attention_tab_sink_option_equals_numpy_renormalisation():
+    from explorer import probes
+    from explorer.panels.attention import attention_view
+
+    model, state = _own_model_state()
+    out = attention_view(TAB_PROMPT, 1, 2, CAUSAL_VIEW, state, "32", True)
+    ids = state["tokenizer"](TAB_PROMPT)["input_ids"]
+    w = probes.attention_pattern(model, ids, 1, 2).astype(np.float64)  # (T, T)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        expected = w[:, 1:] / w[:, 1:].sum(axis=1, keepdims=True)
+    expected[0] = np.nan  # query 0 sees only key 0
+    z = np.asarray(out.heatmap.data[0].z, dtype=float)
+    np.testing.assert_allclose(z, expected, atol=1e-6)
+    assert "sink hidden" in out.heatmap.layout.title.text
+    assert "not on key 0" in out.heatmap.data[0].colorbar.title.text
+
+
+def _induction_trace(fig):
+    heatmaps = [t for t in fig.data if t.type == "heatmap"]
+    return np.asarray(heatmaps[1].z, dtype=float)  # SCORES_SHOWN order: previous-token, induction, sink
+
+
+@pytest.mark.parametrize("span", ["8", "64"])
+def test_attention_tab_induction_at_the_chosen_span_equals_numpy(span):
+    from explorer.heads import repeated_random_tokens
+    from explorer.panels.attention import attention_view
+    from explorer.probes import run_with_cache
+
+    model, state = _own_model_state()
+    out = attention_view(TAB_PROMPT, 0, 0, CAUSAL_VIEW, state, span, False)
+    n = int(span)
+    probe = repeated_random_tokens(model.config.vocab_size, n, 4, 0, bos_id=model.config.bos_token_id)
+    _, cache = run_with_cache(model, probe, lambda name: name.endswith("attn.hook_pattern"))
+    L, H = model.config.n_layers, model.config.n_heads
+    expected = np.zeros((L, H))
+    T = probe.shape[1]
+    for layer in range(L):
+        p = cache[f"blocks.{layer}.attn.hook_pattern"].double().numpy()  # (B, H, T, T)
+        for j in range(T - n, T):
+            expected[layer] += p[:, :, j, j - n + 1].mean(axis=0) / n
+    np.testing.assert_allclose(_induction_trace(out.scores), expected, atol=1e-5)
+    assert f"span {n}" in out.scores.layout.title.text
+
+
+def test_attention_tab_induction_on_the_prompts_own_repeat():
+    from explorer.panels.attention import PROMPT_SPAN, attention_view
+    from explorer.probes import run_with_cache
+
+    model, state = _own_model_state()
+    prompt = "the cat saw a big dog . the cat saw a big dog ."
+    ids = state["tokenizer"](prompt)["input_ids"]
+    n = next(k for k in range(len(ids) // 2, 0, -1) if ids[-2 * k:-k] == ids[-k:])  # the repeated stretch
+    out = attention_view(prompt, 0, 0, CAUSAL_VIEW, state, PROMPT_SPAN, False)
+    _, cache = run_with_cache(model, ids, lambda name: name.endswith("attn.hook_pattern"))
+    T = len(ids)
+    expected = np.stack([cache[f"blocks.{layer}.attn.hook_pattern"][0].double().numpy()[:, range(T - n, T),
+                                                                                           [j - n + 1 for j in range(T - n, T)]]
+                         .mean(axis=-1) for layer in range(model.config.n_layers)])
+    np.testing.assert_allclose(_induction_trace(out.scores), expected, atol=1e-5)
+    with pytest.raises(ValueError, match="does not end with a repeated"):
+        attention_view("Tom gave the red ball.", 0, 0, CAUSAL_VIEW, state, PROMPT_SPAN, False)
+
+
+def test_attention_tab_prediction_and_head_sentence_come_from_the_weights():
+    import torch
+
+    from explorer import probes
+    from explorer.panels.attention import attention_view
+
+    model, state = _own_model_state()
+    out = attention_view(TAB_PROMPT, 0, 1, CAUSAL_VIEW, state)
+    ids = state["tokenizer"](TAB_PROMPT)["input_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]))[0, -1].double()
+    probs = np.exp(logits.numpy() - logits.numpy().max())
+    probs /= probs.sum()
+    top = np.argsort(probs)[::-1][:5]
+    assert [row[2] for row in out.prediction] == [int(i) for i in top]
+    np.testing.assert_allclose([row[3] for row in out.prediction], probs[top], atol=1e-4)
+    w = probes.attention_pattern(model, ids, 0, 1).astype(np.float64)
+    T = len(ids)
+    share = [sum(w[t, t - d] for t in range(1, T) if t - d >= 1) / (T - 1) for d in range(T)]
+    d = int(np.argmax(share[1:]) + 1)
+    where = "the previous token" if d == 1 else f"the token {d} back"
+    assert f"**{share[d]:.2f}** of its weight on {where}" in out.head_md

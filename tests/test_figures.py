@@ -246,3 +246,20 @@ def test_attention_grid_stays_under_two_megabytes_for_a_30_layer_model():
     fig = fa.attention_grid(q, token_labels([f"w{i}" for i in range(T)]), n_kv_heads=2)
     np.testing.assert_allclose(np.asarray(fig.data[0].z, dtype=float)[:T, :T], q[0, 0], atol=1e-7)
     assert len(fig.to_json()) < 1_000_000
+
+
+def test_attention_grid_pages_a_deep_model_and_labels_the_sink_option():
+    rng = np.random.default_rng(0)
+    p = rng.random((30, 3, 4, 4))
+    labels = token_labels(["a", "b", "a", "b"])
+    page = fa.grid_page(17, 30)
+    assert list(page) == list(range(16, 24))
+    fig = fa.attention_grid(p[page.start:page.stop], labels, n_kv_heads=3, layer_names=page, n_layers=30)
+    assert "Layers 16–23 of 30" in fig.layout.title.text
+    assert list(fig.layout.yaxis.ticktext) == [f"layer {i}" for i in range(16, 24)]
+    z = np.asarray(fig.data[0].z, dtype=float)
+    np.testing.assert_allclose(z[5 * 5:5 * 5 + 4, 2 * 5:2 * 5 + 4], p[21, 2], atol=1e-6)  # layer 21, head 2
+    assert fa.grid_page(29, 30) == range(24, 30)
+    hidden = fa.attention_grid(p[:2, :, :, 1:], labels, n_kv_heads=3, sink_hidden=True)
+    assert "sink hidden" in hidden.layout.title.text
+    assert "not on key 0" in hidden.data[0].colorbar.title.text

@@ -19,7 +19,7 @@ from models.loading import load_pretrained
 
 from .formats import bench_formats
 from .report import render_markdown
-from .runs import (bench_app, bench_attention, bench_cache, bench_vs_transformers, default_budget,
+from .runs import (bench_app, bench_attention, bench_induction, bench_cache, bench_vs_transformers, default_budget,
                    load_transformers_copy, log, model_config, settings_for, weight_bytes_per_token)
 from .targets import PROMPT_LEN, SHIPPED_NAME, SMOL_NAME, evaluate_targets
 
@@ -68,7 +68,9 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
     from explorer.checkpoints import default_model_dir
 
     if (default_model_dir() / "config.json").is_file():
-        app_models = {SHIPPED_NAME: optimize_for_decode(load_pretrained(default_model_dir())), **app_models}
+        shipped = optimize_for_decode(load_pretrained(default_model_dir()))
+        app_models = {SHIPPED_NAME: shipped, **app_models}
+        report["induction"] = bench_induction(shipped, shipped.config.bos_token_id)
     report["app"] = bench_app(app_models, settings) if not dev.is_cuda(device) and torch_dtype == torch.float32 else {
         "skipped": "the app serves float32 on the CPU; run the CPU float32 benchmark for these numbers"}
     report["targets"] = evaluate_targets(report)

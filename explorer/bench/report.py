@@ -82,12 +82,25 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += [f"Skipped: {app['skipped']}.", ""]
     else:
         lines += ["The Attention tab's handler called as the app calls it (every heatmap, the all-heads grid, head "
-                  "scores, naive vs SDPA vs tiled logits), nothing memoised; median of "
+                  "scores, naive vs SDPA vs tiled logits). First answer: the result cache emptied first, so "
+                  "everything is computed; head switch: the same prompt at the last layer and head right after "
+                  "(the forward reused, figures built). Median of "
                   f"{report['settings']['app_repeats']} after a warm-up. Payload = the JSON of its outputs.", "",
-                  "| model | parameters | prompt tokens | server time (ms) | payload |", "|---|---|---|---|---|"]
+                  "| model | parameters | prompt tokens | first answer (ms) | head switch (ms) | payload |",
+                  "|---|---|---|---|---|---|"]
         for name, a in app.items():
+            switch = f"{a['switch_seconds'] * 1e3:.0f}" if "switch_seconds" in a else "—"
             lines.append(f"| {name} | {a['parameters'] / 1e6:.1f}M | {a['tokens']} | {a['seconds'] * 1e3:.0f} | "
-                         f"{measure.format_bytes(a['payload_bytes'])} |")
+                         f"{switch} | {measure.format_bytes(a['payload_bytes'])} |")
+        lines.append("")
+    ind = report.get("induction")
+    if ind:
+        lines += ["## Induction at several spans (shipped default model)", "",
+                  f"Best induction head score on {ind['batch']} rows of "
+                  f"{'`<s>` + r + r' if ind['bos_first'] else 'r + r'} (r random distinct tokens, seed {ind['seed']}).",
+                  "", "| span | best score | layer | head |", "|---|---|---|---|"]
+        for span, r in ind["spans"].items():
+            lines.append(f"| {span} | {r['best']:.3f} | {r['layer']} | {r['head']} |")
         lines.append("")
     lines += ["## (e) Machine", "", "| | |", "|---|---|"]
     for k, val in m.items():

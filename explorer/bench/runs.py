@@ -213,14 +213,17 @@ def app_handler(demo, api_name: str) -> Callable:
 
 
 def bench_app(models: dict[str, Decoder], settings) -> dict[str, Any]:
-    """Server time and payload of the Attention tab for a 64-token prompt (issue 7), per model.
+    """Server time and payload of the Attention tab for a 64-token prompt (issues 7 and 12), per model.
 
     The app is built as ``python app.py`` builds it and its public ``/attention`` handler is called as the
-    server calls it, with the model as the user's own (so nothing is memoised): every repeat computes the
-    patterns, head scores and the naive-vs-SDPA comparison from scratch. The Memory lab's opening example,
-    which the app measures in the background at start-up, is waited for first so it does not share the cores.
+    server calls it, with the model as the user's own. First answer: the result cache emptied before each
+    repeat, so the forward, head scores, naive-vs-SDPA comparison and figures are all computed. Head switch:
+    the same prompt at another layer and head right after, as a click on the Layer or Head menu sends it
+    (the forward reused from the cache, the figures built). The Memory lab's opening example, which the app
+    measures in the background at start-up, is waited for first so it does not share the cores.
     """
     from explorer import checkpoints, session
+    from explorer.cache import results as result_cache
 
     folder = checkpoints.default_model_dir()
     if not (folder / "config.json").is_file():
@@ -240,13 +243,41 @@ def bench_app(models: dict[str, Decoder], settings) -> dict[str, Any]:
         if model.config.vocab_size < len(tokenizer):
             continue  # the tiny test model cannot read the shipped tokenizer's ids
         state = {"source": name, "name": name, "model": model, "tokenizer": tokenizer}
-        times, payload, n_tokens = [], 0, 0
+        times, switches, payload, n_tokens = [], [], 0, 0
+        layer, head = model.config.n_layers - 1, model.config.n_heads - 1  # another grid page on a deep model
         for _ in range(settings["app_repeats"] + 1):  # the first call is the warm-up
+            result_cache.clear()
             # "causal (as trained)" is the Mask radio's first choice
             outputs, seconds = measure.timed(lambda: attention_view(cut, 0, 0, "causal (as trained)", state))
             times.append(seconds)
-            payload = _payload_bytes(outputs)
+            switched, seconds = measure.timed(lambda: attention_view(cut, layer, head, "causal (as trained)", state))
+            switches.append(seconds)
+            payload = max(_payload_bytes(outputs), _payload_bytes(switched))
             n_tokens = len(outputs.tokens)
-        results[name] = {"tokens": n_tokens, "seconds": statistics.median(times[1:]), "payload_bytes": payload,
+        results[name] = {"tokens": n_tokens, "seconds": statistics.median(times[1:]),
+                         "switch_seconds": statistics.median(switches[1:]), "payload_bytes": payload,
                          "parameters": model.num_parameters()}
+        log(f"app {name}: first answer {results[name]['seconds'] * 1e3:.0f} ms, head switch "
+            f"{results[name]['switch_seconds'] * 1e3:.0f} ms")
     return results
+
+
+def bench_induction(model: Decoder, bos_id: int | None, spans=(8, 16, 32, 64, 120), batch: int = 8,
+                    seed: int = 123) -> dict[str, Any]:
+    """The best induction head score of ``model`` at each span: ``batch`` rows of ``[BOS] + r + r`` (r random
+    distinct tokens, fixed seed), scored by ``explorer.heads.induction_score``; spans that do not fit are left out."""
+    from explorer.heads import induction_score, repeated_random_tokens
+    from explorer.probes import run_with_cache
+
+    out: dict[str, Any] = {"batch": batch, "seed": seed, "bos_first": bos_id is not None, "spans": {}}
+    for span in spans:
+        if (bos_id is not None) + 2 * span > model.config.max_seq_len:
+            continue
+        x = repeated_random_tokens(model.config.vocab_size, span, batch, seed, bos_id=bos_id)
+        _, cache = run_with_cache(model, x, lambda n: n.endswith("attn.hook_pattern"))
+        score = induction_score(cache.stack("attn.hook_pattern"), span)  # (L, H)
+        layer, head = divmod(int(score.argmax()), score.shape[1])
+        out["spans"][str(span)] = {"best": float(score.max()), "layer": layer, "head": head}
+        log(f"induction span {span}: best head layer {layer} head {head} score {float(score.max()):.3f}")
+    return out
+

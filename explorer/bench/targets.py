@@ -15,6 +15,7 @@ SMOL_NAME = "SmolLM2-135M shape"
 PROMPT_LEN = 16
 CACHE_TOKENS = 128
 HF_TOKENS = 64
+INDUCTION_SPANS = (8, 16, 32, 64, 120)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,10 @@ TARGETS: tuple[Target, ...] = (
         Target(f"Attention tab, {APP_PROMPT_TOKENS}-token prompt, {key}: server time <= {limit * 1e3:.0f} ms",
                f"app_seconds:{key}", "<=", limit, "issue 7"),
         Target(f"Attention tab update, {key}: payload <= 2 MB", f"app_payload:{key}", "<=", 2_000_000, "issue 7"))),
+    Target(f"Attention tab, {APP_PROMPT_TOKENS}-token prompt, {SMOL_NAME}: head switch (forward reused) <= 300 ms",
+           f"app_switch_seconds:{SMOL_NAME}", "<=", 0.3, "issue 12"),
+    *(Target(f"Shipped default model: best induction head at span {span} >= 0.7 (<s> first, 8 rows, seed 123)",
+             f"induction:{span}", ">=", 0.7, "issue 13") for span in INDUCTION_SPANS),
 )
 
 
@@ -104,6 +109,10 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
         if isinstance(a, dict):
             m[f"app_seconds:{key}"] = (a["seconds"], f"{a['seconds'] * 1e3:.0f} ms")
             m[f"app_payload:{key}"] = (a["payload_bytes"], measure.format_bytes(a["payload_bytes"]))
+            if "switch_seconds" in a:
+                m[f"app_switch_seconds:{key}"] = (a["switch_seconds"], f"{a['switch_seconds'] * 1e3:.0f} ms")
+    for span, r in ((report.get("induction") or {}).get("spans") or {}).items():
+        m[f"induction:{span}"] = (r["best"], f"{r['best']:.3f} (layer {r['layer']}, head {r['head']})")
     return m
 
 

@@ -23,9 +23,25 @@ SCORE_TITLES = {
 }
 
 
-def attention_title(layer: int, head: int, n_heads: int, n_kv_heads: int, *, causal: bool = True) -> str:
+SINK_NOTE = "sink hidden: key 0 removed, each row renormalised"
+SINK_COLORBAR = "share of the weight not on key 0 (0–1)"
+GRID_PAGE = 8  # layers per page of the all-heads grid: 8 rows of maps stay legible at any model depth
+
+
+def attention_title(layer: int, head: int, n_heads: int, n_kv_heads: int, *, causal: bool = True,
+                    sink_hidden: bool = False) -> str:
     view = "" if causal else " · bidirectional view (mask removed)"
-    return f"Layer {layer} · {head_label(head, n_heads, n_kv_heads)} · attention weights{view}"
+    sink = f" · {SINK_NOTE}" if sink_hidden else ""
+    return f"Layer {layer} · {head_label(head, n_heads, n_kv_heads)} · attention weights{view}{sink}"
+
+
+def _label_every_token(fig: go.Figure, x_labels: Sequence[str], y_labels: Sequence[str]) -> None:
+    """A tick for every token (Plotly skips category ticks when crowded): a smaller font past 24 tokens, keys
+    rotated; hover names both tokens of a cell in full."""
+    size = 12 if max(len(x_labels), len(y_labels)) <= 24 else 9
+    fig.update_xaxes(tickmode="array", tickvals=list(x_labels), ticktext=list(x_labels), tickangle=-90,
+                     tickfont=dict(size=size))
+    fig.update_yaxes(tickmode="array", tickvals=list(y_labels), ticktext=list(y_labels), tickfont=dict(size=size))
 
 
 def attention_heatmap(
@@ -37,40 +53,70 @@ def attention_heatmap(
     n_heads: int,
     n_kv_heads: int,
     causal: bool = True,
+    sink_hidden: bool = False,
 ) -> go.Figure:
-    """One head's (T, T) weights: row t is token t looking at the tokens it may see."""
+    """One head's weights: row t is token t looking at the tokens it may see.
+
+    ``weights`` (T, T); with ``sink_hidden`` (T, T - 1): key 0 removed and rows renormalised
+    (``explorer.heads.without_sink``), so the keys are ``labels[1:]`` and row 0 is blank.
+    """
     weights = np.asarray(weights, dtype=float)
+    keys = list(labels[1:]) if sink_hidden else list(labels)
     fig = heatmap_figure(
-        weights, labels, labels,
-        title=attention_title(layer, head, n_heads, n_kv_heads, causal=causal),
-        x_title=KEY_AXIS, y_title=QUERY_AXIS, height=auto_height(len(labels)),
+        weights, keys, labels,
+        title=attention_title(layer, head, n_heads, n_kv_heads, causal=causal, sink_hidden=sink_hidden),
+        x_title=KEY_AXIS + (" · key 0 hidden" if sink_hidden else ""), y_title=QUERY_AXIS,
+        height=auto_height(len(labels), per_row=16 if len(labels) > 24 else 22, hi=1200),
+        colorbar_title=SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR, hoverongaps=False,
     )
+    _label_every_token(fig, keys, labels)
     return fig
 
 
+def grid_page(layer: int, n_layers: int, page: int = GRID_PAGE) -> range:
+    """The layers the all-heads grid shows with ``layer`` selected: its block of ``page`` layers."""
+    start = (layer // page) * page
+    return range(start, min(n_layers, start + page))
+
+
 def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: int,
-                   causal: bool = True) -> go.Figure:
-    """Every layer × head as small maps in one heatmap. ``patterns`` (L, H, T, T).
+                   causal: bool = True, layers: Sequence[int] | None = None, layer_names: Sequence[int] | None = None,
+                   n_layers: int | None = None, sink_hidden: bool = False) -> go.Figure:
+    """Layers × heads as small maps in one heatmap. ``patterns`` (L, H, T, T), or (L, H, T, T - 1) with
+    ``sink_hidden``; ``layers`` the indices into ``patterns`` to show (default all); ``layer_names`` the model's
+    numbers for those layers (default the indices) when ``patterns`` holds one page of a deeper model.
 
     The maps are tiled into a single matrix with a blank line between them (one trace, so 30 layers ×
     9 heads still draws quickly); hover names the layer, head, query and key.
     """
     p = np.asarray(patterns, dtype=float)
-    if p.ndim != 4 or p.shape[2] != len(labels) or p.shape[3] != len(labels):
-        raise ValueError(f"patterns must be (layers, heads, {len(labels)}, {len(labels)}), got {p.shape}.")
-    L, H, T, _ = p.shape
+    n_keys = len(labels) - (1 if sink_hidden else 0)
+    if p.ndim != 4 or p.shape[2] != len(labels) or p.shape[3] != n_keys:
+        raise ValueError(f"patterns must be (layers, heads, {len(labels)}, {n_keys}), got {p.shape}.")
+    n_given = p.shape[0]
+    shown = list(range(n_given)) if layers is None else [int(x) for x in layers]
+    if not shown or min(shown) < 0 or max(shown) >= n_given:
+        raise ValueError(f"layers must be within 0..{n_given - 1}, got {shown}.")
+    total = n_given if n_layers is None else int(n_layers)  # the model's depth, for the title
+    p = p[shown]
+    if layer_names is not None:
+        shown = [int(x) for x in layer_names]
+        if len(shown) != len(p):
+            raise ValueError(f"layer_names gives {len(shown)} layers for {len(p)} shown.")
+    key_labels = list(labels[1:]) if sink_hidden else list(labels)
+    L, H, T, S = p.shape
     gap = 1
-    step = T + gap
-    big = np.full((L * step - gap, H * step - gap), np.nan)
+    step, kstep = T + gap, S + gap
+    big = np.full((L * step - gap, H * kstep - gap), np.nan)
     for layer in range(L):
         for head in range(H):
-            big[layer * step:layer * step + T, head * step:head * step + T] = p[layer, head]
+            big[layer * step:layer * step + T, head * kstep:head * kstep + S] = p[layer, head]
     # What one update may send to the browser is bounded (2 MB): small grids name the tokens on hover, mid-size
     # ones send float32 weights and int8 indices, and the biggest (30 layers × 9 heads × 64 tokens) send each
     # weight as one byte, in steps of 1/254, with hover off; the single-head map always has exact values.
-    cells = L * H * T * T
+    cells = L * H * T * S
     if cells > 250_000:
-        fig = go.Figure(_compact_heatmap(big))
+        fig = go.Figure(_compact_heatmap(big, SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR))
         note = " · overview in steps of 1/254: pick a head for exact values"
     else:
         if cells <= 40_000:
@@ -79,39 +125,45 @@ def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: i
             for layer in range(L):
                 hl = [head_label(head, H, n_kv_heads) for head in range(H)]
                 for head in range(H):
-                    r0, c0 = layer * step, head * step
+                    r0, c0 = layer * step, head * kstep
                     for t in range(T):
-                        for s in range(T):
-                            custom[r0 + t, c0 + s] = f"layer {layer} · {hl[head]}<br>query {labels[t]}<br>key {labels[s]}"
+                        for s in range(S):
+                            custom[r0 + t, c0 + s] = (f"layer {shown[layer]} · {hl[head]}<br>query {labels[t]}<br>"
+                                                      f"key {key_labels[s]}")
             hover = "%{customdata}"
         else:
             custom = np.full(big.shape + (4,), -1, dtype=np.int8)  # T <= 127 here (64-token prompts)
             for layer in range(L):
                 for head in range(H):
-                    r0, c0 = layer * step, head * step
-                    custom[r0:r0 + T, c0:c0 + T] = np.stack(np.broadcast_arrays(
-                        layer, head, np.arange(T)[:, None], np.arange(T)[None, :]), axis=-1)
+                    r0, c0 = layer * step, head * kstep
+                    custom[r0:r0 + T, c0:c0 + S] = np.stack(np.broadcast_arrays(
+                        shown[layer], head, np.arange(T)[:, None], np.arange(S)[None, :] + (T - S)), axis=-1)
             hover = "layer %{customdata[0]} · head %{customdata[1]}<br>query %{customdata[2]} → key %{customdata[3]}"
         fig = go.Figure(go.Heatmap(
             z=big.astype(np.float32), customdata=custom, colorscale=SEQUENTIAL, zmin=WEIGHT_RANGE[0],
-            zmax=WEIGHT_RANGE[1], colorbar=dict(title=dict(text=WEIGHT_COLORBAR, side="right")), hoverongaps=False,
+            zmax=WEIGHT_RANGE[1], colorbar=dict(title=dict(text=SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR,
+                                                           side="right")), hoverongaps=False,
             hovertemplate=hover + "<br>weight %{z:.4f}<extra></extra>", xgap=0, ygap=0,
         ))
         note = ""
     view = "causal" if causal else "bidirectional view"
-    base_layout(fig, f"All {L} layers × {H} heads · attention weights ({view}){note}",
+    which = (f"All {total} layers" if L == total else
+             f"Layers {shown[0]}–{shown[-1]} of {total}" if shown == list(range(shown[0], shown[-1] + 1)) else
+             f"{L} of {total} layers")
+    sink = f" · {SINK_NOTE}" if sink_hidden else ""
+    base_layout(fig, f"{which} × {H} heads · attention weights ({view}){sink}{note}",
                 height=int(min(1400, max(320, 150 + 1000 * L / H))))
-    centres_x = [h * step + (T - 1) / 2 for h in range(H)]
+    centres_x = [h * kstep + (S - 1) / 2 for h in range(H)]
     centres_y = [layer * step + (T - 1) / 2 for layer in range(L)]
     fig.update_xaxes(title_text="head (each small map: key →)", tickvals=centres_x,
                      ticktext=[head_label(h, H, n_kv_heads) for h in range(H)], showgrid=False, zeroline=False)
     fig.update_yaxes(title_text="layer (each small map: query ↓)", tickvals=centres_y,
-                     ticktext=[f"layer {layer}" for layer in range(L)], autorange="reversed", showgrid=False,
+                     ticktext=[f"layer {layer}" for layer in shown], autorange="reversed", showgrid=False,
                      zeroline=False, scaleanchor="x", constrain="domain")
     return fig
 
 
-def _compact_heatmap(big: np.ndarray) -> go.Heatmap:
+def _compact_heatmap(big: np.ndarray, colorbar_title: str = WEIGHT_COLORBAR) -> go.Heatmap:
     """Weights as bytes: 0 marks the blank gaps (white), 1..255 the weights 0..1 in steps of 1/254."""
     levels = np.where(np.isnan(big), 0, 1 + np.rint(np.nan_to_num(big) * 254)).astype(np.uint8)
     ramp = sample_colorscale(SEQUENTIAL, 11)
@@ -120,7 +172,7 @@ def _compact_heatmap(big: np.ndarray) -> go.Heatmap:
     ticks = [0, 0.25, 0.5, 0.75, 1.0]
     return go.Heatmap(
         z=levels, colorscale=colorscale, zmin=0, zmax=255, hoverinfo="skip", xgap=0, ygap=0,
-        colorbar=dict(title=dict(text=WEIGHT_COLORBAR, side="right"), tickvals=[1 + 254 * t for t in ticks],
+        colorbar=dict(title=dict(text=colorbar_title, side="right"), tickvals=[1 + 254 * t for t in ticks],
                       ticktext=[f"{t:g}" for t in ticks]),
     )
 

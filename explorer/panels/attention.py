@@ -3,18 +3,16 @@ the causal mask switched off, and naive vs fused attention compared live."""
 from __future__ import annotations
 
 import time
-import weakref
-from collections import OrderedDict
 from typing import Any, NamedTuple
 
 import gradio as gr
 import numpy as np
 
 from explorer.device import gpu
-from explorer import measure, probes, session
+from explorer import heads, measure, probes, session
+from explorer.cache import results, weights_key
 from explorer.figures import attention as figs
 from explorer.figures.common import head_label, kv_head_of
-from explorer.locks import MEMO_LOCK
 
 from . import as_index, head_choices, layer_choices, outputs_of, user_errors
 
@@ -43,45 +41,69 @@ def _score_choices(scores: dict, H: int, Hkv: int) -> list[tuple[str, str]]:
     return out
 
 
-_MEMO: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_MEMO_SIZE = 8
+SPANS = (8, 16, 32, 64, 120)
+PROMPT_SPAN = "your prompt (it repeats)"
+TOP_K = 5
 
 
-def _memo(model, key, compute):
-    """Per-model results for the last few prompts, so switching layer or head does not rerun the model.
-
-    Only for the shared default model, which never changes: a user's own model may be changed in place
-    (LoRA attached or trained), so its results are always computed afresh.
-    """
-    if not session.is_shared(model):
-        return compute()
-    with MEMO_LOCK:
-        entries = _MEMO.setdefault(model, OrderedDict())
-        if key in entries:
-            entries.move_to_end(key)
-            return entries[key]
-    value = compute()
-    with MEMO_LOCK:
-        entries[key] = value
-        while len(entries) > _MEMO_SIZE:
-            entries.popitem(last=False)
-    return value
+def span_choices(config) -> list[str]:
+    """The induction spans that fit the model: ``[BOS] + r + r`` within its context, ``r`` distinct tokens."""
+    n_prefix = 0 if config.bos_token_id is None else 1
+    fit = [n for n in SPANS if n_prefix + 2 * n <= config.max_seq_len and n <= config.vocab_size - n_prefix]
+    return [str(n) for n in fit] + [PROMPT_SPAN]
 
 
-def _patterns(model, ids, causal):
-    """(L, H, T, T) weights of every head and the sentence saying how they were obtained."""
-    return _memo(model, ("patterns", tuple(ids), causal),
-                 lambda: probes.patterns_with_source(model, ids, causal=causal))
+def _forward(model, ids, causal, wk=None) -> probes.PromptForward:
+    """The prompt's one forward (every head's weights and the next-token prediction), shared by every session
+    and every layer/head/span/display switch that asks the same question of the same weights."""
+    wk = weights_key(model) if wk is None else wk  # reading every parameter's version costs ~ms on 30 layers
+    return results.get_or_compute(("attention.forward", wk, tuple(ids), causal),
+                                  lambda: probes.prompt_forward(model, ids, causal=causal, top_k=TOP_K))
 
 
-def _head_scores(model, ids):
-    """Previous-token and sink scores on the prompt (causal), induction on repeated random tokens.
+def _induction(model, ids, span: str, wk) -> tuple[np.ndarray, str]:
+    """(L, H) induction scores at the chosen span and the sentence saying what they were measured on."""
+    if span == PROMPT_SPAN:
+        n = heads.repeated_suffix_len(ids)
+        if n == 0:
+            raise ValueError("Your prompt does not end with a repeated stretch of tokens (… A B C A B C), so it "
+                             "cannot be scored for induction: repeat part of it, or choose a span.")
+        causal = _forward(model, ids, True, wk)["patterns"]  # (L, H, T, T)
+        scores = results.get_or_compute(("attention.prompt_induction", wk, tuple(ids)),
+                                        lambda: heads.induction_score(causal[:, None], n).numpy())  # (L, H)
+        return scores, f"induction on your prompt's repeated last {n} tokens"
+    if span not in span_choices(model.config):
+        raise ValueError(f"Induction span must be one of {span_choices(model.config)}, got {str(span)[:40]!r}.")
+    n = int(span)
+    scores = results.get_or_compute(("attention.induction", wk, n),
+                                    lambda: probes.head_scores(model, span_len=n)["induction"])
+    return scores, f"induction on 4 rows of random tokens repeated at span {n}"
 
-    The induction probe does not depend on the prompt, so it runs once per model.
-    """
-    induction = _memo(model, ("induction",), lambda: probes.head_scores(model)["induction"])
-    causal, _ = _patterns(model, ids, True)
-    return {**probes.pattern_scores(causal[:, None], ids), "induction": induction}  # (L, 1, H, T, T) patterns
+
+def _head_scores(model, ids, span: str, wk) -> tuple[dict, str]:
+    """Previous-token and sink scores on the prompt (causal), induction at the chosen span."""
+    causal = _forward(model, ids, True, wk)["patterns"]
+    on_prompt = results.get_or_compute(("attention.prompt_scores", wk, tuple(ids)),
+                                       lambda: probes.pattern_scores(causal[:, None], ids))  # (L, 1, H, T, T)
+    induction, how = _induction(model, ids, span, wk)
+    return {**on_prompt, "induction": induction}, how
+
+
+def describe_head(weights: np.ndarray, layer: int, head: int, n_heads: int, n_kv_heads: int,
+                  scores: dict) -> str:
+    """One sentence on what the selected head measurably does on this prompt (causal weights, (T, T))."""
+    name = f"Layer {layer} · {head_label(head, n_heads, n_kv_heads)}"
+    if len(weights) < 2:
+        return f"{name}: one token, so every query can only look at itself."
+    profile = heads.offset_profile(weights).numpy()  # (T,) share of the rows' weight d tokens back, key 0 apart
+    d = int(np.argmax(profile[1:]) + 1)
+    sink = float(np.mean(weights[1:, 0]))
+    where = "the previous token" if d == 1 else f"the token {d} back"
+    parts = [f"On this prompt, {name} puts **{profile[d]:.2f}** of its weight on {where} (its most attended "
+             f"distance), {profile[0]:.2f} on the token itself and {sink:.2f} on token 0 (the sink)"]
+    score = ", ".join(f"{figs.SCORE_TITLES[k]} {float(scores[k][layer, head]):.2f}" for k in SCORES_SHOWN)
+    parts.append(f"its scores: {score}")
+    return "; ".join(parts) + ". Shares are mean weights over queries 1 … T−1 (query 0 sees only itself)."
 
 
 class AttentionView(NamedTuple):
@@ -97,10 +119,21 @@ class AttentionView(NamedTuple):
     layer: Any  # gr.Dropdown update
     head: Any  # gr.Dropdown update
     pick: Any  # gr.Dropdown update: heads to jump to by score
+    prediction: list  # rows [rank, token, id, probability]: the next token after the prompt
+    head_md: str  # what the selected head measurably does
 
 
-def _attention_view(prompt, layer, head, view, state):
-    """Everything the tab shows for one prompt, layer, head and mask view."""
+SINK_CHOICE = "hide the sink (drop key 0, renormalise rows)"
+
+
+def default_span(config) -> str:
+    """32 where it fits (the span the scores panel opens on), else the longest that does."""
+    fit = span_choices(config)[:-1]
+    return "32" if "32" in fit else (fit[-1] if fit else PROMPT_SPAN)
+
+
+def _attention_view(prompt, layer, head, view, state, span=None, sink=False):
+    """Everything the tab shows for one prompt, layer, head, mask view, induction span and sink display."""
     t0 = time.perf_counter()
     model, tokenizer, name = session.get_model(state)
     c = model.config
@@ -109,24 +142,43 @@ def _attention_view(prompt, layer, head, view, state):
     head = as_index(head, H, "head")
     if view not in VIEWS:
         raise ValueError(f"view must be one of {VIEWS}, got {view!r}.")
+    if not isinstance(sink, bool):
+        raise ValueError(f"the sink option is on or off (true/false), got {str(sink)[:40]!r}.")
+    span = default_span(c) if span is None else str(span)
     causal = view == VIEWS[0]
     ids, labels, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_TOKENS, c.max_seq_len))
 
-    patterns, source = _patterns(model, ids, causal)  # (L, H, T, T)
-    heat = figs.attention_heatmap(patterns[layer, head], labels, layer=layer, head=head, n_heads=H,
-                                  n_kv_heads=Hkv, causal=causal)
-    grid = figs.attention_grid(patterns, labels, n_kv_heads=Hkv, causal=causal)
+    wk = weights_key(model)
+    fwd = _forward(model, ids, causal, wk)
+    patterns, source = fwd["patterns"], fwd["source"]  # (L, H, T, T)
+    shown_heat = heads.without_sink(patterns[layer, head]).numpy() if sink else patterns[layer, head]
+    heat = figs.attention_heatmap(shown_heat, labels, layer=layer, head=head, n_heads=H,
+                                  n_kv_heads=Hkv, causal=causal, sink_hidden=sink)
+    page = figs.grid_page(layer, L)
 
-    scores = _head_scores(model, ids)
+    def grid_figure():
+        p = heads.without_sink(patterns[page.start:page.stop]).numpy() if sink else patterns[page.start:page.stop]
+        return figs.attention_grid(p, labels, n_kv_heads=Hkv, causal=causal, layers=range(len(page)),
+                                   layer_names=page, n_layers=L, sink_hidden=sink)
+
+    grid = results.get_or_compute(("attention.grid", wk, tuple(ids), causal, page.start, sink), grid_figure)
+
+    scores, how = _head_scores(model, ids, span, wk)
     scores_fig = figs.head_scores_figure(
         {k: scores[k] for k in SCORES_SHOWN}, n_kv_heads=Hkv, selected=(layer, head),
-        subtitle="previous-token and sink on your prompt (causal); induction on repeated random tokens",
+        subtitle=f"previous-token and sink on your prompt (causal); {how}",
     )
     gqa = figs.gqa_figure(H, Hkv)
-    diffs = _memo(model, ("impls", tuple(ids), causal), lambda: probes.compare_impls(model, ids, causal=causal))
+    diffs = results.get_or_compute(("attention.impls", wk, tuple(ids), causal),
+                                   lambda: probes.compare_impls(model, ids, causal=causal))
 
     shown = session.token_strings(tokenizer, ids)
     table = [[i, tok, int(t)] for i, (tok, t) in enumerate(zip(shown, ids))]
+    top = session.token_strings(tokenizer, [int(i) for i in fwd["top_ids"]])
+    prediction = [[rank + 1, tok, int(i), round(float(p), 4)]
+                  for rank, (tok, i, p) in enumerate(zip(top, fwd["top_ids"], fwd["top_probs"]))]
+    causal_patterns = _forward(model, ids, True, wk)["patterns"]
+    head_md = describe_head(causal_patterns[layer, head], layer, head, H, Hkv, scores)
     group = c.n_kv_groups
     gqa_rows = "\n".join(
         f"| KV {j} | {', '.join(str(h) for h in range(j * group, (j + 1) * group))} |" for j in range(Hkv))
@@ -137,11 +189,15 @@ def _attention_view(prompt, layer, head, view, state):
             f"{'causal' if causal else 'bidirectional view (the model was trained causal)'}"]
     if notice:
         info.append(f"⚠️ {notice}")
-    info.append(f"Weights shown: {source}.")
+    info.append(f"Weights shown: {source}." + (" Sink hidden: key 0 is dropped and each row renormalised over the "
+                                               "keys left (row 0, which sees only key 0, is blank)." if sink else ""))
+    info.append(f"The grid shows layers {page.start}–{page.stop - 1} of {L}: the block of "
+                f"{figs.GRID_PAGE} holding the selected layer (pick another layer to page).")
     elapsed = time.perf_counter() - t0
     run = measure.runtime_info(model)
-    info.append(f"Computed in {elapsed * 1000:.0f} ms on {run['device']}.")
-    impl_md = (f"**Naive vs fused attention, computed now on this prompt** "
+    info.append(f"Computed in {elapsed * 1000:.0f} ms on {run['device']} (one forward per prompt and mask, "
+                f"reused for every layer, head and display switch).")
+    impl_md = (f"**Naive vs fused attention, computed on this prompt** "
                f"({'causal' if causal else 'bidirectional'}): max |Δlogit| SDPA − naive = "
                f"**{diffs['sdpa']:.3g}**, tiled (flash) − naive = **{diffs['tiled']:.3g}** "
                f"({run['dtype']}; differences at rounding level mean the three paths "
@@ -150,15 +206,15 @@ def _attention_view(prompt, layer, head, view, state):
     return AttentionView(heatmap=heat, tokens=table, info="\n\n".join(info), grid=grid, scores=scores_fig, gqa=gqa,
                          gqa_md=gqa_md, impl_md=impl_md, layer=gr.Dropdown(choices=layer_choices(L), value=layer),
                          head=gr.Dropdown(choices=head_choices(H, Hkv), value=head),
-                         pick=gr.Dropdown(choices=picks, value=None))
+                         pick=gr.Dropdown(choices=picks, value=None), prediction=prediction, head_md=head_md)
 
 
 @user_errors
 @gpu(30)
-def attention_view(prompt, layer, head, view, state) -> AttentionView:
+def attention_view(prompt, layer, head, view, state, span=None, sink=False) -> AttentionView:
     model, _, _ = session.get_model(state)
     with session.threads_for(model):
-        return _attention_view(prompt, layer, head, view, state)
+        return _attention_view(prompt, layer, head, view, state, span, sink)
 
 
 @user_errors
@@ -186,11 +242,20 @@ def build_attention(demo: gr.Blocks, state: gr.State) -> None:
                 head = gr.Dropdown(label="Head (its KV head)", choices=head_choices(c.n_heads, c.n_kv_heads),
                                    value=0, allow_custom_value=True)
             view = gr.Radio(VIEWS, value=VIEWS[0], label="Mask")
+            with gr.Row():
+                sink = gr.Checkbox(label=SINK_CHOICE, value=False,
+                                   info="Many heads park most weight on token 0; this shows where the rest goes.")
+                span = gr.Dropdown(label="Induction span (tokens repeated)", choices=span_choices(c), value=default_span(c),
+                                   allow_custom_value=True)
             run = gr.Button("Show attention", variant="primary")
             tokens = gr.Dataframe(headers=["position", "token", "id"], label="Tokens and their ids",
                                   interactive=False, max_height=360)
         with gr.Column(scale=3):
             heat = gr.Plot(label="Attention weights of the chosen head")
+    head_md = gr.Markdown()
+    prediction = gr.Dataframe(headers=["rank", "next token", "id", "probability"],
+                              label=f"What the model predicts after your prompt (top {TOP_K}, same forward)",
+                              interactive=False)
     info = gr.Markdown()
     impl_md = gr.Markdown()
     grid = gr.Plot(label="All layers × all heads")
@@ -202,14 +267,14 @@ def build_attention(demo: gr.Blocks, state: gr.State) -> None:
             gqa = gr.Plot(label="Grouped-query attention: which query heads share a KV head")
             gqa_md = gr.Markdown()
 
-    inputs = [prompt, layer, head, view, state]
+    inputs = [prompt, layer, head, view, state, span, sink]
     outputs = outputs_of(AttentionView, heatmap=heat, tokens=tokens, info=info, grid=grid, scores=scores, gqa=gqa,
-                         gqa_md=gqa_md, impl_md=impl_md, layer=layer, head=head, pick=pick)
+                         gqa_md=gqa_md, impl_md=impl_md, layer=layer, head=head, pick=pick,
+                         prediction=prediction, head_md=head_md)
     run.click(attention_view, inputs, outputs, api_name="attention")
     prompt.submit(attention_view, inputs, outputs, api_name="attention_submit", api_visibility="undocumented")
-    for control in (layer, head, view):
-        control.input(attention_view, inputs, outputs, api_name=f"attention_{control.label.split()[0].lower()}",
-                      api_visibility="private")
+    for control, api in ((layer, "layer"), (head, "head"), (view, "mask"), (span, "span"), (sink, "sink")):
+        control.input(attention_view, inputs, outputs, api_name=f"attention_{api}", api_visibility="private")
     pick.input(jump_to_head, [pick], [layer, head], api_name="attention_jump", api_visibility="private").success(
         attention_view, inputs, outputs, api_name="attention_after_jump", api_visibility="private")
     demo.load(attention_view, inputs, outputs, api_name="attention_example", api_visibility="undocumented")

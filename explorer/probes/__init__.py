@@ -23,6 +23,8 @@ from .patterns import (
     head_scores,
     pattern_scores,
     patterns_with_source,
+    PromptForward,
+    prompt_forward,
 )
 from .positions import RopeProbe, SinusoidalProbe, rope_probe, sinusoidal_probe
 
@@ -35,6 +37,8 @@ __all__ = [
     "attention_pattern",
     "all_patterns",
     "patterns_with_source",
+    "PromptForward",
+    "prompt_forward",
     "compare_impls",
     "HeadScores",
     "head_scores",

@@ -56,6 +56,23 @@ def patterns_with_source(model: nn.Module, tokens, *, causal: bool | None = None
     return to_host(cache.stack("attn.hook_pattern")[:, 0]), cache.pattern_source
 
 
+class PromptForward(TypedDict):
+    """One forward of a prompt, everything the Attention tab reads from it."""
+    patterns: np.ndarray  # (L, H, T, T) float32
+    source: str  # how the weights were obtained
+    top_ids: np.ndarray  # (k,) the most likely next tokens after the last one
+    top_probs: np.ndarray  # (k,) their probabilities (softmax of the last logits, float64)
+
+
+def prompt_forward(model: nn.Module, tokens, *, causal: bool | None = None, top_k: int = 5) -> PromptForward:
+    """Every head's weights and the next-token prediction after the last token, from one forward pass."""
+    logits, cache = run_with_cache(model, tokens, _is_pattern, **_causal_kwargs(causal))
+    probs = torch.softmax(logits[0, -1].double(), dim=-1)  # (V,)
+    top = torch.topk(probs, min(top_k, probs.shape[-1]))
+    return PromptForward(patterns=to_host(cache.stack("attn.hook_pattern")[:, 0]), source=cache.pattern_source,
+                         top_ids=to_host(top.indices), top_probs=to_host(top.values))
+
+
 def all_patterns(model: nn.Module, tokens, *, causal: bool | None = None,
                  attn_impl: str | None = None) -> np.ndarray:
     """Every layer's and head's weights for the first sequence: (L, H, T, T), float32."""
