@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import gradio as gr
 import numpy as np
 
+from explorer import links
 from explorer.device import gpu
 from explorer import measure, probes, session
 from explorer.figures import attention as figs
@@ -212,4 +213,5 @@ def build_attention(demo: gr.Blocks, state: gr.State) -> None:
                       api_visibility="private")
     pick.input(jump_to_head, [pick], [layer, head], api_name="attention_jump", api_visibility="private").success(
         attention_view, inputs, outputs, api_name="attention_after_jump", api_visibility="private")
-    demo.load(attention_view, inputs, outputs, api_name="attention_example", api_visibility="undocumented")
+    links.register(demo, "attention", attention_view, inputs, outputs, api_name="attention_example",
+                   params=dict(prompt=prompt, layer=layer, head=head, mask=view))

@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
+from explorer import links
 from explorer.device import gpu
 from explorer import probes, session
 from explorer.figures import positions as figs
@@ -174,4 +175,5 @@ def build_positions(demo: gr.Blocks, state: gr.State) -> None:
                     api_visibility="undocumented", show_progress="hidden")
     pairs.input(circle_only, [theta, position, pairs, state], [circle], api_name="rope_pairs",
                 api_visibility="private", show_progress="hidden")
-    demo.load(rope_view, inputs, outputs, api_name="rope_example", api_visibility="undocumented")
+    links.register(demo, "positions", rope_view, inputs, outputs, api_name="rope_example",
+                   params=dict(prompt=prompt, theta=theta, position=position, pairs=pairs, layer=layer, head=head))
