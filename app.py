@@ -66,7 +66,7 @@ body.projector [role=tab] {font-size: 16px; padding-left: 8px; padding-right: 8p
 """
 # Runs once on page load: projector mode from ?present=1; each tab's first Markdown becomes its intro (folded
 # to its first line in projector mode, a click unfolds it).
-ON_LOAD_JS = """() => {
+ON_LOAD_JS = r"""() => {
   const on = new URLSearchParams(window.location.search).get('present') === '1';
   document.body.classList.toggle('projector', on);
   // each tab's first Markdown is its intro: folded to its first line in projector mode, a click unfolds it
@@ -88,8 +88,17 @@ ON_LOAD_JS = """() => {
       if (room >= 240 && el._fullLayout.height > room) window.Plotly.relayout(el, {height: room});
     });
   };
+  // Plotly's camera button saves the figure at twice its size on screen (sharp on a projector or in slides)
+  const downloads = () => document.querySelectorAll('.js-plotly-plot').forEach(el => {
+    if (el._context && !el._context.explorer) {
+      const title = (el._fullLayout && el._fullLayout.title && el._fullLayout.title.text) || 'figure';
+      el._context.toImageButtonOptions = {format: 'png', scale: 2,
+        filename: title.replace(/<[^>]*>/g, '').replace(/[^\w.-]+/g, '_').slice(0, 80)};
+      el._context.explorer = true;
+    }
+  });
   let timer = null;
-  new MutationObserver(() => { clearTimeout(timer); timer = setTimeout(() => { mark(); fit(); }, 150); })
+  new MutationObserver(() => { clearTimeout(timer); timer = setTimeout(() => { mark(); fit(); downloads(); }, 150); })
     .observe(document.body, {childList: true, subtree: true});
   window.explorerFit = fit;
   mark();
