@@ -51,7 +51,6 @@ body.projector .intro.open .md > *:not(:first-child) {display: revert}
 body.projector .intro .md > :first-child {cursor: pointer; margin-bottom: 0}
 body.projector .intro:not(.open) .md > :first-child::after {content: " ▸ more"; font-size: 14px; opacity: 0.7}
 #header-row h2 {margin: 0; white-space: nowrap}
-body.projector [role=tab] {font-size: 16px; padding-left: 8px; padding-right: 8px}
 /* Gradio's dark theme (?__theme=dark): plots drawn on a dark background, their text light */
 .dark .js-plotly-plot .main-svg {background: transparent !important}
 .dark .js-plotly-plot rect.bg {fill: #1f2430 !important}
@@ -102,9 +101,10 @@ ON_LOAD_JS = r"""() => {
     .observe(document.body, {childList: true, subtree: true});
   window.explorerFit = fit;
   mark();
+  if (on) setTimeout(() => window.dispatchEvent(new Event('resize')), 300);  // the tab bar re-measures its overflow
   return on;
 }"""
-PROJECTOR_JS = "(on) => { document.body.classList.toggle('projector', !!on); if (window.explorerFit) setTimeout(window.explorerFit, 200); }"
+PROJECTOR_JS = "(on) => { document.body.classList.toggle('projector', !!on); window.dispatchEvent(new Event('resize')); if (window.explorerFit) setTimeout(window.explorerFit, 200); }"
 
 # Each event runs one request at a time (2 CPU cores; runs that hook the shared model are serialised anyway),
 # different events side by side. max_size bounds the waiting line: a page load queues about a dozen events
@@ -141,7 +141,7 @@ def build_demo() -> gr.Blocks:
                         "screen is computed now, on this machine, by the code that is running. The model picker "
                         "above loads a model for every tab (a Hub id or a folder under the model root; the Model "
                         "tab shows its card).\n\n" + glossary.markdown())
-        with gr.Tabs() as tabs:
+        with gr.Tabs(overflow_behavior="wrap") as tabs:  # every tab in sight, on a phone too
             for label, tab_id, build in TABS:
                 with gr.Tab(label, id=tab_id, elem_id=f"tab-{tab_id}"):
                     build(demo, state)

