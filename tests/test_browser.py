@@ -236,3 +236,18 @@ def test_the_header_picker_loads_a_model_for_every_tab(app_url, browser):
     page.get_by_role("tab", name="Model", exact=True).click()
     assert page.locator("#tab-model").get_by_text("tiny-local").first.is_visible()
     page.close()
+
+
+def test_at_150_percent_zoom_no_two_subplot_titles_overlap(app_url, browser):
+    # a 1920×1080 laptop at 150 % zoom lays pages out in a 1280×720 CSS window, drawn at 1.5 device pixels per pixel
+    page, panel = _open(browser, f"{app_url}?tab=attention", tab="attention", scale=1.5)
+    boxes = page.evaluate("""() => [...document.querySelectorAll('#tab-attention .js-plotly-plot')].map(plot =>
+        [...plot.querySelectorAll('.annotation')].map(a => { const r = a.getBoundingClientRect();
+            return [r.left, r.top, r.right, r.bottom, a.textContent]; }).filter(r => r[2] > r[0]))""")
+    assert any(len(b) >= 2 for b in boxes), "no figure with subplot titles on the Attention tab"
+    for plot in boxes:
+        for i, a in enumerate(plot):
+            for b in plot[i + 1:]:
+                apart = a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]
+                assert apart, f"subplot titles overlap: {a[4]!r} and {b[4]!r}"
+    page.close()
