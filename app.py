@@ -12,28 +12,99 @@ if importlib.util.find_spec("spaces"):  # Hugging Face ZeroGPU: its package must
 
 import gradio as gr
 
-from explorer import session
+from explorer import glossary, links, session
 from explorer.panels.attention import build_attention
 from explorer.panels.encoder_decoder import build_encoder_decoder
 from explorer.panels.generation import build_generation
 from explorer.panels.lora import build_lora
 from explorer.panels.memory import build_memory
-from explorer.panels.model import build_model
+from explorer.panels.model import build_model, load_model, local_checkpoints
 from explorer.panels.positions import build_positions
 from explorer.panels.walkthrough import build_walkthrough
 
 TITLE = "Transformer Explorer"
-CSS = ".gradio-container {max-width: 1400px !important}"
+# Lecture order: one token through the model, then attention, positions, generation with its cache, what
+# attention costs, adapting and shrinking the model, the encoder for contrast; the model card last.
 TABS = [
     ("Inside the model", "walkthrough", build_walkthrough),
     ("Attention", "attention", build_attention),
     ("Positions", "positions", build_positions),
-    ("Memory lab", "memory", build_memory),
     ("KV cache & generation", "generation", build_generation),
-    ("LoRA", "lora", build_lora),
+    ("Memory lab", "memory", build_memory),
+    ("LoRA & int8", "lora", build_lora),
     ("Encoder vs decoder", "encoder_decoder", build_encoder_decoder),
     ("Model", "model", build_model),
 ]
+CSS = """
+#header-row {align-items: end}
+abbr.term {text-decoration: underline dotted; cursor: help}
+/* projector mode (the header's switch or ?present=1): larger text and plot ticks, intros cut to their first line */
+body.projector {--text-xs: 15px; --text-sm: 16px; --text-md: 18px; --text-lg: 20px; --text-xl: 24px;
+  --prose-text-size: 18px; --input-text-size: 18px; --block-label-text-size: 16px; --block-info-text-size: 16px;
+  --block-title-text-size: 18px; --button-large-text-size: 18px; --button-small-text-size: 16px;
+  --section-header-text-size: 18px; font-size: 18px}
+body.projector .gradio-container {font-size: 18px}
+body.projector .js-plotly-plot .xtick text, body.projector .js-plotly-plot .ytick text,
+body.projector .js-plotly-plot .cbaxis text {font-size: 16px !important}
+body.projector .intro .md > *:not(:first-child) {display: none}
+body.projector .intro.open .md > *:not(:first-child) {display: revert}
+body.projector .intro .md > :first-child {cursor: pointer; margin-bottom: 0}
+body.projector .intro:not(.open) .md > :first-child::after {content: " ▸ more"; font-size: 14px; opacity: 0.7}
+#header-row h2 {margin: 0; white-space: nowrap}
+/* Gradio's dark theme (?__theme=dark): plots drawn on a dark background, their text light */
+.dark .js-plotly-plot .main-svg {background: transparent !important}
+.dark .js-plotly-plot rect.bg {fill: #1f2430 !important}
+.dark .js-plotly-plot .gridlayer path, .dark .js-plotly-plot .zerolinelayer path {stroke: #3a4050 !important}
+.dark .js-plotly-plot .xtick text, .dark .js-plotly-plot .ytick text, .dark .js-plotly-plot .gtitle,
+.dark .js-plotly-plot .xtitle, .dark .js-plotly-plot .ytitle, .dark .js-plotly-plot .cbaxis text,
+.dark .js-plotly-plot .cbtitle text, .dark .js-plotly-plot .legendtext,
+.dark .js-plotly-plot .annotation-text {fill: #e6e6e6 !important}
+.dark .js-plotly-plot .legend .bg {fill: #1f2430 !important}
+/* a phone: nothing wider than the page */
+@media (max-width: 640px) {.js-plotly-plot, .plot-container {max-width: 100%; overflow-x: auto}}
+"""
+# Runs once on page load: projector mode from ?present=1; each tab's first Markdown becomes its intro (folded
+# to its first line in projector mode, a click unfolds it).
+ON_LOAD_JS = r"""() => {
+  const on = new URLSearchParams(window.location.search).get('present') === '1';
+  document.body.classList.toggle('projector', on);
+  // each tab's first Markdown is its intro: folded to its first line in projector mode, a click unfolds it
+  const mark = () => document.querySelectorAll('[id^="tab-"]').forEach(panel => {
+    const first = panel.querySelector('.prose');
+    if (first && !first.classList.contains('intro')) {
+      first.classList.add('intro');
+      first.addEventListener('click', () => first.classList.toggle('open'));
+    }
+  });
+  // projector mode: the visible tab's main (first) figure made short enough to end inside the window
+  const fit = () => {
+    if (!document.body.classList.contains('projector') || !window.Plotly) return;
+    document.querySelectorAll('[id^="tab-"]').forEach(panel => {
+      const el = panel.querySelector('.js-plotly-plot');
+      if (!el || el.offsetParent === null || !el._fullLayout) return;
+      const top = el.getBoundingClientRect().top + window.scrollY;
+      const room = Math.floor(window.innerHeight - top - 12);
+      if (room >= 240 && el._fullLayout.height > room) window.Plotly.relayout(el, {height: room});
+    });
+  };
+  // Plotly's camera button saves the figure at twice its size on screen (sharp on a projector or in slides)
+  const downloads = () => document.querySelectorAll('.js-plotly-plot').forEach(el => {
+    if (el._context && !el._context.explorer) {
+      const title = (el._fullLayout && el._fullLayout.title && el._fullLayout.title.text) || 'figure';
+      el._context.toImageButtonOptions = {format: 'png', scale: 2,
+        filename: title.replace(/<[^>]*>/g, '').replace(/[^\w.-]+/g, '_').slice(0, 80)};
+      el._context.explorer = true;
+    }
+  });
+  let timer = null;
+  new MutationObserver(() => { clearTimeout(timer); timer = setTimeout(() => { mark(); fit(); downloads(); }, 150); })
+    .observe(document.body, {childList: true, subtree: true});
+  window.explorerFit = fit;
+  mark();
+  if (on) setTimeout(() => window.dispatchEvent(new Event('resize')), 300);  // the tab bar re-measures its overflow
+  return on;
+}"""
+PROJECTOR_JS = "(on) => { document.body.classList.toggle('projector', !!on); window.dispatchEvent(new Event('resize')); if (window.explorerFit) setTimeout(window.explorerFit, 200); }"
 
 # Each event runs one request at a time (2 CPU cores; runs that hook the shared model are serialised anyway),
 # different events side by side. max_size bounds the waiting line: a page load queues about a dozen events
@@ -51,14 +122,37 @@ def launch_kwargs() -> dict:
 
 def build_demo() -> gr.Blocks:
     session.load_default()  # the shipped model, loaded once at start-up from assets/ (no network)
-    with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:  # no calls home from a classroom machine
-        gr.Markdown(f"# {TITLE}\nA Llama-style decoder written from scratch, and what happens inside it. "
-                    "Every number on screen is computed now, on this machine, by the code that is running.")
+    with gr.Blocks(title=TITLE, analytics_enabled=False, fill_width=True) as demo:  # no calls home
         state = gr.State(session.new_state())  # per browser session: the model this user looks at
-        with gr.Tabs():
+        with gr.Row(elem_id="header-row", equal_height=True):
+            gr.Markdown(f"## {TITLE}", scale=2, min_width=220)
+            picker = gr.Dropdown(["default", *local_checkpoints()], value="default", allow_custom_value=True,
+                                 show_label=False, container=False, scale=2, min_width=180, elem_id="header-model")
+            load = gr.Button("Load model", variant="primary", scale=0, min_width=110, elem_id="header-load")
+            projector = gr.Checkbox(label="Projector mode", value=False, scale=0, min_width=150, container=False,
+                                    elem_id="projector")
+            copy = gr.Button("🔗 Copy link to this view", scale=0, min_width=200, elem_id="copy-link")
+            link = gr.Textbox(show_label=False, interactive=False, buttons=["copy"], container=False, scale=2,
+                              min_width=180, elem_id="view-link", lines=1, max_lines=1,
+                              placeholder="the view's link appears here")
+        notice = gr.Textbox(label="About this link", visible=False, interactive=False, elem_id="link-notice")
+        with gr.Accordion("About · glossary of the words used here", open=False, elem_id="glossary"):
+            gr.Markdown("A Llama-style decoder written from scratch, and what happens inside it. Every number on "
+                        "screen is computed now, on this machine, by the code that is running. The model picker "
+                        "above loads a model for every tab (a Hub id or a folder under the model root; the Model "
+                        "tab shows its card).\n\n" + glossary.markdown())
+        with gr.Tabs(overflow_behavior="wrap") as tabs:  # every tab in sight, on a phone too
             for label, tab_id, build in TABS:
                 with gr.Tab(label, id=tab_id, elem_id=f"tab-{tab_id}"):
                     build(demo, state)
+        card = links.views(demo)["model"].outputs
+        links.register_model_loads(demo, load.click(load_model, [picker, state], [*card, state],
+                                                    api_name="header_load_model", api_visibility="private"))
+        links.wire(demo, tabs, notice)
+        inputs, js = links.copy_link_js(demo)
+        copy.click(None, inputs, [link], js=js, api_name="copy_link", api_visibility="private")
+        demo.load(None, None, [projector], js=ON_LOAD_JS, api_name="projector_from_link", api_visibility="private")
+        projector.change(None, [projector], None, js=PROJECTOR_JS, api_name="projector", api_visibility="private")
     demo.queue(**QUEUE)
     return demo
 

@@ -20,9 +20,9 @@ TABS = [
     ("Inside the model", "walkthrough", "Walk through"),
     ("Attention", "attention", "Show attention"),
     ("Positions", "positions", "Apply θ"),
-    ("Memory lab", "memory", None),
     ("KV cache & generation", "generation", None),
-    ("LoRA", "lora", None),
+    ("Memory lab", "memory", None),
+    ("LoRA & int8", "lora", None),
     ("Encoder vs decoder", "encoder_decoder", "Compare"),
     ("Model", "model", "Load"),
 ]
@@ -116,4 +116,138 @@ def test_bad_input_shows_an_error_message_not_a_traceback(app_url, browser):
     toast.wait_for(state="visible", timeout=30_000)
     text = toast.inner_text()
     assert "The prompt is empty" in text and "Traceback" not in text
+    page.close()
+
+
+# --- links, projector mode, dark mode, narrow screens, the header's model picker (explorer/links.py, app.py) ---
+
+def _open(browser, url, *, tab, width=1280, height=720, scale=1):
+    page = browser.new_page(viewport={"width": width, "height": height}, device_scale_factor=scale)
+    page.goto(url, wait_until="domcontentloaded")
+    panel = page.locator(f"#tab-{tab}")
+    panel.locator(".js-plotly-plot").first.wait_for(state="visible", timeout=120_000)
+    for _ in range(3):
+        page.wait_for_timeout(700)
+        _wait_idle(page)
+    return page, panel
+
+
+def _text_value(panel, label):
+    return panel.get_by_label(label).first.input_value()
+
+
+# (tab, link query, {textbox label: value it must show}, text the tab's first figure title must contain)
+LINKS = [
+    ("attention", "prompt=Tom%20ran.%20Tom%20ran.&layer=1&head=1", {"Prompt": "Tom ran. Tom ran."}, "Layer 1 · head 1"),
+    ("positions", "prompt=The%20cat%20sat.&theta=100&layer=1&head=1", {"rope_theta (θ)": "100",
+                                                                       "Prompt for the attention map": "The cat sat."},
+     None),
+    ("walkthrough", "prompt=The%20dog%20sat.&step=3", {"Prompt": "The dog sat."}, None),
+    ("generation", "prompt=Anna%20saw&tokens=5&seed=3", {"Prompt": "Anna saw", "seed": "3"}, None),
+    ("lora", "prompt=The%20sun%20was&tokens=4", {"Prompt to continue": "The sun was"}, None),
+    ("encoder_decoder", "sentence=The%20bird%20sang.&layer=1", {"Sentence": "The bird sang."}, None),
+]
+
+
+@pytest.mark.parametrize("tab,query,values,title", LINKS, ids=[row[0] for row in LINKS])
+def test_a_deep_link_opens_its_tab_with_its_settings(app_url, browser, tab, query, values, title):
+    page, panel = _open(browser, f"{app_url}?tab={tab}&{query}", tab=tab)
+    assert panel.is_visible()
+    for label, value in values.items():
+        assert _text_value(panel, label) == value, label
+    if title is not None:
+        assert title in panel.locator(".js-plotly-plot .gtitle").first.text_content()
+    assert not page.locator("#link-notice").is_visible(), "a good link gave a notice"
+    page.locator("#copy-link").click()  # the tab's link, rebuilt from the widgets, carries the same settings
+    page.wait_for_function("() => document.querySelector('#view-link textarea, #view-link input').value !== ''")
+    link = page.locator("#view-link textarea, #view-link input").first.input_value()
+    from urllib.parse import parse_qs, urlsplit
+    sent, rebuilt = parse_qs(query), parse_qs(urlsplit(link).query)
+    assert rebuilt["tab"] == [tab]
+    for key, value in sent.items():
+        assert rebuilt[key] == value, (key, link)
+    page.close()
+
+
+def test_a_bad_link_value_is_ignored_with_a_sentence_and_never_rendered_as_html(app_url, browser):
+    page, panel = _open(browser, f"{app_url}?tab=attention&prompt=%3Cb%3Ebold%3C/b%3E&layer=99&mask=%3Ci%3Ex%3C/i%3E",
+                        tab="attention")
+    notice = page.locator("#link-notice textarea, #link-notice input").first.input_value()
+    assert "Ignored layer='99'" in notice and "Ignored mask='<i>x</i>'" in notice
+    assert page.locator("#link-notice b, #link-notice i, #tab-attention b").count() == 0
+    assert _text_value(panel, "Prompt") == "<b>bold</b>"  # a prompt is text: the literal tags, as typed
+    assert "Layer 0 · head 0" in panel.locator(".js-plotly-plot .gtitle").first.text_content()  # the defaults
+    page.close()
+
+
+# Tabs whose main figure still starts below a 1280×720 window in projector mode (their layouts put text and
+# controls above it): listed so that the test checks every other tab and fails when one of these starts to fit.
+BELOW_THE_FOLD = {"generation": "the generated text and summary come before the step chart",
+                  "model": "the source row, status and checkpoint list come before the parameter chart"}
+
+
+def test_projector_mode_fits_each_main_figure_at_1280x720(app_url, browser):
+    page, _ = _open(browser, f"{app_url}?present=1", tab="walkthrough")
+    assert page.evaluate("getComputedStyle(document.querySelector('#tab-walkthrough .prose')).fontSize") == "18px"
+    misfits = []
+    for label, tab_id, _ in TABS:
+        page.get_by_role("tab", name=label, exact=True).click()
+        panel = page.locator(f"#tab-{tab_id}")
+        panel.locator(".js-plotly-plot").first.wait_for(state="visible", timeout=120_000)
+        page.evaluate("window.scrollTo(0, 0)")
+        page.wait_for_timeout(800)  # the debounced fit
+        box = panel.locator(".js-plotly-plot").first.bounding_box()
+        fits = box["y"] >= 0 and box["y"] + box["height"] <= 720 and box["x"] + box["width"] <= 1280
+        if fits == (tab_id in BELOW_THE_FOLD):
+            misfits.append(f"{tab_id}: {box} ({'now fits: remove it from BELOW_THE_FOLD' if fits else 'does not fit'})")
+        tick = page.evaluate("(id) => { const t = document.querySelector('#tab-' + id + ' .js-plotly-plot .xtick text');"
+                             " return t ? parseFloat(getComputedStyle(t).fontSize) : 16; }", tab_id)
+        assert tick >= 16, f"{tab_id}: ticks {tick}px"
+    assert not misfits, "main figure outside the 1280×720 window:\n" + "\n".join(misfits)
+    page.close()
+
+
+def test_dark_mode_draws_plots_on_a_dark_background(app_url, browser):
+    page, panel = _open(browser, f"{app_url}?__theme=dark&tab=attention", tab="attention")
+    fill = page.evaluate("getComputedStyle(document.querySelector('#tab-attention .js-plotly-plot rect.bg')).fill")
+    r, g, b = (int(x) for x in fill[fill.index("(") + 1:fill.index(")")].split(",")[:3])
+    assert max(r, g, b) < 80, fill
+    page.close()
+
+
+def test_nothing_is_wider_than_a_390px_phone(app_url, browser):
+    page, _ = _open(browser, f"{app_url}?tab=attention", tab="attention", width=390, height=844)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    page.close()
+
+
+def test_the_header_picker_loads_a_model_for_every_tab(app_url, browser):
+    page, panel = _open(browser, app_url, tab="walkthrough")
+    page.get_by_role("tab", name="Attention", exact=True).click()
+    picker = page.locator("#header-model input")
+    picker.fill("tiny-local")
+    picker.press("Enter")
+    page.locator("#header-load").click()
+    info = page.locator("#tab-attention").get_by_text("tiny-local")
+    info.first.wait_for(timeout=120_000)  # the Attention tab re-ran for the new model without its button
+    for _ in range(3):
+        page.wait_for_timeout(700)
+        _wait_idle(page)
+    page.get_by_role("tab", name="Model", exact=True).click()
+    assert page.locator("#tab-model").get_by_text("tiny-local").first.is_visible()
+    page.close()
+
+
+def test_at_150_percent_zoom_no_two_subplot_titles_overlap(app_url, browser):
+    # a 1920×1080 laptop at 150 % zoom lays pages out in a 1280×720 CSS window, drawn at 1.5 device pixels per pixel
+    page, panel = _open(browser, f"{app_url}?tab=attention", tab="attention", scale=1.5)
+    boxes = page.evaluate("""() => [...document.querySelectorAll('#tab-attention .js-plotly-plot')].map(plot =>
+        [...plot.querySelectorAll('.annotation')].map(a => { const r = a.getBoundingClientRect();
+            return [r.left, r.top, r.right, r.bottom, a.textContent]; }).filter(r => r[2] > r[0]))""")
+    assert any(len(b) >= 2 for b in boxes), "no figure with subplot titles on the Attention tab"
+    for plot in boxes:
+        for i, a in enumerate(plot):
+            for b in plot[i + 1:]:
+                apart = a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]
+                assert apart, f"subplot titles overlap: {a[4]!r} and {b[4]!r}"
     page.close()

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import gradio as gr
 import numpy as np
 
+from explorer import links
 from explorer.device import gpu
 from explorer import heads, measure, probes, session
 from explorer.cache import results, weights_key
@@ -277,4 +278,5 @@ def build_attention(demo: gr.Blocks, state: gr.State) -> None:
         control.input(attention_view, inputs, outputs, api_name=f"attention_{api}", api_visibility="private")
     pick.input(jump_to_head, [pick], [layer, head], api_name="attention_jump", api_visibility="private").success(
         attention_view, inputs, outputs, api_name="attention_after_jump", api_visibility="private")
-    demo.load(attention_view, inputs, outputs, api_name="attention_example", api_visibility="undocumented")
+    links.register(demo, "attention", attention_view, inputs, outputs, api_name="attention_example",
+                   params=dict(prompt=prompt, layer=layer, head=head, mask=view, span=span, sink=sink))

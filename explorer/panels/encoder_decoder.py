@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
+from explorer import links
 from explorer import encoder_probe as ep
 from explorer import session
 from explorer.device import gpu
@@ -214,6 +215,6 @@ def build_encoder_decoder(demo: gr.Blocks, state: gr.State) -> None:
                       api_name=f"encoder_decoder_{control.label.split()[0].lower()}", api_visibility="private")
     guess.click(fill_in_blank_view, *blank_io, api_name="fill_in_blank")
     blank.input(fill_in_blank_view, *blank_io, api_name="fill_in_blank_pick", api_visibility="private")
-    demo.load(encoder_decoder_view, inputs, outputs, api_name="encoder_decoder_example",
-              api_visibility="undocumented").then(fill_in_blank_view, *blank_io,
-                                                  api_name="fill_in_blank_example", api_visibility="undocumented")
+    links.register(demo, "encoder_decoder", encoder_decoder_view, inputs, outputs, api_name="encoder_decoder_example",
+                   params=dict(sentence=prompt, layer=layer, head=head, token=token),
+                   then=[(fill_in_blank_view, *blank_io, "fill_in_blank_example")])

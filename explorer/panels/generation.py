@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
+from explorer import links
 from explorer.device import gpu
 from explorer import measure, probes, session
 from explorer.figures import generation as figs
@@ -326,4 +327,6 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
                        api_visibility="private")
     kv_btn.click(kv_calculator, kv_inputs, kv_outputs, api_name="kv_calculator")
     demo.load(kv_calculator, kv_inputs, kv_outputs, api_name="kv_calculator_example", api_visibility="undocumented")
-    demo.load(generate, gen_inputs, gen_outputs, api_name="generate_example", api_visibility="undocumented")
+    links.register(demo, "generation", generate, gen_inputs, gen_outputs, api_name="generate_example",
+                   params=dict(prompt=prompt, tokens=max_new, temperature=temperature, top_k=top_k, top_p=top_p,
+                               seed=seed))

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import gradio as gr
 import torch
 
+from explorer import links
 from explorer.device import gpu
 from explorer import finetune, measure, probes, session
 from explorer.figures import lora as figs
@@ -373,7 +374,8 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     mode.input(lora_adapter, [mode, state], [mode_md, state], api_name="lora_adapter").success(
         lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_switch", api_visibility="private")
     compare.click(lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare")
-    demo.load(lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_example", api_visibility="undocumented")
+    links.register(demo, "lora", lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_example",
+                   params=dict(prompt=prompt, layer=layer, head=head, tokens=new_tokens))
     demo.load(lambda: figs.loss_curve_figure([], [], max_steps=40), None, [loss_plot], api_name="lora_empty_curve",
               api_visibility="private")
     build_formats(demo, state)  # Weight formats: fp32 · bf16 · int8, and the measured summary table

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
+from explorer import links
 from explorer import device as dev
 from explorer.device import gpu
 from explorer import measure, session
@@ -317,7 +318,7 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
         control.input(memory_budget, budget_inputs, [budget_md], api_name=f"memory_budget_{control.label.split()[0]}",
                       api_visibility="private", show_progress="hidden")
     demo.load(memory_budget, budget_inputs, [budget_md], api_name="memory_budget", api_visibility="undocumented")
-    demo.load(memory_example, None, sweep_outputs, api_name="memory_example", api_visibility="undocumented")
+    links.register(demo, "memory", memory_example, [], sweep_outputs, api_name="memory_example", follow_model=False)
     demo.load(memory_trace, trace_inputs, trace_outputs, api_name="memory_trace_example",
               api_visibility="undocumented")
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from explorer import links
 from explorer import checkpoints, measure, session
 from explorer.figures.common import parameter_bars
 
@@ -105,8 +106,10 @@ def build_model(demo: gr.Blocks, state: gr.State) -> None:
     with gr.Accordion("Model card (README.md of the checkpoint)", open=False):
         card = gr.Markdown()
     outputs = [status, bars, config, card, state]
-    load.click(load_model, [source, state], outputs, api_name="load_model")
-    source.submit(load_model, [source, state], outputs, api_name="load_model_submit", api_visibility="private")
-    reset.click(lambda: "default", None, [source], api_name="model_reset_text", api_visibility="private").then(
-        load_model, [source, state], outputs, api_name="model_reset", api_visibility="private")
-    demo.load(show_card, [state], [status, bars, config, card], api_name="model_card", api_visibility="undocumented")
+    loads = [load.click(load_model, [source, state], outputs, api_name="load_model"),
+             source.submit(load_model, [source, state], outputs, api_name="load_model_submit", api_visibility="private"),
+             reset.click(lambda: "default", None, [source], api_name="model_reset_text", api_visibility="private").then(
+                 load_model, [source, state], outputs, api_name="model_reset", api_visibility="private")]
+    links.register(demo, "model", show_card, [state], [status, bars, config, card], api_name="model_card",
+                   follow_model=False)
+    links.register_model_loads(demo, *loads)

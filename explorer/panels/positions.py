@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
+from explorer import links
 from explorer.cache import results, weights_key
 from explorer.device import gpu
 from explorer import probes, session
@@ -217,4 +218,5 @@ def build_positions(demo: gr.Blocks, state: gr.State) -> None:
                     api_visibility="undocumented", show_progress="hidden")
     pairs.input(circle_only, [theta, position, pairs, state], [circle], api_name="rope_pairs",
                 api_visibility="private", show_progress="hidden")
-    demo.load(rope_view, inputs, outputs, api_name="rope_example", api_visibility="undocumented")
+    links.register(demo, "positions", rope_view, inputs, outputs, api_name="rope_example",
+                   params=dict(prompt=prompt, theta=theta, position=position, pairs=pairs, layer=layer, head=head))

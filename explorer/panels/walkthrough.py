@@ -14,6 +14,7 @@ from collections import OrderedDict
 
 import gradio as gr
 
+from explorer import links
 from explorer.device import gpu
 from explorer import measure, session
 from explorer import walkthrough as wt
@@ -214,4 +215,5 @@ def build_walkthrough(demo: gr.Blocks, state: gr.State) -> None:
     layer.input(walkthrough_step, inputs, step_outputs, api_name="walkthrough_layer", api_visibility="private")
     prev.click(walkthrough_prev, inputs, step_outputs, api_name="walkthrough_prev")
     nxt.click(walkthrough_next, inputs, step_outputs, api_name="walkthrough_next")
-    demo.load(walkthrough, inputs, outputs, api_name="walkthrough_example", api_visibility="undocumented")
+    links.register(demo, "walkthrough", walkthrough, inputs, outputs, api_name="walkthrough_example",
+                   params=dict(prompt=prompt, layer=layer, step=step))

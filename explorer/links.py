@@ -1,0 +1,264 @@
+"""Links to any view, and every tab following the loaded model.
+
+Each panel registers its main view at the end of its build: the handler that computes the tab's opening example,
+its inputs and outputs, and its URL parameters (query key -> component). ``wire`` (called once by app.py, after
+every tab is built) then runs, on page load:
+
+1. ``read_link``: reads ``gr.Request``'s query, selects the linked tab and sets the linked components, after the
+   same checks the component applies to typed input (a choice among the dropdown's choices, a number inside the
+   slider's range, ...); a value that fails is ignored and a sentence says so, in a text box (never HTML);
+2. then every registered view, with the components' values as they now are: the link's where it gave them, the
+   defaults elsewhere. One chain, so a default example can never land after (and over) a linked one.
+
+The scheme: ``?tab=<tab id>&<key>=<value>...``, the keys being the ones each panel registers (``LINK_KEYS``
+lists them, README "Teaching with it" shows examples); ``present=1`` turns projector mode on. Lists
+(multiselect dropdowns) are comma-separated.
+
+After a model is loaded (the Model tab or the header picker), ``after_model_load`` resets the model-dependent
+controls (layer, head, ...) to their defaults and re-runs every registered view for the new model.
+"""
+from __future__ import annotations
+
+import json
+import math
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import gradio as gr
+
+MAX_TEXT = 2000  # characters of a prompt carried by a link; the handlers' own limits apply after
+RESERVED = ("tab", "present", "__theme")
+
+
+@dataclass
+class View:
+    """One tab's main view: what computes it, from which components, and which of them a link can set."""
+    tab: str
+    handler: Callable
+    inputs: list
+    outputs: list
+    api_name: str
+    params: dict[str, gr.components.Component] = field(default_factory=dict)
+    then: list = field(default_factory=list)  # (fn, inputs, outputs, api_name) run after the view, in order
+    follow_model: bool = True
+
+
+_VIEWS: "weakref.WeakKeyDictionary[gr.Blocks, dict[str, View]]" = weakref.WeakKeyDictionary()
+
+
+def register(demo: gr.Blocks, tab: str, handler: Callable, inputs: list, outputs: list, *, api_name: str,
+             params: dict | None = None, then: list | None = None, follow_model: bool = True) -> View:
+    """Declare ``tab``'s main view; app.py wires it (opening example, deep link, model reload)."""
+    views = _VIEWS.setdefault(demo, {})
+    if tab in views:
+        raise ValueError(f"tab {tab!r} registered twice.")
+    for key in params or {}:
+        if key in RESERVED:
+            raise ValueError(f"{key!r} is a reserved link key.")
+    views[tab] = View(tab, handler, list(inputs), list(outputs), api_name, dict(params or {}), list(then or []),
+                      follow_model)
+    return views[tab]
+
+
+_LOADS: "weakref.WeakKeyDictionary[gr.Blocks, list]" = weakref.WeakKeyDictionary()
+
+
+def register_model_loads(demo: gr.Blocks, *events) -> None:
+    """Events that load a model for the session (their ``.success`` re-runs every tab's view: see ``wire``)."""
+    _LOADS.setdefault(demo, []).append(list(events))
+
+
+def views(demo: gr.Blocks) -> dict[str, View]:
+    return _VIEWS.get(demo, {})
+
+
+# --- checking a value from a link as the component would check typed input -------------------------------------
+
+def _choice_values(component) -> list:
+    return [c[1] if isinstance(c, (tuple, list)) else c for c in (component.choices or [])]
+
+
+def _match_choice(raw: str, component):
+    for value in _choice_values(component):
+        if str(value) == raw:
+            return value
+    labels = [c[0] for c in (component.choices or []) if isinstance(c, (tuple, list)) and str(c[0]) != str(c[1])]
+    shown = ", ".join(str(v) for v in _choice_values(component)[:12])
+    raise ValueError(f"must be one of {shown}" + (f" ({', '.join(labels[:4])}, …)" if labels else ""))
+
+
+def _as_float(raw: str) -> float:
+    try:
+        x = float(raw)
+    except ValueError:
+        raise ValueError("must be a number") from None
+    if not math.isfinite(x):
+        raise ValueError("must be a finite number")
+    return x
+
+
+def parse_value(raw: str, component):
+    """The value ``raw`` (a query string) gives ``component``; ValueError with the reason otherwise."""
+    if isinstance(component, gr.Textbox):
+        if len(raw) > MAX_TEXT:
+            raise ValueError(f"is longer than {MAX_TEXT} characters")
+        return raw
+    if isinstance(component, gr.Checkbox):
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError("must be 1 or 0")
+    if isinstance(component, gr.Dropdown) and component.multiselect:
+        return [_match_choice(part.strip(), component) for part in raw.split(",") if part.strip()]
+    if isinstance(component, (gr.Dropdown, gr.Radio)):
+        return _match_choice(raw, component)
+    if isinstance(component, (gr.Slider, gr.Number)):
+        x = _as_float(raw)
+        lo, hi = component.minimum, component.maximum
+        if (lo is not None and x < lo) or (hi is not None and x > hi):
+            raise ValueError(f"must be between {lo:g} and {hi:g}")
+        if isinstance(component, gr.Number) and component.precision == 0:
+            if not x.is_integer():
+                raise ValueError("must be a whole number")
+            return int(x)
+        step = getattr(component, "step", None)
+        if isinstance(component, gr.Slider) and step and float(step).is_integer() and float(lo).is_integer():
+            if not x.is_integer() or (x - lo) % step:
+                raise ValueError(f"must be {lo:g} plus a multiple of {step:g}")
+            return int(x)
+        return x
+    raise ValueError("cannot be set by a link")
+
+
+def _quote(raw: str, limit: int = 40) -> str:
+    raw = raw if len(raw) <= limit else raw[:limit - 1] + "…"
+    return repr(raw)
+
+
+def read_query(query: dict, views: dict[str, View]) -> tuple[str | None, dict, list[str]]:
+    """(tab to select or None, {component: value}, sentences on what was ignored) for a link's query."""
+    notes: list[str] = []
+    tab = query.get("tab")
+    if tab is None:
+        extra = [k for k in query if k not in RESERVED]
+        if extra:
+            notes.append(f"Ignored {', '.join(extra)}: a link needs tab=… to say which tab they belong to.")
+        return None, {}, notes
+    if tab not in views:
+        notes.append(f"Ignored tab={_quote(tab)}: the tabs are {', '.join(views)}.")
+        return None, {}, notes
+    view = views[tab]
+    values = {}
+    for key, raw in query.items():
+        if key in RESERVED:
+            continue
+        component = view.params.get(key)
+        if component is None:
+            keys = ", ".join(view.params) or "no settings"
+            notes.append(f"Ignored {key}={_quote(raw)}: the {tab} tab takes {keys}.")
+            continue
+        try:
+            values[component] = parse_value(raw, component)
+        except ValueError as exc:
+            notes.append(f"Ignored {key}={_quote(raw)}: it {exc}; the tab opened with its default.")
+    return tab, values, notes
+
+
+# --- wiring ---------------------------------------------------------------------------------------------------
+
+def _param_components(views: dict[str, View]) -> list:
+    seen: list = []
+    for view in views.values():
+        for component in view.params.values():
+            if component not in seen:
+                seen.append(component)
+    return seen
+
+
+def _run_view(trigger, view: View, *, visibility: str, suffix: str = ""):
+    """``trigger`` is an event's ``.then`` or ``.success``: the view runs after that event."""
+    chained = trigger(view.handler, view.inputs, view.outputs, api_name=view.api_name + suffix,
+                         api_visibility=visibility)
+    for fn, inputs, outputs, api_name in view.then:
+        chained = chained.then(fn, inputs, outputs, api_name=api_name + suffix, api_visibility=visibility)
+    return chained
+
+
+def wire(demo: gr.Blocks, tabs: gr.Tabs, notice: gr.Textbox) -> None:
+    """The page-load chain: the link's tab and values, then every registered view (see the module docstring)."""
+    registered = views(demo)
+    components = _param_components(registered)
+
+    def read_link(request: gr.Request):
+        query = dict(request.query_params) if request is not None else {}
+        tab, values, notes = read_query(query, registered)
+        updates = [values[c] if c in values else gr.skip() for c in components]
+        text = " ".join(notes)
+        return [gr.Tabs(selected=tab) if tab else gr.skip(),
+                gr.Textbox(value=text, visible=bool(text)), *updates]
+
+    opened = demo.load(read_link, None, [tabs, notice, *components], api_name="read_link",
+                       api_visibility="private", show_progress="hidden")
+    for view in registered.values():
+        _run_view(opened.then, view, visibility="undocumented")
+    for events in _LOADS.get(demo, []):
+        after_model_load(demo, events, suffix=f"_{_LOADS[demo].index(events)}")
+
+
+def defaults_of(view: View) -> list:
+    """The build-time values of a view's non-text settings (layer 0 and head 0 exist in every model)."""
+    return [c.value for c in view.params.values() if not isinstance(c, gr.Textbox)]
+
+
+def after_model_load(demo: gr.Blocks, events: list, suffix: str) -> None:
+    """After each of ``events`` (a model load) succeeds: model-dependent settings back to their defaults, then
+    every registered view re-run for the new model."""
+    for view in views(demo).values():
+        if not view.follow_model:
+            continue
+        settings = [c for c in view.params.values() if not isinstance(c, gr.Textbox)]
+        defaults = defaults_of(view)
+        for n, event in enumerate(events):
+            tag = f"{suffix}_{n}"
+            trigger = event.success
+            if settings:
+                trigger = event.success(lambda d=defaults: d if len(d) != 1 else d[0], None, settings,
+                                        api_name=f"{view.tab}_defaults{tag}", api_visibility="private",
+                                        show_progress="hidden").then
+            _run_view(trigger, view, visibility="private", suffix=f"_after_load{tag}")
+
+
+def link_keys(demo: gr.Blocks) -> dict[str, list[str]]:
+    return {tab: list(view.params) for tab, view in views(demo).items()}
+
+
+def copy_link_js(demo: gr.Blocks) -> tuple[list, str]:
+    """(inputs, js) of the "copy link to this view" control: JS that finds the visible tab, reads its settings'
+    values (passed in as the event's inputs, in the order of ``inputs``) and builds the link."""
+    registered = views(demo)
+    components = _param_components(registered)
+    index = {tab: {key: components.index(c) for key, c in view.params.items()} for tab, view in registered.items()}
+    js = f"""(...values) => {{
+  const index = {json.dumps(index)};
+  let tab = null;
+  for (const id of Object.keys(index)) {{
+    const el = document.getElementById('tab-' + id);
+    if (el && el.offsetParent !== null) {{ tab = id; break; }}
+  }}
+  const url = new URL(window.location.href);
+  url.search = '';
+  if (tab === null) return [url.toString()];
+  url.searchParams.set('tab', tab);
+  for (const [key, i] of Object.entries(index[tab])) {{
+    const v = values[i];
+    if (v === null || v === undefined) continue;
+    url.searchParams.set(key, Array.isArray(v) ? v.join(',') : (typeof v === 'boolean' ? (v ? '1' : '0') : String(v)));
+  }}
+  if (document.body.classList.contains('projector')) url.searchParams.set('present', '1');
+  const link = url.toString();
+  if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(link).catch(() => {{}});
+  return [link];
+}}"""
+    return components, js

@@ -1,0 +1,59 @@
+"""Deep-link values are checked as typed input would be (explorer/links.py), without a browser."""
+import gradio as gr
+import pytest
+
+from explorer import glossary, links
+
+
+def _view():
+    with gr.Blocks() as demo:
+        prompt = gr.Textbox(value="hi")
+        layer = gr.Dropdown(choices=[("layer 0", 0), ("layer 1", 1)], value=0)
+        tokens = gr.Slider(1, 64, value=24, step=1)
+        temperature = gr.Number(value=0.8, minimum=0, maximum=5)
+        seed = gr.Number(value=0, precision=0, minimum=0)
+        pairs = gr.Dropdown(choices=list(range(4)), value=[0], multiselect=True)
+        causal = gr.Checkbox(value=True)
+        links.register(demo, "attention", lambda *a: None, [prompt], [], api_name="x",
+                       params=dict(prompt=prompt, layer=layer, tokens=tokens, temperature=temperature, seed=seed,
+                                   pairs=pairs, causal=causal))
+    return demo, links.views(demo)
+
+
+def test_good_values_become_the_components_values():
+    demo, views = _view()
+    tab, values, notes = links.read_query(
+        {"tab": "attention", "prompt": "<b>x</b>", "layer": "1", "tokens": "5", "temperature": "1.5", "seed": "7",
+         "pairs": "1,3", "causal": "0", "present": "1"}, views)
+    p = views["attention"].params
+    assert tab == "attention" and notes == []
+    assert values == {p["prompt"]: "<b>x</b>", p["layer"]: 1, p["tokens"]: 5, p["temperature"]: 1.5, p["seed"]: 7,
+                      p["pairs"]: [1, 3], p["causal"]: False}
+
+
+@pytest.mark.parametrize("key,raw,reason", [
+    ("layer", "2", "must be one of 0, 1"), ("tokens", "65", "between 1 and 64"), ("tokens", "2.5", "multiple of 1"),
+    ("temperature", "nan", "finite"), ("seed", "1.5", "whole number"), ("pairs", "0,9", "must be one of"),
+    ("causal", "maybe", "1 or 0"), ("prompt", "x" * (links.MAX_TEXT + 1), "longer than"), ("colour", "red", "takes"),
+])
+def test_a_bad_value_is_ignored_with_a_sentence(key, raw, reason):
+    _, views = _view()
+    tab, values, notes = links.read_query({"tab": "attention", key: raw}, views)
+    assert tab == "attention" and values == {}
+    assert len(notes) == 1 and notes[0].startswith(f"Ignored {key}=") and reason in notes[0]
+
+
+def test_an_unknown_tab_or_a_missing_one_selects_nothing():
+    _, views = _view()
+    assert links.read_query({"tab": "nope"}, views)[0] is None
+    tab, values, notes = links.read_query({"layer": "1"}, views)
+    assert tab is None and values == {} and "tab=" in notes[0]
+
+
+def test_the_glossary_defines_the_words_the_tabs_use():
+    for word in ["induction head", "attention sink", "logit", "logit lens", "max |Δlogit|", "nats/token", "KV head",
+                 "GQA", "RoPE", "RMSNorm", "SwiGLU", "KV cache", "softmax", "causal mask", "residual stream", "LoRA",
+                 "int8", "bf16", "roofline"]:
+        text = glossary.definition(word)
+        assert 20 < len(text) < 320 and text.count(". ") <= 2, word
+    assert 'title="Grouped-query' in glossary.term("GQA") and ">a&lt;b<" in glossary.term("GQA", "a<b")
