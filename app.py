@@ -12,7 +12,7 @@ if importlib.util.find_spec("spaces"):  # Hugging Face ZeroGPU: its package must
 
 import gradio as gr
 
-from explorer import session
+from explorer import serving, session
 from explorer.panels.attention import build_attention
 from explorer.panels.encoder_decoder import build_encoder_decoder
 from explorer.panels.generation import build_generation
@@ -35,10 +35,8 @@ TABS = [
     ("Model", "model", build_model),
 ]
 
-# Each event runs one request at a time (2 CPU cores; runs that hook the shared model are serialised anyway),
-# different events side by side. max_size bounds the waiting line: a page load queues about a dozen events
-# (every tab's opening example), so 512 lets some 40 visitors arrive at once before "queue full".
-QUEUE = {"default_concurrency_limit": 1, "max_size": 512}
+# Concurrency per event, the queue's size and each session's share of it are set in explorer/serving.py.
+QUEUE = {"default_concurrency_limit": 1, "max_size": serving.QUEUE_MAX_SIZE}
 MAX_UPLOAD = "1mb"  # no component takes files, but Gradio's /upload route exists: keep it small
 
 
@@ -60,7 +58,7 @@ def build_demo() -> gr.Blocks:
                 with gr.Tab(label, id=tab_id, elem_id=f"tab-{tab_id}"):
                     build(demo, state)
     demo.queue(**QUEUE)
-    return demo
+    return serving.apply(demo)
 
 
 if __name__ == "__main__":
