@@ -871,3 +871,90 @@ def test_uploads_are_size_limited_and_the_queue_bounded():
     assert app.launch_kwargs()["max_file_size"] == app.MAX_UPLOAD == "1mb"  # Gradio's /upload route always exists
     assert app.QUEUE["max_size"] >= 12 * 32  # 32 visitors' page loads (about a dozen events each) fit the line
     assert app.QUEUE["default_concurrency_limit"] >= 1
+
+
+# --- the served queue (explorer/serving.py) -----------------------------------------------------------------
+
+def _fn_index(app_url: str, api_name: str) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(app_url + "config", timeout=10) as r:
+        config = json.load(r)
+    return next(d["id"] for d in config["dependencies"] if d.get("api_name") == api_name)
+
+
+def _join(app_url: str, fn_index: int, data: list, session_hash: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session_hash, "event_data": None,
+                       "trigger_id": None}).encode()
+    req = urllib.request.Request(app_url + "gradio_api/queue/join", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_one_session_flooding_the_queue_is_capped_and_others_are_answered(app_url):
+    """A client that joins the queue in a loop and never reads its results holds at most SESSION_QUEUE_CAP
+    places; its extra joins get a sentence, and another session's request is still answered."""
+    from gradio_client import Client
+
+    from explorer import serving
+
+    fn = _fn_index(app_url, "memory_budget")
+    args = [8, 64, 8, ["naive", "sdpa", "tiled"], True, "float32"]
+    codes = [_join(app_url, fn, args, "flooding-session") for _ in range(serving.SESSION_QUEUE_CAP + 6)]
+    accepted = [c for c, _ in codes if c == 200]
+    refused = [text for c, text in codes if c != 200]
+    assert len(accepted) <= serving.SESSION_QUEUE_CAP
+    assert refused and all(c == 503 for c, _ in codes if c != 200)
+    assert "requests waiting or running" in refused[0]
+    answer = Client(app_url, verbose=False).predict(*args, api_name="/memory_budget")
+    assert "Predicted to fit" in answer
+
+
+def test_events_run_in_groups_by_what_they_hold(app_url):
+    """Measurements share one group of one; views get more than one place each, so the idle core is used."""
+    from explorer import serving
+
+    assert serving.group_of("memory_compare") == ("measure", 1)
+    assert serving.group_of("generate") == ("measure", 1)
+    assert serving.group_of("attention_example") == (None, serving.VIEW_CONCURRENCY)
+    assert serving.VIEW_CONCURRENCY > 1
+
+
+@pytest.mark.parametrize("api_name, args", [
+    ("/memory_budget", ["many", 64, 8, ["naive"], True, "float32"]),
+    ("/memory_budget", [None, 64, 8, ["naive"], True, "float32"]),
+    ("/memory_budget", [8, 64, 8, ["naive"], True, "x" * 100_000]),
+])
+def test_values_gradio_refuses_get_a_short_sentence(app_url, api_name, args):
+    """Gradio checks a Slider's number and a Dropdown's choice before the handler: the answer is a sentence,
+    not a bare "Error", and it echoes only a short prefix of what was sent."""
+    from gradio_client import Client
+
+    with pytest.raises(Exception) as caught:
+        Client(app_url, verbose=False).predict(*args, api_name=api_name)
+    message = str(caught.value)
+    assert "is not one its controls accept" in message, message[:300]
+    assert len(message) < 700
+
+
+def test_error_popups_show_markup_as_text_and_cut_long_echoes():
+    from explorer.panels import as_index, user_errors
+
+    @user_errors
+    def handler(text):
+        raise ValueError(f"cannot read {text!r}")
+
+    with pytest.raises(gr.Error) as caught:
+        handler("<b>bold</b> \ud800")
+    assert "<b>" not in caught.value.message and "&lt;b&gt;bold&lt;/b&gt;" in caught.value.message
+    for value in (float("inf"), 1e308, "9" * 100_000):
+        with pytest.raises(ValueError, match="layer must be") as caught:
+            as_index(value, 4, "layer")
+        assert len(str(caught.value)) < 120
