@@ -958,3 +958,36 @@ def test_error_popups_show_markup_as_text_and_cut_long_echoes():
         with pytest.raises(ValueError, match="layer must be") as caught:
             as_index(value, 4, "layer")
         assert len(str(caught.value)) < 120
+
+
+def test_symlinks_out_of_the_model_root_are_refused_and_the_shipped_model_costs_no_private_copy(tmp_path,
+                                                                                                monkeypatch):
+    from explorer import checkpoints
+    from explorer.private_models import private_models_bytes
+
+    root = tmp_path / "root"
+    outside = tmp_path / "outside"
+    (root / "ckpt").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not a model card")
+    (root / "ckpt" / "config.json").write_text("{}")
+    (root / "ckpt" / "README.md").symlink_to(outside / "secret.txt")
+    monkeypatch.setenv("EXPLORER_MODEL_ROOT", str(root))
+    with pytest.raises(ValueError, match="links to a file outside the allowed model folder") as caught:
+        checkpoints.load_checkpoint("ckpt")
+    assert str(tmp_path) not in str(caught.value)  # no server path in the sentence
+    with pytest.raises(ValueError) as caught:
+        checkpoints.load_checkpoint("/etc")
+    assert "must be inside" in str(caught.value) and str(root) not in str(caught.value)
+
+    from explorer.panels.model import _card_text
+
+    assert "not a model card" not in _card_text(root / "ckpt")
+
+    shipped = checkpoints.default_model_dir().resolve()
+    monkeypatch.setenv("EXPLORER_MODEL_ROOT", str(shipped.parent))
+    before = private_models_bytes()
+    for _ in range(5):
+        model, _, _, source = checkpoints.load_checkpoint(shipped.name)
+        assert model is None and source == "default"  # the shared model, not a private copy
+    assert private_models_bytes() == before

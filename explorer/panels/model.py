@@ -32,7 +32,10 @@ def local_checkpoints() -> list[str]:
 def _card_text(folder: Path | None) -> str:
     if folder is None or not (folder / "README.md").is_file():
         return ""
-    text = (folder / "README.md").read_text(errors="replace")
+    card = (folder / "README.md").resolve()
+    if folder != checkpoints.default_model_dir() and not card.is_relative_to(checkpoints.model_root()):
+        return "(This folder's README.md links outside the allowed model folder, so it is not shown.)"
+    text = card.read_text(errors="replace")
     text = re.sub(r"\A---\n.*?\n---\n", "", text, flags=re.S)  # drop YAML front matter
     return text[:20000]
 
@@ -89,7 +92,7 @@ def show_card(state):
 
 
 def build_model(demo: gr.Blocks, state: gr.State) -> None:
-    gr.Markdown(INTRO.format(root=checkpoints.model_root()))
+    gr.Markdown(INTRO.format(root=checkpoints.shown_root()))
     found = local_checkpoints()
     if found:
         gr.Markdown("Local checkpoints under the allowed root: " + ", ".join(f"`{f}`" for f in found))
