@@ -991,3 +991,39 @@ def test_symlinks_out_of_the_model_root_are_refused_and_the_shipped_model_costs_
         model, _, _, source = checkpoints.load_checkpoint(shipped.name)
         assert model is None and source == "default"  # the shared model, not a private copy
     assert private_models_bytes() == before
+
+
+def test_private_models_expire_when_idle_and_make_room_oldest_idle_first(monkeypatch):
+    """A session's own model is freed after the idle time, or when another visitor needs the room (oldest idle
+    first); its owner is told on the next action, once, and then sees the shared model."""
+    import gc
+    import time as clock
+
+    from explorer import private_models, session
+
+    gc.collect()
+    a, b, c = session.new_state(), session.new_state(), session.new_state()
+    shared = session.get_model(a)[0]
+    one = private_models.model_bytes(shared)
+    base = private_models.private_models_bytes()
+    monkeypatch.setattr(private_models, "PRIVATE_MODELS_BUDGET_BYTES", base + 2 * one + one // 2)  # two fit
+
+    session.private_model(a)
+    clock.sleep(0.01)
+    session.private_model(b)
+    clock.sleep(0.01)
+    session.get_model(a)  # a used again: b is now the one idle longest
+    session.private_model(c)  # no room for three: b goes
+    assert a["model"] is not None and c["model"] is not None and b["model"] is None
+    with pytest.raises(ValueError, match="was freed to make room"):
+        session.get_model(b)
+    assert session.is_shared(session.get_model(b)[0])  # told once, then the shared model
+    gc.collect()
+    assert private_models.private_models_bytes() <= base + 2 * one
+
+    assert private_models.expire_idle(now=clock.monotonic() + private_models.IDLE_SECONDS + 1) == 2
+    for state in (a, c):
+        with pytest.raises(ValueError, match="minutes without use"):
+            session.get_model(state)
+    gc.collect()
+    assert private_models.private_models_bytes() <= base
