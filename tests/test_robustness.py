@@ -1027,3 +1027,32 @@ def test_private_models_expire_when_idle_and_make_room_oldest_idle_first(monkeyp
             session.get_model(state)
     gc.collect()
     assert private_models.private_models_bytes() <= base
+
+
+def test_opening_examples_are_computed_once_and_shared(app_url):
+    """Two sessions' page loads: the second is served from explorer.cache (no new computation), same answer."""
+    from gradio_client import Client
+
+    from explorer.cache import results
+
+    import urllib.request
+
+    with urllib.request.urlopen(app_url + "config", timeout=10) as r:
+        config = json.load(r)
+    components = {c["id"]: c for c in config["components"]}
+
+    def page_values(api_name):  # what the page sends on load: each input's initial value (State is the client's)
+        dep = next(d for d in config["dependencies"] if d.get("api_name") == api_name)
+        return [components[i]["props"].get("value") for i in dep["inputs"] if components[i]["type"] != "state"]
+
+    calls = ["walkthrough_example", "encoder_decoder_example", "model_card", "memory_budget"]
+    first = Client(app_url, verbose=False)
+    answers = [first.predict(*page_values(api), api_name="/" + api) for api in calls]
+    misses = results.stats()["misses"]
+    second = Client(app_url, verbose=False)
+    again = [second.predict(*page_values(api), api_name="/" + api) for api in calls]
+    assert results.stats()["misses"] == misses  # nothing computed for the second session
+    with results._guard:
+        kept = {key[1] for key in results._entries if isinstance(key, tuple) and key[0] == "opening"}
+    assert kept >= {"walkthrough", "encoder_decoder", "model_card", "memory_budget"}
+    assert [str(a)[:2000] for a in again] == [str(a)[:2000] for a in answers]

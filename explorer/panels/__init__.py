@@ -112,3 +112,31 @@ def as_index(value, n: int, what: str) -> int:
     if not 0 <= i < n:  # 1e308 is a whole number with 309 digits: show a prefix
         raise ValueError(f"{what} must be between 0 and {n - 1} for this model, got {short(str(i), 40)}.")
     return i
+
+
+def cached_opening(name: str, fn):
+    """A page-load handler whose answer for the shared default model is computed once per input values and
+    served to every session from ``explorer.cache.results`` (40 visitors arriving at once compute it once).
+
+    A session looking at its own model (a dict argument whose "model" is set) gets ``fn`` computed for it.
+    Figures are shared read-only (Gradio only serialises them); component updates are copied per call, since
+    Gradio may consume them.
+    """
+    import copy
+
+    from explorer import session
+    from explorer.cache import results, weights_key
+
+    @functools.wraps(fn)
+    def load(*args):
+        if any(isinstance(a, dict) and a.get("model") is not None for a in args):
+            return fn(*args)
+        values = tuple(repr(a) for a in args if not isinstance(a, dict))
+        if sum(map(len, values)) > 4096:  # an API client's long input: not an opening example, nothing kept
+            return fn(*args)
+        key = ("opening", name, weights_key(session.load_default()[0]), values)
+        answer = results.get_or_compute(key, lambda: fn(*args))
+        if isinstance(answer, tuple):
+            return tuple(copy.deepcopy(v) if isinstance(v, (dict, gr.components.Component)) else v for v in answer)
+        return answer
+    return load

@@ -14,7 +14,7 @@ from explorer import measure, session
 from explorer.cache import results
 from explorer.figures import memory as figs
 
-from . import as_whole, outputs_of, user_errors
+from . import as_whole, cached_opening, outputs_of, user_errors
 
 IMPLS = ("naive", "sdpa", "tiled")
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")
@@ -346,7 +346,8 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
     for control in budget_inputs:
         control.input(memory_budget, budget_inputs, [budget_md], api_name=f"memory_budget_{control.label.split()[0]}",
                       api_visibility="private", show_progress="hidden")
-    demo.load(memory_budget, budget_inputs, [budget_md], api_name="memory_budget", api_visibility="undocumented")
+    demo.load(cached_opening("memory_budget", memory_budget), budget_inputs, [budget_md], api_name="memory_budget",
+              api_visibility="undocumented")
     demo.load(memory_example, None, sweep_outputs, api_name="memory_example", api_visibility="undocumented")
     demo.load(memory_trace, trace_inputs, trace_outputs, api_name="memory_trace_example",
               api_visibility="undocumented")

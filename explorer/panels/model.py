@@ -10,7 +10,7 @@ import gradio as gr
 from explorer import checkpoints, measure, session
 from explorer.figures.common import parameter_bars
 
-from . import user_errors
+from . import cached_opening, user_errors
 
 INTRO = """### Model: what you are looking at
 Every tab runs the model chosen here, for your browser session only (other visitors keep theirs). The shipped
@@ -112,4 +112,5 @@ def build_model(demo: gr.Blocks, state: gr.State) -> None:
     source.submit(load_model, [source, state], outputs, api_name="load_model_submit", api_visibility="private")
     reset.click(lambda: "default", None, [source], api_name="model_reset_text", api_visibility="private").then(
         load_model, [source, state], outputs, api_name="model_reset", api_visibility="private")
-    demo.load(show_card, [state], [status, bars, config, card], api_name="model_card", api_visibility="undocumented")
+    demo.load(cached_opening("model_card", show_card), [state], [status, bars, config, card], api_name="model_card",
+              api_visibility="undocumented")
