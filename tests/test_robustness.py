@@ -1056,3 +1056,25 @@ def test_opening_examples_are_computed_once_and_shared(app_url):
         kept = {key[1] for key in results._entries if isinstance(key, tuple) and key[0] == "opening"}
     assert kept >= {"walkthrough", "encoder_decoder", "model_card", "memory_budget"}
     assert [str(a)[:2000] for a in again] == [str(a)[:2000] for a in answers]
+
+
+def test_memory_lab_stop_returns_within_a_second_while_a_long_size_runs(app_url):
+    """Stop (gradio's cancel) during a sweep whose current size takes seconds: the event ends within 1 s."""
+    import time as clock
+
+    from gradio_client import Client
+
+    c = Client(app_url, verbose=False)
+    job = c.submit(4096, 8, 64, 8, ["naive", "tiled"], True, "float32", api_name="/memory_compare")
+    clock.sleep(3.0)  # inside the sweep's larger sizes
+    assert not job.done()
+    t0 = clock.perf_counter()
+    job.cancel()
+    while not job.done() and clock.perf_counter() - t0 < 10:
+        clock.sleep(0.05)
+    waited = clock.perf_counter() - t0
+    assert job.done() and waited < 1.0, f"Stop took {waited:.2f} s"
+    from explorer.locks import MEASURE_LOCK
+
+    assert MEASURE_LOCK.acquire(timeout=120)  # the abandoned worker finished its step and let go
+    MEASURE_LOCK.release()

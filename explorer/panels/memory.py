@@ -12,6 +12,7 @@ from explorer import device as dev
 from explorer.device import gpu
 from explorer import measure, session
 from explorer.cache import results
+from explorer.measure.run import STILL_RUNNING, abandonable
 from explorer.figures import memory as figs
 
 from . import as_whole, cached_opening, outputs_of, user_errors
@@ -165,7 +166,13 @@ def opening_rows() -> tuple[list[dict], float]:
 def memory_compare(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype, progress=gr.Progress()):
     """Measure naive / SDPA / tiled attention over sequence lengths; yields the chart as each size lands."""
     req = _check_request(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype)
-    for rows, notes, elapsed in run_sweep(req, progress):
+    # Run on a worker thread and yield between steps, so that Stop closes this generator within a fraction of a
+    # second, even while one long size is being measured (its worker then starts no further size).
+    for step in abandonable(run_sweep(req, progress)):
+        if step is STILL_RUNNING:
+            yield gr.skip(), gr.skip(), gr.skip()
+            continue
+        rows, notes, elapsed = step
         yield _figure(rows, req), _summary(rows, req, notes, elapsed), _table(rows)
 
 
