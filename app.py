@@ -12,7 +12,7 @@ if importlib.util.find_spec("spaces"):  # Hugging Face ZeroGPU: its package must
 
 import gradio as gr
 
-from explorer import glossary, links, session
+from explorer import glossary, links, serving, session
 from explorer.panels.attention import build_attention
 from explorer.panels.encoder_decoder import build_encoder_decoder
 from explorer.panels.generation import build_generation
@@ -106,10 +106,8 @@ ON_LOAD_JS = r"""() => {
 }"""
 PROJECTOR_JS = "(on) => { document.body.classList.toggle('projector', !!on); window.dispatchEvent(new Event('resize')); if (window.explorerFit) setTimeout(window.explorerFit, 200); }"
 
-# Each event runs one request at a time (2 CPU cores; runs that hook the shared model are serialised anyway),
-# different events side by side. max_size bounds the waiting line: a page load queues about a dozen events
-# (every tab's opening example), so 512 lets some 40 visitors arrive at once before "queue full".
-QUEUE = {"default_concurrency_limit": 1, "max_size": 512}
+# Concurrency per event, the queue's size and each session's share of it are set in explorer/serving.py.
+QUEUE = {"default_concurrency_limit": 1, "max_size": serving.QUEUE_MAX_SIZE}
 MAX_UPLOAD = "1mb"  # no component takes files, but Gradio's /upload route exists: keep it small
 
 
@@ -154,7 +152,7 @@ def build_demo() -> gr.Blocks:
         demo.load(None, None, [projector], js=ON_LOAD_JS, api_name="projector_from_link", api_visibility="private")
         projector.change(None, [projector], None, js=PROJECTOR_JS, api_name="projector", api_visibility="private")
     demo.queue(**QUEUE)
-    return demo
+    return serving.apply(demo)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,15 @@ def model_root() -> Path:
     return Path(os.environ.get("EXPLORER_MODEL_ROOT", REPO_ROOT / "assets")).resolve()
 
 
+def shown_root() -> str:
+    """The allowed model folder as the page names it: relative to the app (no absolute server path)."""
+    root = model_root()
+    try:
+        return str(root.relative_to(REPO_ROOT)) + "/"
+    except ValueError:
+        return "the allowed model folder"
+
+
 def resolve_model_source(source: str) -> tuple[str, str]:
     """Classify and validate what the user typed: ("default" | "hub" | "local", cleaned source).
 
@@ -77,12 +86,31 @@ def _resolve_model_source(source: str | None) -> tuple[str, str]:
         path = root / path
     path = path.resolve()
     if not path.is_relative_to(root):
-        raise ValueError(f"Local models must be inside {root} (EXPLORER_MODEL_ROOT); {source!r} is outside it. "
+        raise ValueError(f"Local models must be inside the allowed model folder; {source[:80]!r} is outside it. "
                          "Copy the checkpoint folder there, or give a Hub id like 'HuggingFaceTB/SmolLM2-135M'.")
     if not path.is_dir():
-        raise ValueError(f"{source!r} is not a folder under {root}: give a checkpoint folder there "
+        raise ValueError(f"{source[:80]!r} is not a folder under the allowed model folder: give a checkpoint folder there "
                          "(config.json + model.safetensors) or a Hub id like 'HuggingFaceTB/SmolLM2-135M'.")
     return "local", str(path)
+
+
+def check_files_inside_root(folder: Path) -> None:
+    """ValueError when a file in a local checkpoint folder is a link to somewhere outside ``model_root()``:
+    every file (config, weights, tokenizer, model card) is resolved before any is read."""
+    root = model_root()
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as exc:
+        raise ValueError(f"{folder.name}: the folder cannot be read ({exc.strerror or exc}).") from None
+    for entry in entries:
+        try:
+            target = entry.resolve(strict=True)
+        except (OSError, RuntimeError):  # a broken link or a loop of links
+            raise ValueError(f"{folder.name}/{entry.name[:60]} is a link that leads nowhere: remove it from the "
+                             "checkpoint folder.") from None
+        if not target.is_relative_to(root):
+            raise ValueError(f"{folder.name}/{entry.name[:60]} links to a file outside the allowed model folder, "
+                             "so this checkpoint was not read: copy the real file into the folder instead.")
 
 
 def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
@@ -99,6 +127,9 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
         name = cleaned
     else:
         folder = Path(cleaned)
+        if folder == default_model_dir().resolve():  # the shipped model, unchanged: the shared copy, no private one
+            return None, None, default_model_name(), "default"
+        check_files_inside_root(folder)
         name = f"{folder.relative_to(model_root())} (local)" if folder != model_root() else "assets (local)"
     config_path = folder / "config.json"
     if not config_path.is_file():

@@ -20,6 +20,7 @@ lock from this list except in this same order.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 
@@ -43,3 +44,24 @@ def model_lock(model: nn.Module) -> threading.RLock:
         if lock is None:
             lock = _MODEL_LOCKS[model] = threading.RLock()
         return lock
+
+
+class Busy(ValueError):
+    """Another measurement holds MEASURE_LOCK; the message says so in a sentence (a ValueError, so
+    ``panels.user_errors`` shows it)."""
+
+
+@contextlib.contextmanager
+def measuring(wait_s: float = 0.0, retry_s: float = 10.0):
+    """Hold MEASURE_LOCK for the block, waiting at most ``wait_s`` seconds for it; otherwise raise ``Busy``.
+
+    Take it before any model lock (the order above), never while holding one: a caller that holds a model's
+    lock and waits here makes every view of that model wait behind the measurement in series. Release the
+    model lock, measure under this, then take the model lock again if needed.
+    """
+    if not MEASURE_LOCK.acquire(timeout=wait_s) if wait_s > 0 else not MEASURE_LOCK.acquire(blocking=False):
+        raise Busy(f"Another measurement is running on this machine: try again in about {retry_s:.0f} s.")
+    try:
+        yield
+    finally:
+        MEASURE_LOCK.release()

@@ -1,4 +1,10 @@
-"""The cap on visitors' own models.
+"""The cap on visitors' own models, and the registry that frees them.
+
+Every visitor's own model is registered here by the session state that holds it, with the time it was last
+used. A model idle for ``EXPLORER_SESSION_IDLE_MINUTES`` (default 30) is freed, and when a new copy or load
+would pass the cap the models idle longest are freed first, to make room: the registry clears the model out of
+its session's state (the same dict Gradio keeps), so the memory comes back even while Gradio keeps the session,
+and the visitor's next action is answered with a sentence saying what happened.
 
 Every visitor's own model (a copy to attach LoRA to, or a loaded checkpoint) lives in their session state until
 Gradio drops it (tab closed; API clients' sessions linger). Their total is capped, so many sessions cannot add up
@@ -10,6 +16,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
+import time
 import weakref
 
 import torch
@@ -28,6 +35,18 @@ def _private_budget() -> int:
 
 
 PRIVATE_MODELS_BUDGET_BYTES = _private_budget()
+
+
+def _idle_seconds() -> float:
+    try:
+        return max(0.0, float(os.environ.get("EXPLORER_SESSION_IDLE_MINUTES", "") or 30)) * 60
+    except ValueError:
+        return 30 * 60.0
+
+
+IDLE_SECONDS = _idle_seconds()
+# id(state) -> (state, last used, monotonic s); the state dict is Gradio's own, shared with the session.
+_owners: "dict[int, list]" = {}
 _private_models: "weakref.WeakSet" = weakref.WeakSet()
 
 #: Held from the budget check until the new model is registered, so two copies or loads cannot both pass it.
@@ -49,9 +68,15 @@ def reserve_private(nbytes: int, what: str) -> None:
 
     Call it holding ``PRIVATE_LOCK`` and register the model made with ``add_private`` before releasing it.
     """
+    expire_idle()
     held = private_models_bytes()
     if held + nbytes > PRIVATE_MODELS_BUDGET_BYTES:
         gc.collect()  # sessions Gradio has dropped may still wait for the collector
+        held = private_models_bytes()
+    while held + nbytes > PRIVATE_MODELS_BUDGET_BYTES and _owners:  # room from the models idle longest
+        oldest = min(_owners.values(), key=lambda entry: entry[1])
+        _evict(oldest[0], "to make room for another visitor's model, after it was idle longest")
+        gc.collect()
         held = private_models_bytes()
     if held + nbytes > PRIVATE_MODELS_BUDGET_BYTES:
         raise ValueError(f"{what} needs {format_bytes(nbytes)}, and visitors' own models already hold "
@@ -62,3 +87,40 @@ def reserve_private(nbytes: int, what: str) -> None:
 def add_private(model: torch.nn.Module) -> None:
     """Count ``model`` against the cap for as long as it lives."""
     _private_models.add(model)
+
+
+EVICTED_KEY = "evicted"
+
+
+def _evict(state: dict, why: str) -> None:
+    _owners.pop(id(state), None)
+    if state.get("model") is not None:
+        state.update(model=None, tokenizer=None, source="default", name=None,
+                     **{EVICTED_KEY: f"Your own model ({state.get('name') or 'a copy'}) was freed {why}: this page "
+                                     "now shows the shared default model. Load or fine-tune again to continue."})
+
+
+def register_owner(state: dict) -> None:
+    """Note that ``state`` holds a private model now (used now); call it holding ``PRIVATE_LOCK``."""
+    _owners[id(state)] = [state, time.monotonic()]
+
+
+def forget_owner(state: dict) -> None:
+    with PRIVATE_LOCK:
+        _owners.pop(id(state), None)
+
+
+def touch(state: dict) -> None:
+    """The session used its private model now (it is not idle)."""
+    entry = _owners.get(id(state))
+    if entry is not None:
+        entry[1] = time.monotonic()
+
+
+def expire_idle(now: float | None = None) -> int:
+    """Free every private model idle longer than ``IDLE_SECONDS``; how many were freed."""
+    now = time.monotonic() if now is None else now
+    idle = [entry[0] for entry in list(_owners.values()) if now - entry[1] > IDLE_SECONDS]
+    for state in idle:
+        _evict(state, f"after {IDLE_SECONDS / 60:g} minutes without use")
+    return len(idle)

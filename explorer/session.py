@@ -26,6 +26,7 @@ from models import Decoder, load_pretrained, optimize_for_decode
 from models.loading import load_tokenizer
 
 from .checkpoints import default_model_dir, default_model_name
+from . import private_models
 from .private_models import PRIVATE_LOCK, add_private, model_bytes, reserve_private
 # Re-exported: what a panel needs to read a user's text and run on their model, from one import.
 from .text import as_tensor, clean_text, encode, encode_with_notice, token_strings  # noqa: F401
@@ -58,7 +59,12 @@ def new_state() -> dict[str, Any]:
 def get_model(state: dict | None) -> tuple[Decoder, Any, str]:
     """(model, tokenizer, name) this user is looking at. The default model is shared: do not modify it."""
     state = state or new_state()
+    evicted = state.pop(private_models.EVICTED_KEY, None)
+    if evicted:  # told once, on the next action; the state already points at the shared model
+        state["name"] = default_model_name()
+        raise ValueError(evicted)
     if state.get("model") is not None:
+        private_models.touch(state)
         return state["model"], state["tokenizer"], state["name"]
     model, tokenizer = load_default()
     return model, tokenizer, state.get("name") or default_model_name()
@@ -76,13 +82,19 @@ def private_model(state: dict) -> tuple[Decoder, Any, str]:
             reserve_private(model_bytes(model), "Your own copy of the model")
             model = copy.deepcopy(model)
             add_private(model)
-        state["model"], state["tokenizer"] = model, tokenizer
+            state["model"], state["tokenizer"] = model, tokenizer
+            private_models.register_owner(state)
     return model, tokenizer, state["name"] if state.get("model") is not None else name
 
 
 def set_model(state: dict, model: Decoder | None, tokenizer: Any, name: str, source: str) -> dict:
     """Point ``state`` at a model (None: back to the shared default). Returns the same dict."""
     state.update(model=model, tokenizer=tokenizer, name=name, source=source)
+    if model is None:
+        private_models.forget_owner(state)
+    else:
+        with PRIVATE_LOCK:
+            private_models.register_owner(state)
     return state
 
 

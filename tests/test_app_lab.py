@@ -357,7 +357,7 @@ def test_trace_play_steps_through_every_block():
     from explorer.panels import memory as panel
 
     trace = measure.tiled_trace(16, 2, 16, 8, seed=0)
-    frames = list(panel.memory_trace_play(trace, 1))
+    frames = list(panel.memory_trace_play({"seq_len": 16, "tile_size": 8, "causal": True}, 1))
     assert [block for block, _ in frames] == [0, 1]
     last = frames[-1][1]
     np.testing.assert_allclose(np.array(last.data[1].z, dtype=float), trace["out"][1], rtol=1e-5, atol=1e-6)

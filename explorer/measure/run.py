@@ -244,3 +244,49 @@ def copy_bandwidth(nbytes: int = 256 * MIB, *, repeats: int = 5, device: str | t
     dst = torch.empty_like(src)
     seconds = time_call(lambda: dst.copy_(src), repeats=repeats, device=device, warmup=1)
     return 2 * nbytes / seconds
+
+
+#: What ``abandonable`` yields while the current item is still being computed.
+STILL_RUNNING = object()
+
+
+def abandonable(items: Iterator, poll_s: float = 0.25) -> Iterator:
+    """``items`` produced on a worker thread, yielding ``STILL_RUNNING`` every ``poll_s`` seconds while one is
+    computed. Closing this generator (a Stop) returns within ``poll_s``: the worker finishes the step it is in
+    (a kernel cannot be interrupted), releases its locks, and starts no further step."""
+    import queue
+    import threading
+
+    out: "queue.Queue" = queue.Queue()
+    stop = threading.Event()
+    done = object()
+
+    def work() -> None:
+        try:
+            for item in items:
+                out.put((item, None))
+                if stop.is_set():
+                    break
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
+            out.put((None, exc))
+        finally:
+            out.put((done, None))
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    threading.Thread(target=work, name="abandonable-measurement", daemon=True).start()
+    try:
+        while True:
+            try:
+                item, exc = out.get(timeout=poll_s)
+            except queue.Empty:
+                yield STILL_RUNNING
+                continue
+            if exc is not None:
+                raise exc
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import functools
+import html
 import inspect
 import math
 
@@ -17,6 +18,12 @@ def short(message: str, limit: int = 600) -> str:
     return message if len(message) <= limit else message[:limit - 1] + "…"
 
 
+def plain(message: str) -> str:
+    """A message safe to show in Gradio's error popup, which renders HTML: markup from the input shows as text,
+    and lone surrogates (which no page can display) become U+FFFD."""
+    return html.escape(message.encode("utf-8", "replace").decode("utf-8"), quote=False)
+
+
 def _as_user_error(exc: Exception) -> gr.Error:
     if isinstance(exc, MemoryError):  # a prediction fell short: answer this request, keep the server up
         import gc
@@ -24,7 +31,7 @@ def _as_user_error(exc: Exception) -> gr.Error:
         gc.collect()
         return gr.Error("The machine ran out of memory for this request: choose smaller sizes or a shorter "
                         "text and try again.")
-    return gr.Error(short(str(exc)))
+    return gr.Error(plain(short(str(exc))))
 
 
 def user_errors(fn):
@@ -67,11 +74,11 @@ def as_number(value, name: str, *, finite: bool = True) -> float:
     try:
         x = float(value)
     except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{name} must be a number, got {value!r}.") from None
+        raise ValueError(f"{name} must be a number, got {short(repr(value), 40)}.") from None
     if math.isnan(x):
         raise ValueError(f"{name} must be a number, got NaN.")
     if finite and math.isinf(x):
-        raise ValueError(f"{name} must be a finite number, got {value!r}.")
+        raise ValueError(f"{name} must be a finite number, got {short(repr(value), 40)}.")
     return x
 
 
@@ -79,7 +86,7 @@ def as_whole(value, name: str, lo: int, hi: int) -> int:
     """A whole number in [lo, hi] (3.0 counts, 3.5, inf and NaN do not); ValueError naming the range otherwise."""
     x = as_number(value, name, finite=False)
     if not x.is_integer() or not lo <= x <= hi:
-        raise ValueError(f"{name} must be a whole number from {lo} to {hi}, got {value!r}.")
+        raise ValueError(f"{name} must be a whole number from {lo} to {hi}, got {short(repr(value), 40)}.")
     return int(x)
 
 
@@ -97,10 +104,39 @@ def as_index(value, n: int, what: str) -> int:
     """A layer/head index from a dropdown or an API call; ValueError naming the valid range."""
     try:
         i = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a whole number between 0 and {n - 1}, got {value!r}.") from None
+    except (TypeError, ValueError, OverflowError):  # OverflowError: JSON Infinity
+        raise ValueError(f"{what} must be a whole number between 0 and {n - 1}, got {short(repr(value), 40)}.") \
+            from None
     if isinstance(value, float) and value != i:
-        raise ValueError(f"{what} must be a whole number between 0 and {n - 1}, got {value!r}.")
-    if not 0 <= i < n:
-        raise ValueError(f"{what} must be between 0 and {n - 1} for this model, got {i}.")
+        raise ValueError(f"{what} must be a whole number between 0 and {n - 1}, got {short(repr(value), 40)}.")
+    if not 0 <= i < n:  # 1e308 is a whole number with 309 digits: show a prefix
+        raise ValueError(f"{what} must be between 0 and {n - 1} for this model, got {short(str(i), 40)}.")
     return i
+
+
+def cached_opening(name: str, fn):
+    """A page-load handler whose answer for the shared default model is computed once per input values and
+    served to every session from ``explorer.cache.results`` (40 visitors arriving at once compute it once).
+
+    A session looking at its own model (a dict argument whose "model" is set) gets ``fn`` computed for it.
+    Figures are shared read-only (Gradio only serialises them); component updates are copied per call, since
+    Gradio may consume them.
+    """
+    import copy
+
+    from explorer import session
+    from explorer.cache import results, weights_key
+
+    @functools.wraps(fn)
+    def load(*args):
+        if any(isinstance(a, dict) and a.get("model") is not None for a in args):
+            return fn(*args)
+        values = tuple(repr(a) for a in args if not isinstance(a, dict))
+        if sum(map(len, values)) > 4096:  # an API client's long input: not an opening example, nothing kept
+            return fn(*args)
+        key = ("opening", name, weights_key(session.load_default()[0]), values)
+        answer = results.get_or_compute(key, lambda: fn(*args))
+        if isinstance(answer, tuple):
+            return tuple(copy.deepcopy(v) if isinstance(v, (dict, gr.components.Component)) else v for v in answer)
+        return answer
+    return load

@@ -12,7 +12,7 @@ from explorer.device import gpu
 from explorer.figures import encoder_decoder as figs
 from explorer.figures.common import head_label
 
-from . import as_index, head_choices, layer_choices, user_errors
+from . import as_index, cached_opening, head_choices, layer_choices, user_errors
 
 MAX_TOKENS = 48
 DEFAULT_PROMPT = "The little dog found a red ball in the garden."
@@ -215,6 +215,6 @@ def build_encoder_decoder(demo: gr.Blocks, state: gr.State) -> None:
                       api_name=f"encoder_decoder_{control.label.split()[0].lower()}", api_visibility="private")
     guess.click(fill_in_blank_view, *blank_io, api_name="fill_in_blank")
     blank.input(fill_in_blank_view, *blank_io, api_name="fill_in_blank_pick", api_visibility="private")
-    links.register(demo, "encoder_decoder", encoder_decoder_view, inputs, outputs, api_name="encoder_decoder_example",
+    links.register(demo, "encoder_decoder", cached_opening("encoder_decoder", encoder_decoder_view), inputs, outputs, api_name="encoder_decoder_example",
                    params=dict(sentence=prompt, layer=layer, head=head, token=token),
                    then=[(fill_in_blank_view, *blank_io, "fill_in_blank_example")])

@@ -20,7 +20,7 @@ from explorer.locks import model_lock
 from models.generate import generate as generate_tokens
 from models.lora import PROJECTIONS, attach_lora, detach_lora
 
-from . import as_index, as_number, as_whole, head_choices, layer_choices, outputs_of, user_errors
+from . import as_index, as_number, as_whole, cached_opening, head_choices, layer_choices, outputs_of, user_errors
 from .formats import build_formats
 
 MAX_RANK = 64
@@ -361,7 +361,7 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     for control in (rank, alpha, targets):
         control.change(lora, p_inputs, p_outputs, api_name=f"lora_{control.label.split()[0]}",
                        api_visibility="private", show_progress="hidden")
-    demo.load(lora, p_inputs, p_outputs, api_name="lora")
+    demo.load(cached_opening("lora", lora), p_inputs, p_outputs, api_name="lora")
 
     cmp_inputs = [prompt, layer, head, new_tokens, state]
     cmp_outputs = [cmp_plot, before_text, after_text, cmp_md]
@@ -374,7 +374,7 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     mode.input(lora_adapter, [mode, state], [mode_md, state], api_name="lora_adapter").success(
         lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_switch", api_visibility="private")
     compare.click(lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare")
-    links.register(demo, "lora", lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_example",
+    links.register(demo, "lora", cached_opening("lora_compare", lora_compare), cmp_inputs, cmp_outputs, api_name="lora_compare_example",
                    params=dict(prompt=prompt, layer=layer, head=head, tokens=new_tokens))
     demo.load(lambda: figs.loss_curve_figure([], [], max_steps=40), None, [loss_plot], api_name="lora_empty_curve",
               api_visibility="private")

@@ -12,9 +12,11 @@ from explorer import links
 from explorer import device as dev
 from explorer.device import gpu
 from explorer import measure, session
+from explorer.cache import results
+from explorer.measure.run import STILL_RUNNING, abandonable
 from explorer.figures import memory as figs
 
-from . import as_whole, outputs_of, user_errors
+from . import as_whole, cached_opening, outputs_of, user_errors
 
 IMPLS = ("naive", "sdpa", "tiled")
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")
@@ -28,7 +30,9 @@ INTRO = """### Memory lab: naive vs flash attention, measured side by side
 Naive attention builds the whole T×T score matrix, so its memory grows with the square of the sequence
 length; SDPA (PyTorch's fused flash kernel) and our tiled version read the keys in blocks and keep only a
 running max and sum per row, so theirs grows linearly. Solid lines are measured now on this machine,
-dashed lines are the predictions; on log axes T² is a line twice as steep as T."""
+dashed lines are the predictions; on log axes T² is a line twice as steep as T. Our tiled version is
+written in PyTorch, one small matmul per block of keys, so on a CPU it trades speed for memory: it saves the
+T×T matrix but pays Python's overhead for every block, where SDPA runs the same algorithm in one compiled kernel."""
 
 TRACE_INTRO = """#### The tiled algorithm, one key block at a time
 Each step reads one block of keys (red outline). Every query row keeps a running maximum *m* of its
@@ -163,7 +167,13 @@ def opening_rows() -> tuple[list[dict], float]:
 def memory_compare(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype, progress=gr.Progress()):
     """Measure naive / SDPA / tiled attention over sequence lengths; yields the chart as each size lands."""
     req = _check_request(max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype)
-    for rows, notes, elapsed in run_sweep(req, progress):
+    # Run on a worker thread and yield between steps, so that Stop closes this generator within a fraction of a
+    # second, even while one long size is being measured (its worker then starts no further size).
+    for step in abandonable(run_sweep(req, progress)):
+        if step is STILL_RUNNING:
+            yield gr.skip(), gr.skip(), gr.skip()
+            continue
+        rows, notes, elapsed = step
         yield _figure(rows, req), _summary(rows, req, notes, elapsed), _table(rows)
 
 
@@ -201,6 +211,14 @@ def memory_example():
 
 # --- the tiled trace ----------------------------------------------------------------------------------
 
+def _frame(settings: dict, block: int, head: int):
+    """One frame of the trace, built once per setting and shared (a 256-token frame takes Plotly ~0.6 s to
+    build on this CPU: every visitor after the first plays from the cache)."""
+    trace = _trace_of(settings)
+    key = ("memory_trace_frame", settings["seq_len"], settings["tile_size"], bool(settings["causal"]), block, head)
+    return results.get_or_compute(key, lambda: _trace_figure(trace, block, head))
+
+
 def _trace_figure(trace: dict, block: int, head: int):
     blocks = trace["blocks"]
     b = blocks[block]
@@ -218,9 +236,22 @@ def _trace_info(trace: dict) -> str:
             f"naive keeps {trace['seq_len']} weights per row.")
 
 
+def _trace_of(settings: dict) -> dict:
+    """The trace for these settings, computed once and shared by every session (it uses no model and a fixed
+    seed, so a trace evicted from the cache is recomputed identically)."""
+    if not isinstance(settings, dict) or set(settings) != {"seq_len", "tile_size", "causal"}:
+        raise ValueError("Press “Trace” first.")
+    seq_len = as_whole(settings["seq_len"], "trace length", 4, 256)
+    tile_size = as_whole(settings["tile_size"], "block size", 1, 256)
+    causal = bool(settings["causal"])
+    return results.get_or_compute(
+        ("memory_trace", seq_len, tile_size, causal),
+        lambda: measure.tiled_trace(seq_len, TRACE_HEADS, TRACE_HEAD_DIM, tile_size, seed=0, causal=causal))
+
+
 class TraceView(NamedTuple):
     """The tiled trace's outputs, in order."""
-    trace: dict  # measure.tiled_trace's result, kept in the browser session for the slider and Play
+    trace: dict  # the trace's settings (three numbers), kept in the session; the trace lives in explorer.cache
     block: Any  # gr.Slider update: one step per key block
     figure: Any  # plotly Figure of block 0
     info: str
@@ -232,32 +263,38 @@ def memory_trace(seq_len, tile_size, causal, head) -> TraceView:
     seq_len = as_whole(seq_len, "trace length", 4, 256)
     tile_size = as_whole(tile_size, "block size", 1, 256)
     head = as_whole(head, "head", 0, TRACE_HEADS - 1)
-    trace = measure.tiled_trace(seq_len, TRACE_HEADS, TRACE_HEAD_DIM, tile_size, seed=0, causal=bool(causal))
+    settings = {"seq_len": seq_len, "tile_size": tile_size, "causal": bool(causal)}
+    trace = _trace_of(settings)
     n = len(trace["blocks"])
     slider = gr.Slider(minimum=0, maximum=max(n - 1, 1), value=0, step=1,  # one block: Gradio refuses min == max
                        interactive=n > 1, label=f"key block (0–{n - 1})")
-    return TraceView(trace=trace, block=slider, figure=_trace_figure(trace, 0, head), info=_trace_info(trace))
+    return TraceView(trace=settings, block=slider, figure=_frame(settings, 0, head), info=_trace_info(trace))
 
 
 @user_errors
-def memory_trace_step(trace, block, head):
-    if not trace:
+def memory_trace_step(settings, block, head):
+    if not settings:
         return gr.skip()  # the slider moved before any trace exists (page still loading): nothing to redraw
+    trace = _trace_of(settings)
     n = len(trace["blocks"])
     block = as_whole(block, "key block", 0, n - 1)
     head = as_whole(head, "head", 0, TRACE_HEADS - 1)
-    return _trace_figure(trace, block, head)
+    return _frame(settings, block, head)
 
 
-def memory_trace_play(trace, head):
-    """Step through every key block, one frame every ~0.6 s (the slider follows)."""
-    if not trace:
+PLAY_SECONDS = 4.0  # the whole animation, however many blocks: 40 visitors pressing Play never queue for minutes
+
+
+def memory_trace_play(settings, head):
+    """Step through every key block, one frame every ~0.6 s or faster (at most ``PLAY_SECONDS`` in all)."""
+    if not settings:
         raise ValueError("Press “Trace” first.")
+    trace = _trace_of(settings)
     head = as_whole(head, "head", 0, TRACE_HEADS - 1)
     n = len(trace["blocks"])
     for block in range(n):
-        yield block, _trace_figure(trace, block, head)
-        time.sleep(min(0.6, 30.0 / n))  # at most ~30 s in all, even for 256 blocks of 1
+        yield block, _frame(settings, block, head)
+        time.sleep(min(0.6, PLAY_SECONDS / n))
 
 
 def build_memory(demo: gr.Blocks, state: gr.State) -> None:
@@ -317,7 +354,7 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
     for control in budget_inputs:
         control.input(memory_budget, budget_inputs, [budget_md], api_name=f"memory_budget_{control.label.split()[0]}",
                       api_visibility="private", show_progress="hidden")
-    demo.load(memory_budget, budget_inputs, [budget_md], api_name="memory_budget", api_visibility="undocumented")
+    demo.load(cached_opening("memory_budget", memory_budget), budget_inputs, [budget_md], api_name="memory_budget", api_visibility="undocumented")
     links.register(demo, "memory", memory_example, [], sweep_outputs, api_name="memory_example", follow_model=False)
     demo.load(memory_trace, trace_inputs, trace_outputs, api_name="memory_trace_example",
               api_visibility="undocumented")

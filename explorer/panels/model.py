@@ -11,7 +11,7 @@ from explorer import links
 from explorer import checkpoints, measure, session
 from explorer.figures.common import parameter_bars
 
-from . import user_errors
+from . import cached_opening, user_errors
 
 INTRO = """### Model: what you are looking at
 Every tab runs the model chosen here, for your browser session only (other visitors keep theirs). The shipped
@@ -33,7 +33,10 @@ def local_checkpoints() -> list[str]:
 def _card_text(folder: Path | None) -> str:
     if folder is None or not (folder / "README.md").is_file():
         return ""
-    text = (folder / "README.md").read_text(errors="replace")
+    card = (folder / "README.md").resolve()
+    if folder != checkpoints.default_model_dir() and not card.is_relative_to(checkpoints.model_root()):
+        return "(This folder's README.md links outside the allowed model folder, so it is not shown.)"
+    text = card.read_text(errors="replace")
     text = re.sub(r"\A---\n.*?\n---\n", "", text, flags=re.S)  # drop YAML front matter
     return text[:20000]
 
@@ -78,8 +81,7 @@ def load_model(source, state, progress=gr.Progress()):
         status = "✅ Back to the shipped default model."
     else:
         session.set_model(state, model, tokenizer, name, cleaned)
-        status = (f"✅ Loaded **{name}** for your session. The other tabs use it from their next update "
-                  "(press their button).")
+        status = f"✅ Loaded **{name}** for your session: every tab now recomputes its view on it."
     summary, fig, rows, card = model_card(state)
     return f"{status}\n\n{summary}", fig, rows, card, state
 
@@ -90,7 +92,7 @@ def show_card(state):
 
 
 def build_model(demo: gr.Blocks, state: gr.State) -> None:
-    gr.Markdown(INTRO.format(root=checkpoints.model_root()))
+    gr.Markdown(INTRO.format(root=checkpoints.shown_root()))
     found = local_checkpoints()
     if found:
         gr.Markdown("Local checkpoints under the allowed root: " + ", ".join(f"`{f}`" for f in found))
@@ -110,6 +112,6 @@ def build_model(demo: gr.Blocks, state: gr.State) -> None:
              source.submit(load_model, [source, state], outputs, api_name="load_model_submit", api_visibility="private"),
              reset.click(lambda: "default", None, [source], api_name="model_reset_text", api_visibility="private").then(
                  load_model, [source, state], outputs, api_name="model_reset", api_visibility="private")]
-    links.register(demo, "model", show_card, [state], [status, bars, config, card], api_name="model_card",
+    links.register(demo, "model", cached_opening("model_card", show_card), [state], [status, bars, config, card], api_name="model_card",
                    follow_model=False)
     links.register_model_loads(demo, *loads)

@@ -22,7 +22,7 @@ from explorer.figures import walkthrough as figs
 from explorer.figures.common import head_label
 from explorer.locks import MEMO_LOCK
 
-from . import as_index, as_whole, layer_choices, short, user_errors
+from . import as_index, as_whole, cached_opening, layer_choices, short, user_errors
 
 MAX_TOKENS = 64
 DEFAULT_PROMPT = "Once upon a time, there was a little"
@@ -215,5 +215,5 @@ def build_walkthrough(demo: gr.Blocks, state: gr.State) -> None:
     layer.input(walkthrough_step, inputs, step_outputs, api_name="walkthrough_layer", api_visibility="private")
     prev.click(walkthrough_prev, inputs, step_outputs, api_name="walkthrough_prev")
     nxt.click(walkthrough_next, inputs, step_outputs, api_name="walkthrough_next")
-    links.register(demo, "walkthrough", walkthrough, inputs, outputs, api_name="walkthrough_example",
+    links.register(demo, "walkthrough", cached_opening("walkthrough", walkthrough), inputs, outputs, api_name="walkthrough_example",
                    params=dict(prompt=prompt, layer=layer, step=step))

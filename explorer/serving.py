@@ -1,0 +1,105 @@
+"""How the queue serves many visitors: concurrency per event, by what the event holds, and a per-session cap.
+
+Gradio runs each handler function one request at a time unless told otherwise, so a class of 40 waits in
+series on an idle second core. Here each event gets a concurrency group by what it holds:
+
+    measure   timings and training (memory sweeps, generation, fine-tuning): one at a time, since two on the
+              same cores would time each other
+    play      the memory lab's Play: sleeps between frames, so many run side by side
+    view      everything else (cached opening examples, hooked forward passes on small models, predictions):
+              a few side by side; runs on one model still serialise on its model lock (explorer.locks)
+
+A session (one browser tab or API client) may hold at most ``EXPLORER_SESSION_QUEUE_CAP`` events in the
+queue at once (queued or running); one more is refused with a sentence, so one client cannot fill the queue
+that everyone shares. A page load fires about a dozen events at once, so the cap sits above that.
+
+    apply(demo)   after demo.queue(): sets each event's group and limit, and the per-session cap
+"""
+from __future__ import annotations
+
+import os
+
+import gradio as gr
+
+
+def _env_int(name: str, default: int, lo: int = 1) -> int:
+    try:
+        return max(lo, int(os.environ.get(name, "") or default))
+    except ValueError:  # a bad setting must not stop the app from starting
+        return default
+
+
+#: Events per session in the queue at once (queued or running): a page load is ~13.
+SESSION_QUEUE_CAP = _env_int("EXPLORER_SESSION_QUEUE_CAP", 24)
+#: The whole queue: room for 64 sessions' page loads at once, and more.
+QUEUE_MAX_SIZE = _env_int("EXPLORER_QUEUE_SIZE", 2048)
+#: Cheap views run this many at a time per group.
+VIEW_CONCURRENCY = _env_int("EXPLORER_VIEW_CONCURRENCY", 4)
+
+# (api_name prefix, group, limit); first match wins, anything unmatched is a view.
+GROUPS: list[tuple[str, str, int | None]] = [
+    ("memory_compare", "measure", 1),
+    ("generate", "measure", 1),
+    ("lora_finetune", "measure", 1),
+    ("memory_trace_play", "play", 16),
+]
+
+
+def group_of(api_name: str | None) -> tuple[str | None, int | None]:
+    """(concurrency group, limit) for an event; (None, VIEW_CONCURRENCY) keeps the event its own group."""
+    for prefix, group, limit in GROUPS:
+        if (api_name or "").startswith(prefix):
+            return group, limit
+    return None, VIEW_CONCURRENCY
+
+
+def refused_sentence(cap: int) -> str:
+    return (f"This page already has {cap} requests waiting or running: wait for them to finish (or reload the "
+            "page) before sending more.")
+
+
+def apply(demo: gr.Blocks) -> gr.Blocks:
+    """Set each event's concurrency group and limit, size the queue, and cap each session's share of it."""
+    queue = getattr(demo, "_queue", None)
+    if queue is None:
+        raise RuntimeError("serving.apply(demo) needs demo.queue() to have been called first.")
+    for fn in demo.fns.values():
+        if fn.fn is None:  # front-end only (Stop buttons): nothing runs on the server
+            fn.concurrency_limit = None
+            continue
+        group, limit = group_of(fn.api_name)
+        fn.concurrency_limit = limit
+        if group is not None:
+            fn.concurrency_id = group
+    queue.max_size = QUEUE_MAX_SIZE
+    push = queue.push
+
+    async def push_within_cap(body, request, username):
+        held = queue.pending_event_ids_session.get(body.session_hash) if body.session_hash else None
+        if held is not None and len(held) >= SESSION_QUEUE_CAP:
+            return False, refused_sentence(SESSION_QUEUE_CAP), "queue_full"
+        return await push(body, request, username)
+
+    queue.push = push_within_cap
+    _sentence_for_bad_values(demo)
+    return demo
+
+
+def _sentence_for_bad_values(demo: gr.Blocks) -> None:
+    """Gradio checks each value against its component (a dropdown's choices, a slider's number) before any
+    handler runs, and answers a bad one with a bare "Error" or a message that echoes the whole value. Turn
+    that into one sentence with a short, escaped prefix of the reason."""
+    from explorer.panels import short
+
+    preprocess = demo.preprocess_data
+
+    async def preprocess_with_sentence(block_fn, inputs, state, explicit_call=False):
+        try:
+            return await preprocess(block_fn, inputs, state, explicit_call)
+        except Exception as exc:  # noqa: BLE001 - every failure here is a value the page would never send
+            reason = short(str(exc) or type(exc).__name__, 120)
+            raise gr.Error(short(f"A value sent to {block_fn.api_name or 'this control'} is not one its controls "
+                                 f"accept ({reason}): use the page's own choices and ranges, or reload the page."),
+                           print_exception=False) from None
+
+    demo.preprocess_data = preprocess_with_sentence
