@@ -70,19 +70,26 @@ def token_strings(tokenizer, ids: list[int]) -> list[str]:
     return out
 
 
-def decoded_segments(tokenizer, ids: list[int]) -> list[tuple[str, bool]]:
+def decoded_segments(tokenizer, ids: list[int], after: list[int] = ()) -> list[tuple[str, bool]]:
     """The text of ``ids`` as (text, is_special) runs: ordinary tokens decoded together (so characters split
-    across tokens come out whole), each special token on its own as ``⟨<|im_end|>⟩``."""
+    across tokens come out whole), each special token on its own as ``⟨<|im_end|>⟩``.
+
+    after: the tokens that come before ``ids`` (say the prompt, when ``ids`` are the generated tokens): the
+    first run is decoded after them, so the space a tokenizer drops at the start of a text is kept."""
     special = special_ids(tokenizer)
     out: list[tuple[str, bool]] = []
+    before = [i for i in after if i not in special][-1:]
     run: list[int] = []
     for i in list(ids) + [None]:
         if i is not None and i not in special:
             run.append(i)
             continue
         if run:
-            out.append((tokenizer.decode(run, skip_special_tokens=False, clean_up_tokenization_spaces=False), False))
-            run = []
+            def dec(t):
+                return tokenizer.decode(t, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            whole, head = dec(before + run), dec(before)
+            out.append((whole[len(head):] if before and whole.startswith(head) else dec(run), False))
+            run, before = [], []
         if i is not None:
             out.append((mark_special(str(tokenizer.convert_ids_to_tokens(i))), True))
     return out
