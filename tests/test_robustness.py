@@ -401,7 +401,7 @@ def prompt_handlers():
 def forbid_model_runs(monkeypatch):
     from explorer import finetune, probes
 
-    forbid(monkeypatch, probes, "run_with_cache", "compare_cache", "generation_trace", "rope_probe",
+    forbid(monkeypatch, probes, "run_with_cache", "compare_cache", "generation_trace", "stream_generation", "rope_probe",
            "attention_pattern", "head_scores", "compare_impls")
     forbid(monkeypatch, session, "private_model")
     forbid(monkeypatch, finetune, "iter_finetune")
@@ -464,7 +464,7 @@ def test_a_prompt_longer_than_the_context_is_refused_by_generate(monkeypatch):
     from explorer import probes
     from explorer.panels.generation import generate
 
-    forbid(monkeypatch, probes, "compare_cache", "generation_trace")
+    forbid(monkeypatch, probes, "compare_cache", "generation_trace", "stream_generation")
     with pytest.raises(gr.Error, match="shorten it.*context"):
         generate("the cat sat. " * 2000, 8, 0.8, 50, 0.95, 0, fresh())
     with pytest.raises(gr.Error) as info:  # another refusal of the prompt keeps its own sentence, nothing added

@@ -189,6 +189,9 @@ def _final_view(model, tokenizer, steps: list[dict], ctx: dict, s: dict) -> Gene
     on_ms = sum(st["seconds"] for st in measured) * 1e3
     off_ms = sum(st["uncached_seconds"] for st in measured) * 1e3
     dlogit = max(st["uncached_max_abs_dlogit"] for st in measured)
+    differ = [st["step"] for st in measured if not st["uncached_same_top"]]
+    same = ("**identical tokens**: the recomputed logits rank the same token first at every measured step"
+            if not differ else f"**the tokens differ** at step {differ[0]} (rounding moved a near-tie)")
     if on_ms > 0 and off_ms >= on_ms:
         verdict = f"at those steps the cache was **{off_ms / on_ms:.1f}× faster**"
     elif on_ms > 0:
@@ -213,7 +216,7 @@ def _final_view(model, tokenizer, steps: list[dict], ctx: dict, s: dict) -> Gene
         f"Without the cache, the whole sequence was recomputed at {len(measured)} of the {len(steps)} steps "
         f"(steps {', '.join(str(st['step']) for st in measured)}; not at the others, so the run does not take "
         f"twice as long): {off_ms:.1f} ms there vs {on_ms:.1f} ms with the cache at the same steps: {verdict}. "
-        f"The recomputed next-token logits differ from the cached ones by at most {dlogit:.2g}.\n\n"
+        f"The recomputed next-token logits differ from the cached ones by at most {dlogit:.2g}: {same}.\n\n"
         f"Cache: {measure.format_bytes(used)} filled of {measure.format_bytes(alloc)} allocated ({c.n_layers} "
         f"layers × {c.n_kv_heads} KV heads × {c.head_dim} dims × 2 (K, V) × {prov['dtype']}). Measured on "
         f"{prov['device']}, torch {prov['torch']}."
@@ -228,8 +231,17 @@ def _final_view(model, tokenizer, steps: list[dict], ctx: dict, s: dict) -> Gene
 
 
 @user_errors
+def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state=None, chat=True) -> GenerationView:
+    """The finished view of ``generate_stream`` (for callers that want the result, not the stream)."""
+    view = None
+    for view in generate_stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, state, chat):
+        pass
+    return view
+
+
+@user_errors
 @gpu(120)
-def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, chat=True, state=None):
+def generate_stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, state=None, chat=True):
     """Stream a generation with the KV cache (text after every token, the charts at the end); the uncached
     forward is timed at a few steps beside it. Stop (the button) ends it between two steps."""
     model, tokenizer, name = session.get_model(state)
@@ -247,7 +259,7 @@ def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, chat=True,
 
 
 @user_errors
-def generate_example(prompt, max_new_tokens, temperature, top_k, top_p, seed, chat=True, state=None):
+def generate_example(prompt, max_new_tokens, temperature, top_k, top_p, seed, state=None, chat=True):
     """The opening example: computed once per model (and weights) at first use, served to every session."""
     model, tokenizer, name = session.get_model(state)
     name = _with_adapter(model, name)
@@ -391,11 +403,11 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
             kv_plot = gr.Plot(label="KV cache size vs sequence length")
     kv_table = gr.Dataframe(headers=KV_HEADERS, label="All configurations at this length", interactive=False)
 
-    gen_inputs = [prompt, max_new, temperature, top_k, top_p, seed, chat, state]
+    gen_inputs = [prompt, max_new, temperature, top_k, top_p, seed, state, chat]
     gen_outputs = outputs_of(GenerationView, text=output, view=view_state, step=step, probs=probs, cache=cache_plot,
                              timing=timing_plot, summary=summary, table=table)
-    runs = [run.click(generate, gen_inputs, gen_outputs, api_name="generate"),
-            prompt.submit(generate, gen_inputs, gen_outputs, api_name="generate_submit", api_visibility="private")]
+    runs = [run.click(generate_stream, gen_inputs, gen_outputs, api_name="generate"),
+            prompt.submit(generate_stream, gen_inputs, gen_outputs, api_name="generate_submit", api_visibility="private")]
     # the generator is closed between two steps: the worker is free within one token
     stop.click(None, None, None, cancels=runs, api_name="generate_stop", api_visibility="private")
     step.change(generate_step, [view_state, step], [probs], api_name="generate_step", show_progress="hidden")

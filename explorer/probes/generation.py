@@ -198,8 +198,9 @@ def stream_generation(model: nn.Module, tokens, max_new_tokens: int, *, temperat
                       stop_tokens=(), uncached_at: set[int] = frozenset(), top: int = 10,
                       step_lock=None, measure_lock=None):
     """``models.generate``'s prefill / decode_one loop, one step per ``next()``: yields a ``GenerationStep``
-    as each token is chosen, plus ``uncached_seconds`` and ``uncached_max_abs_dlogit`` (the whole sequence
-    recomputed without the cache, its next-token logits vs the cached ones) at the steps in ``uncached_at``
+    as each token is chosen, plus ``uncached_seconds``, ``uncached_max_abs_dlogit`` and ``uncached_same_top``
+    (the whole sequence recomputed without the cache: its time, its next-token logits vs the cached ones, and
+    whether both rank the same token first) at the steps in ``uncached_at``
     (None elsewhere), and ``shared_cores`` (True when ``measure_lock`` was busy: another measurement may have
     run on the same cores during this step). Stops after ``max_new_tokens`` or at a token of ``stop_tokens``.
 
@@ -241,13 +242,14 @@ def stream_generation(model: nn.Module, tokens, max_new_tokens: int, *, temperat
                 synchronize(tokens.device)
                 seconds = time.perf_counter() - start
                 seq[:, T + step] = nxt
-                uncached_seconds = dlogit = None
+                uncached_seconds = dlogit = same_top = None
                 if step in uncached_at:
                     start = time.perf_counter()
                     full = model(seq[:, :T + step], last_only=True)[:, -1]  # the same logits, recomputed
                     synchronize(tokens.device)
                     uncached_seconds = time.perf_counter() - start
                     dlogit = float((full.float() - logits.float()).abs().max())
+                    same_top = bool(full.argmax(-1) == logits.argmax(-1))
             finally:
                 if measure_lock is not None and not shared:
                     measure_lock.release()
@@ -263,7 +265,8 @@ def stream_generation(model: nn.Module, tokens, max_new_tokens: int, *, temperat
                 "positions_computed": T if step == 0 else 1, "cache_length": cache.length,
                 "cache_bytes_allocated_per_layer": cache.bytes_per_layer(),
                 "cache_bytes_used_per_layer": cache.bytes_used // cache.n_layers, "seconds": seconds,
-                "uncached_seconds": uncached_seconds, "uncached_max_abs_dlogit": dlogit, "shared_cores": shared,
+                "uncached_seconds": uncached_seconds, "uncached_max_abs_dlogit": dlogit, "uncached_same_top": same_top,
+                "shared_cores": shared,
             }
         yield item
         if chosen in stop:
