@@ -449,7 +449,7 @@ def test_html_in_a_prompt_is_shown_as_text():
     shown = "".join(str(row[1]) for row in table)  # the token table (plain text cells) keeps the characters
     assert "script" in shown
     out = generate(prompt, 3, 0.0, None, None, 0, fresh())
-    assert "<script>" in out.text[0][0]  # HighlightedText shows the prompt as text
+    assert "<script>" in next(t for t, kind in out.text if kind is None)  # HighlightedText shows the prompt as text
 
 
 def test_a_prompt_longer_than_the_view_is_cut_with_a_notice():
