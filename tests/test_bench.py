@@ -27,7 +27,8 @@ def test_quick_bench_on_a_tiny_config_writes_markdown_and_json(tmp_path):
     assert report["vs_transformers"]["decode"]["tokens_identical"] is True
     assert {r["impl"] for r in report["attention"]} == {"naive", "sdpa", "tiled"}
     assert all(r["max_abs_diff"] < 1e-4 for r in report["attention"])
-    assert len(report["targets"]) == 13  # 9 for the models, 4 for the Attention tab (time and payload, 2 models)
+    assert len(report["targets"]) == 15  # 9 for the models, 2 for the generation stream, 4 for the Attention tab
+    assert report["generation"]["new_tokens"] == 128 and report["generation"]["uncached_steps"] == 8
     assert "| target | measured | result |" in md and "tiny" in md
     for needle in ("Prefill T=128", "Decode 64 tokens", "Cached vs uncached", "naive vs sdpa at T=4096"):
         assert needle in md
