@@ -36,15 +36,104 @@ def clean_text(text: Any) -> str:
     return text
 
 
+SPECIAL_OPEN, SPECIAL_CLOSE = "⟨", "⟩"  # a special token reads ⟨<|im_end|>⟩ on screen, never as a plain word
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<end_of_turn>", "</s>")
+
+
+def special_ids(tokenizer) -> set[int]:
+    """Ids of the tokenizer's special tokens: the named ones (bos, eos, pad, ...) and added tokens marked special."""
+    ids = set(getattr(tokenizer, "all_special_ids", None) or ())
+    for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(tok, "special", False):
+            ids.add(int(i))
+    return ids
+
+
+def mark_special(token: str) -> str:
+    """``<|im_end|>`` -> ``⟨<|im_end|>⟩``."""
+    return f"{SPECIAL_OPEN}{token}{SPECIAL_CLOSE}"
+
+
 def token_strings(tokenizer, ids: list[int]) -> list[str]:
-    """How each token reads on screen (one string per id; a byte piece of a longer character shows as ``�``)."""
+    """How each token reads on screen (one string per id; a byte piece of a longer character shows as ``�``;
+    a special token as ``⟨<|im_end|>⟩``)."""
+    special = special_ids(tokenizer)
     out = []
     for i in ids:
+        if i in special:
+            out.append(mark_special(str(tokenizer.convert_ids_to_tokens(i))))
+            continue
         s = tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if not s:
             s = str(tokenizer.convert_ids_to_tokens(i))
         out.append(s)
     return out
+
+
+def decoded_segments(tokenizer, ids: list[int], after: list[int] = ()) -> list[tuple[str, bool]]:
+    """The text of ``ids`` as (text, is_special) runs: ordinary tokens decoded together (so characters split
+    across tokens come out whole), each special token on its own as ``⟨<|im_end|>⟩``.
+
+    after: the tokens that come before ``ids`` (say the prompt, when ``ids`` are the generated tokens): the
+    first run is decoded after them, so the space a tokenizer drops at the start of a text is kept."""
+    special = special_ids(tokenizer)
+    out: list[tuple[str, bool]] = []
+    before = [i for i in after if i not in special][-1:]
+    run: list[int] = []
+    for i in list(ids) + [None]:
+        if i is not None and i not in special:
+            run.append(i)
+            continue
+        if run:
+            def dec(t):
+                return tokenizer.decode(t, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            whole, head = dec(before + run), dec(before)
+            out.append((whole[len(head):] if before and whole.startswith(head) else dec(run), False))
+            run, before = [], []
+        if i is not None:
+            out.append((mark_special(str(tokenizer.convert_ids_to_tokens(i))), True))
+    return out
+
+
+def decode_marked(tokenizer, ids: list[int]) -> str:
+    """The text of ``ids`` with every special token shown as ``⟨<|im_end|>⟩``."""
+    return "".join(text for text, _ in decoded_segments(tokenizer, ids))
+
+
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def chat_prompt(tokenizer, text: str) -> str:
+    """``text`` as one user turn, wrapped by the tokenizer's chat template with the assistant's turn opened
+    (``apply_chat_template(..., add_generation_prompt=True)``). The result already holds the template's
+    special tokens: encode it with ``add_special_tokens=False``."""
+    if not has_chat_template(tokenizer):
+        raise ValueError("This model's tokenizer has no chat template: switch chat off.")
+    return tokenizer.apply_chat_template([{"role": "user", "content": clean_text(text)}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def stop_token_ids(tokenizer, config=None, generation_config: dict | None = None) -> list[int]:
+    """The ids that end a generation: ``eos_token_id`` of the model's config, its generation_config and its
+    tokenizer, and end-of-turn tokens such as ``<|im_end|>`` when the vocabulary has them."""
+    found: set[int] = set()
+
+    def add(value) -> None:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            found.add(value)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                add(v)
+
+    add(getattr(config, "eos_token_id", None))
+    add((generation_config or {}).get("eos_token_id"))
+    add(getattr(tokenizer, "eos_token_id", None))
+    vocab = tokenizer.get_vocab()
+    for tok in END_OF_TURN:
+        if tok in vocab:
+            add(vocab[tok])
+    return sorted(found)
 
 
 def encode(tokenizer, text: str, max_len: int, *, truncate: bool = False) -> tuple[list[int], list[str]]:
@@ -57,12 +146,14 @@ def encode(tokenizer, text: str, max_len: int, *, truncate: bool = False) -> tup
     return ids, labels
 
 
-def encode_with_notice(tokenizer, text: str, max_len: int, *, truncate: bool = True) -> tuple[list[int], list[str], str]:
-    """Like ``encode``; also returns a notice ("" when nothing was cut) to show beside the figure."""
+def encode_with_notice(tokenizer, text: str, max_len: int, *, truncate: bool = True,
+                       add_special_tokens: bool = True) -> tuple[list[int], list[str], str]:
+    """Like ``encode``; also returns a notice ("" when nothing was cut) to show beside the figure.
+    add_special_tokens=False for text that already holds them (a chat template's output)."""
     from .figures.common import token_labels
 
     text = clean_text(text)
-    ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    ids = list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
     if not ids:
         raise ValueError("The prompt produced no tokens: type a sentence.")
     notice = ""

@@ -5,7 +5,7 @@ Notation: B batch, T prompt length, V vocabulary.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -82,8 +82,13 @@ def generate(
     use_cache: bool = True,
     seed: int | None = None,
     on_step: Callable[[int, torch.Tensor, torch.Tensor, KVCache | None], None] | None = None,
+    stop_tokens: Iterable[int] | None = None,
 ) -> torch.Tensor:
-    """Continue ``tokens`` (B, T) by ``max_new_tokens``; returns (B, T + max_new_tokens).
+    """Continue ``tokens`` (B, T) by up to ``max_new_tokens``; returns (B, T + n), n <= max_new_tokens.
+
+    stop_tokens: ids that end a sequence (the model's end-of-text / end-of-turn tokens). Generation ends
+    once every row has produced one (that token included); a row that ended earlier repeats its stop token
+    while the others go on, so the batch stays rectangular.
 
     use_cache=False recomputes the whole sequence every step (the slow way the cache exists to avoid).
     seed makes sampling repeatable. on_step(step, logits (B, V), next_token (B,), cache or None) is
@@ -108,13 +113,21 @@ def generate(
     out[:, :T] = tokens
     if max_new_tokens == 0:
         return out
+    stop = torch.tensor(sorted(set(stop_tokens or ())), dtype=torch.long, device=tokens.device)
+    finished = torch.zeros(B, dtype=torch.bool, device=tokens.device)
     cache = model.new_cache(B, total) if use_cache else None
     logits = prefill(model, tokens, cache) if use_cache else model(tokens, last_only=True)[:, -1]
     for step in range(max_new_tokens):
         nxt = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B,)
+        if len(stop):
+            nxt = torch.where(finished, out[:, T + step - 1], nxt)  # a finished row repeats its stop token
         out[:, T + step] = nxt
         if on_step is not None:
             on_step(step, logits, nxt, cache)
+        if len(stop):
+            finished |= torch.isin(nxt, stop)
+            if bool(finished.all()):  # one device sync per step, only when stop tokens were asked for
+                return out[:, :T + step + 1]
         if step == max_new_tokens - 1:
             break
         pos = T + step

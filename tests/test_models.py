@@ -288,6 +288,37 @@ def test_generation_is_seedable_and_cache_independent():
     assert generate(model, prompt, 0).shape == (2, 5)
 
 
+def _greedy_reference(model, prompt, n, stop):
+    """Greedy decoding written out: the whole sequence through the model each step, no cache, stop at ``stop``."""
+    seq = prompt[0].tolist()
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = int(model(torch.tensor([seq]))[0, -1].argmax())
+            seq.append(nxt)
+            if nxt in stop:
+                break
+    return seq
+
+
+def test_generate_stops_at_stop_tokens():
+    torch.manual_seed(3)
+    model = _spread(Decoder(tiny()), std=0.2)
+    prompt = torch.randint(0, 61, (1, 4))
+    free = _greedy_reference(model, prompt, 12, stop=())
+    stop_id = free[4 + 3]  # the greedy 4th new token: generation must end there (or earlier if it came sooner)
+    want = _greedy_reference(model, prompt, 12, stop={stop_id, 60})
+    for use_cache in (True, False):
+        got = generate(model, prompt, 12, stop_tokens=[stop_id, 60], use_cache=use_cache)[0].tolist()
+        assert got == want and got[-1] in (stop_id, 60) and len(got) <= 4 + 4
+    assert generate(model, prompt, 12, stop_tokens=[]).shape == (1, 16)  # no stop tokens: all 12
+    # a batch ends when every row has stopped; a row that stopped first repeats its stop token
+    batch = torch.cat([prompt, torch.randint(0, 61, (1, 4))])
+    out = generate(model, batch, 12, stop_tokens=[stop_id])
+    for row in out.tolist():
+        ref = _greedy_reference(model, torch.tensor([row[:4]]), 12, stop={stop_id})
+        assert row[:len(ref)] == ref and all(t == stop_id for t in row[len(ref):])
+
+
 def test_sampling_distribution_top_k_top_p_and_extreme_temperatures():
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
     p = sampling_probs(logits, temperature=1.0)

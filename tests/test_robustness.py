@@ -401,7 +401,7 @@ def prompt_handlers():
 def forbid_model_runs(monkeypatch):
     from explorer import finetune, probes
 
-    forbid(monkeypatch, probes, "run_with_cache", "compare_cache", "generation_trace", "rope_probe",
+    forbid(monkeypatch, probes, "run_with_cache", "compare_cache", "generation_trace", "stream_generation", "rope_probe",
            "attention_pattern", "head_scores", "compare_impls")
     forbid(monkeypatch, session, "private_model")
     forbid(monkeypatch, finetune, "iter_finetune")
@@ -449,7 +449,7 @@ def test_html_in_a_prompt_is_shown_as_text():
     shown = "".join(str(row[1]) for row in table)  # the token table (plain text cells) keeps the characters
     assert "script" in shown
     out = generate(prompt, 3, 0.0, None, None, 0, fresh())
-    assert "<script>" in out.text[0][0]  # HighlightedText shows the prompt as text
+    assert "<script>" in next(t for t, kind in out.text if kind is None)  # HighlightedText shows the prompt as text
 
 
 def test_a_prompt_longer_than_the_view_is_cut_with_a_notice():
@@ -464,7 +464,7 @@ def test_a_prompt_longer_than_the_context_is_refused_by_generate(monkeypatch):
     from explorer import probes
     from explorer.panels.generation import generate
 
-    forbid(monkeypatch, probes, "compare_cache", "generation_trace")
+    forbid(monkeypatch, probes, "compare_cache", "generation_trace", "stream_generation")
     with pytest.raises(gr.Error, match="shorten it.*context"):
         generate("the cat sat. " * 2000, 8, 0.8, 50, 0.95, 0, fresh())
     with pytest.raises(gr.Error) as info:  # another refusal of the prompt keeps its own sentence, nothing added

@@ -18,6 +18,7 @@ from models.fast import optimize_for_decode
 from models.loading import load_pretrained
 
 from .formats import bench_formats
+from .generation import bench_generation
 from .report import render_markdown
 from .runs import (bench_app, bench_attention, bench_induction, bench_cache, bench_vs_transformers, default_budget,
                    load_transformers_copy, log, model_config, settings_for, weight_bytes_per_token)
@@ -55,6 +56,9 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT_LEN), generator=g).to(device)
     report["cache"] = bench_cache(model, prompt, settings, device)
+    report["generation"] = bench_generation(model, prompt, settings)
+    log(f"generation stream: first token {report['generation']['first_token_seconds'] * 1e3:.0f} ms, "
+        f"{report['generation']['new_tokens']} tokens in {report['generation']['total_seconds']:.1f} s")
 
     bandwidth = measure.copy_bandwidth(settings["bandwidth_bytes"], device=device)
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,6 +16,7 @@ PROMPT_LEN = 16
 CACHE_TOKENS = 128
 HF_TOKENS = 64
 INDUCTION_SPANS = (8, 16, 32, 64, 120)
+GENERATION_TARGET_TOKENS = 128  # explorer.bench.generation.GENERATION_TOKENS
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,13 @@ TARGETS: tuple[Target, ...] = (
            "issue 3"),
     Target(f"tiled peak at least 10x under naive at T={TARGET_T}", "naive_over_tiled_memory", ">=", 10, "issue 3"),
     Target(f"naive, sdpa and tiled agree to 1e-4 at T={TARGET_T}", "impl_max_abs_diff", "<=", 1e-4, "issue 3"),
+    # a class sees the first word within a second, the time a reader takes to notice a pause (the SmolLM2 shape's
+    # 16-token prefill is ~0.1 s on 2 cores); 128 memory-bound fp32 steps of 0.54 GB of weights each at a laptop's
+    # ~10 GB/s are ~7 s, plus 8 uncached forwards of at most 144 positions: 15 s leaves room for a shared machine.
+    Target(f"Generation tab stream, {GENERATION_TARGET_TOKENS} tokens, {SMOL_NAME}: first token <= 1 s",
+           "gen_first_token", "<=", 1.0, "issue 12"),
+    Target(f"Generation tab stream, {GENERATION_TARGET_TOKENS} tokens with the uncached comparison at 8 steps, "
+           f"{SMOL_NAME}: total <= 15 s", "gen_total", "<=", 15.0, "issue 12"),
     *(t for key, limit in APP_LIMITS for t in (
         Target(f"Attention tab, {APP_PROMPT_TOKENS}-token prompt, {key}: server time <= {limit * 1e3:.0f} ms",
                f"app_seconds:{key}", "<=", limit, "issue 7"),
@@ -85,6 +93,11 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
         same = bool(c["tokens_identical"])
         m["cache_speedup"] = (c["speedup"], f"{c['speedup']:.1f}x, tokens {'identical' if same else 'DIFFERENT'}")
         m["cache_tokens_identical"] = (float(same), "identical" if same else "DIFFERENT")
+    gen = report.get("generation")
+    if gen:
+        m["gen_first_token"] = (gen["first_token_seconds"], f"{gen['first_token_seconds'] * 1e3:.0f} ms")
+        m["gen_total"] = (gen["total_seconds"], f"{gen['total_seconds']:.1f} s ({gen['new_tokens']} tokens, "
+                                                f"{gen['tokens_per_second']:.1f} tok/s)")
     rows = {(r["seq_len"], r["impl"]): r for r in report.get("attention") or []}
     naive, sdpa, tiled = (rows.get((TARGET_T, i)) for i in ("naive", "sdpa", "tiled"))
 

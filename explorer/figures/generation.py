@@ -129,16 +129,26 @@ def cache_timing_figure(
     *,
     provenance: Mapping[str, str],
     identical: bool | None = None,
+    without_steps: Sequence[int] | None = None,
 ) -> go.Figure:
-    """Time to produce each new token with the KV cache and without it (recomputing the whole sequence)."""
+    """Time to produce each new token with the KV cache and without it (recomputing the whole sequence).
+
+    without_steps: the new-token numbers (1-based) at which ``seconds_without`` was measured, when it was
+    measured at some steps only (default: every step); only those points are drawn."""
     w = _finite(seconds_with, "times with cache") * 1e3
     wo = _finite(seconds_without, "times without cache") * 1e3
+    wo_x = list(range(1, len(wo) + 1)) if without_steps is None else [int(x) for x in without_steps]
+    if len(wo_x) != len(wo):
+        raise ValueError("without_steps and seconds_without must have the same length.")
+    every = without_steps is None or len(wo_x) == len(w)
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=list(range(1, len(w) + 1)), y=w.tolist(), mode="lines+markers",
                              name=f"with KV cache (total {w.sum():.1f} ms)", line=dict(color=QUALITATIVE[2]),
                              hovertemplate="token %{x}<br>%{y:.3f} ms<extra>with cache</extra>"))
-    fig.add_trace(go.Scatter(x=list(range(1, len(wo) + 1)), y=wo.tolist(), mode="lines+markers",
-                             name=f"without cache (total {wo.sum():.1f} ms)", line=dict(color=QUALITATIVE[3]),
+    wo_name = (f"without cache (total {wo.sum():.1f} ms)" if every else
+               f"without cache, measured at {len(wo)} of {len(w)} tokens only ({wo.sum():.1f} ms there)")
+    fig.add_trace(go.Scatter(x=wo_x, y=wo.tolist(), mode="lines+markers", name=wo_name,
+                             line=dict(color=QUALITATIVE[3]),
                              hovertemplate="token %{x}<br>%{y:.3f} ms<extra>without cache</extra>"))
     title = "Time per token · with vs without cache"
     if identical is not None:

@@ -15,23 +15,27 @@ from explorer import measure, probes, session
 from explorer.figures import generation as figs
 from models.lora import adapter_mode
 from explorer.locks import MEASURE_LOCK, model_lock
+from explorer import text
+from explorer.cache import results, weights_key
 from explorer.text import PromptTooLong
 from models.config import ModelConfig
 
 from . import as_number, as_whole, outputs_of, user_errors
 
 MAX_NEW_TOKENS = 128
+DEFAULT_NEW_TOKENS = 64  # long enough that recomputing the sequence costs clearly more than a cached step
 MAX_CONTEXT = 1024  # prompt + new tokens: bounds the uncached run's time and its (T × vocab) logits on big models
 TOP = 10  # candidates shown per step
-DEFAULT_PROMPT = "Once upon a time, Tom and Anna went to the park. Tom"
+DEFAULT_PROMPT = "Once upon a time, there was a little girl named Lily. She"  # greedy continues it readably
 THIS_MODEL = "this app's model"
 KV_DTYPES = ("float16", "bfloat16", "float32")
 MAX_KV_SEQ = 1 << 20
 
 INTRO = """### KV cache and generation: one token at a time
 The model reads the prompt once (prefill), then produces one token per step. At each step the bar chart
-shows the candidates it weighed: grey bars are the model's own softmax, coloured bars the distribution
-actually sampled from after temperature, top-k and top-p (red = the token chosen). The cache keeps every
+shows the candidates it weighed: black ticks mark the model's own softmax, bars the distribution actually
+sampled from after temperature, top-k and top-p (red = the token chosen). For a model with a chat template,
+"chat" wraps the prompt as a user turn; generation ends at the model's end tokens, shown as ⟨…⟩. The cache keeps every
 layer's keys and values, so a step computes one new position instead of the whole sequence again."""
 
 KV_INTRO = """#### How big is the KV cache of a real model?
@@ -116,78 +120,162 @@ class GenerationView(NamedTuple):
     table: list  # one row per step
 
 
-@user_errors
-@gpu(120)
-def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state):
-    """Generate with and without the KV cache (same prompt, settings and seed) and show every step."""
-    model, tokenizer, name = session.get_model(state)
-    name = _with_adapter(model, name)
+def _encode_prompt(tokenizer, prompt, chat: bool, room: int, max_seq_len: int, max_new: int):
+    """Prompt ids (wrapped by the chat template when ``chat`` and the tokenizer has one) and whether it was."""
+    use_chat = bool(chat) and text.has_chat_template(tokenizer)
+    source = text.chat_prompt(tokenizer, prompt) if use_chat else prompt
+    try:
+        ids, _, _ = text.encode_with_notice(tokenizer, source, room, truncate=False, add_special_tokens=not use_chat)
+    except PromptTooLong as exc:
+        where = "the model's context" if max_seq_len <= MAX_CONTEXT else "this view's limit"
+        raise ValueError(f"{exc} The prompt plus {max_new} new tokens must fit in {where} of "
+                         f"{min(max_seq_len, MAX_CONTEXT)} tokens.") from None
+    return ids, use_chat
+
+
+def _highlighted(tokenizer, prompt_ids: list[int], new_ids: list[int]) -> list:
+    """HighlightedText segments: the prompt, the generated text, special tokens marked ``⟨…⟩``."""
+    out = [(t, "special" if sp else None) for t, sp in text.decoded_segments(tokenizer, prompt_ids)]
+    out += [(t, "special" if sp else "generated")
+            for t, sp in text.decoded_segments(tokenizer, new_ids, after=prompt_ids)]
+    return out
+
+
+def _run(model, tokenizer, name, prompt, s: dict, chat):
+    """Stream one generation: yields (steps so far, done, context) after every token."""
     c = model.config
-    s = check_settings(max_new_tokens, temperature, top_k, top_p, seed, c.max_seq_len)
     room = min(c.max_seq_len, MAX_CONTEXT) - s["max_new_tokens"]
     if room < 1:
         raise ValueError(f"ask for fewer new tokens: the model's context is {c.max_seq_len} tokens in all.")
-    try:
-        ids, _ = session.encode(tokenizer, prompt, room)
-    except PromptTooLong as exc:
-        where = "the model's context" if c.max_seq_len <= MAX_CONTEXT else "this view's limit"
-        raise ValueError(f"{exc} The prompt plus {s['max_new_tokens']} new tokens must fit in {where} of "
-                         f"{min(c.max_seq_len, MAX_CONTEXT)} tokens.") from None
-    # Timings are only worth showing without the memory lab measuring on the same cores at the same time
-    # (lock order: model_lock, then MEASURE_LOCK; see explorer.locks).
-    with session.default_threads(), model_lock(model), MEASURE_LOCK:
+    ids, use_chat = _encode_prompt(tokenizer, prompt, chat, room, c.max_seq_len, s["max_new_tokens"])
+    stops = text.stop_token_ids(tokenizer, c)
+    with session.default_threads(), model_lock(model):
         _warm_up(model, ids)
-        cmp = probes.compare_cache(model, ids, s["max_new_tokens"], seed=s["seed"], temperature=s["temperature"],
-                                   top_k=s["top_k"], top_p=s["top_p"], top=TOP)
-    on, off = cmp["with_cache"], cmp["without_cache"]
-    steps = on["steps"]
-    text_of = {}
-    for st in steps:
-        for i in st["top_ids"] + [st["token"]]:
-            text_of.setdefault(i, None)
-    strings = session.token_strings(tokenizer, list(text_of))
-    text_of = dict(zip(text_of, strings))
+    schedule = probes.uncached_schedule(s["max_new_tokens"])
+    steps: list[dict] = []
+    stream = probes.stream_generation(
+        model, ids, s["max_new_tokens"], temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"],
+        seed=s["seed"], stop_tokens=stops, uncached_at=schedule, top=TOP, step_lock=model_lock(model),
+        measure_lock=MEASURE_LOCK)
+    ctx = {"ids": ids, "chat": use_chat, "stops": stops, "schedule": schedule, "name": name}
+    with session.default_threads():
+        for st in stream:
+            steps.append(st)
+            yield steps, False, ctx
+    yield steps, True, ctx
+
+
+def _final_view(model, tokenizer, steps: list[dict], ctx: dict, s: dict) -> GenerationView:
+    c = model.config
+    ids = ctx["ids"]
+    new_ids = [st["token"] for st in steps]
+    text_of = dict.fromkeys(i for st in steps for i in st["top_ids"] + [st["token"]])
+    text_of = dict(zip(text_of, session.token_strings(tokenizer, list(text_of))))
     view = {"settings": _settings_text(s), "steps": [
         {"top_ids": st["top_ids"], "top_text": [text_of[i] for i in st["top_ids"]], "top_probs": st["top_probs"],
          "model_probs": st["model_probs"], "token": st["token"], "token_text": text_of[st["token"]]}
         for st in steps]}
-    prov = on["provenance"]
+    prov = probes.generation._provenance(model)
     cache_fig = figs.cache_growth_figure(
         [st["cache_length"] for st in steps], [st["cache_bytes_used_per_layer"] for st in steps],
         n_layers=c.n_layers, capacity_bytes_per_layer=steps[0]["cache_bytes_allocated_per_layer"], provenance=prov)
-    timing_fig = figs.cache_timing_figure([st["seconds"] for st in steps], [st["seconds"] for st in off["steps"]],
-                                          provenance=prov, identical=cmp["identical"])
-    prompt_text = tokenizer.decode(on["prompt"], skip_special_tokens=True)
-    new_text = tokenizer.decode(on["new_tokens"], skip_special_tokens=True)
-    highlighted = [(prompt_text, None), (new_text, "generated")]
-    table = [[i, st["position"], st["token"], text_of[st["token"]], round(st["chosen_prob"], 6), st["chosen_rank"],
-              st["cache_length"], round(st["seconds"] * 1e3, 3), round(off["steps"][i]["seconds"] * 1e3, 3)]
-             for i, st in enumerate(steps)]
-    t_on, t_off = on["totals"], off["totals"]
-    same = ("**identical tokens** with and without the cache" if cmp["identical"] else
-            f"**the tokens differ** from new token {cmp['first_difference']} on (rounding moved a near-tie)")
-    tps = t_on["tokens_per_second"]
-    speedup = cmp["speedup"]
-    if math.isfinite(speedup) and speedup >= 1:
-        verdict = f"the cache made generation **{speedup:.1f}× faster**"
-    elif math.isfinite(speedup):
-        verdict = (f"the cache was **{1 / speedup:.1f}× slower** here: with a model this small and a sequence this "
-                   "short, recomputing costs less than the cache's bookkeeping (try more new tokens)")
+    measured = [st for st in steps if st["uncached_seconds"] is not None]
+    timing_fig = figs.cache_timing_figure(
+        [st["seconds"] for st in steps], [st["uncached_seconds"] for st in measured], provenance=prov,
+        without_steps=[st["step"] + 1 for st in measured])
+    table = [[st["step"], st["position"], st["token"], text_of[st["token"]], round(st["chosen_prob"], 6),
+              st["chosen_rank"], st["cache_length"], round(st["seconds"] * 1e3, 3),
+              round(st["uncached_seconds"] * 1e3, 3) if st["uncached_seconds"] is not None else None]
+             for st in steps]
+    on_ms = sum(st["seconds"] for st in measured) * 1e3
+    off_ms = sum(st["uncached_seconds"] for st in measured) * 1e3
+    dlogit = max(st["uncached_max_abs_dlogit"] for st in measured)
+    differ = [st["step"] for st in measured if not st["uncached_same_top"]]
+    same = ("**identical tokens**: the recomputed logits rank the same token first at every measured step"
+            if not differ else f"**the tokens differ** at step {differ[0]} (rounding moved a near-tie)")
+    if on_ms > 0 and off_ms >= on_ms:
+        verdict = f"at those steps the cache was **{off_ms / on_ms:.1f}× faster**"
+    elif on_ms > 0:
+        verdict = (f"at those steps the cache was **{on_ms / off_ms:.1f}× slower** on this machine: with a model "
+                   "this small and a sequence this short, recomputing costs less than the cache's bookkeeping")
     else:
         verdict = "too fast to compare"
+    total = sum(st["seconds"] for st in steps)
+    decode = [st["seconds"] for st in steps[1:]]
+    tps = len(decode) / sum(decode) if decode and sum(decode) > 0 else float("nan")
+    ended = ("stopped at the end token " + text_of[steps[-1]["token"]]
+             if steps[-1]["token"] in ctx["stops"] else f"{len(steps)} of {s['max_new_tokens']} new tokens")
+    shared = sum(st["shared_cores"] for st in steps)
+    used = steps[-1]["cache_bytes_used_per_layer"] * c.n_layers
+    alloc = steps[0]["cache_bytes_allocated_per_layer"] * c.n_layers
     summary = (
-        f"**Model:** {name} · prompt {len(ids)} tokens + {len(steps)} new · {view['settings']}\n\n"
-        f"With the cache: {t_on['seconds'] * 1e3:.1f} ms in all (prefill {t_on['prefill_seconds'] * 1e3:.1f} ms"
-        + (f", then {tps:.0f} tokens/s" if math.isfinite(tps) else "") + f"); without: {t_off['seconds'] * 1e3:.1f} ms: "
-        f"{verdict}. Same prompt, settings and seed gave {same}.\n\n"
-        f"Cache: {measure.format_bytes(t_on['cache_bytes_used'])} filled of "
-        f"{measure.format_bytes(t_on['cache_bytes_allocated'])} allocated ({c.n_layers} layers × {c.n_kv_heads} KV "
-        f"heads × {c.head_dim} dims × 2 (K, V) × {prov['dtype']}). Measured on {prov['device']}, torch {prov['torch']}.")
+        f"**Model:** {ctx['name']} · prompt {len(ids)} tokens"
+        + (" (wrapped by the chat template)" if ctx["chat"] else "") + f" + {len(steps)} new ({ended}) · "
+        f"{view['settings']}\n\n"
+        f"With the cache: {total * 1e3:.1f} ms in all (prefill {steps[0]['seconds'] * 1e3:.1f} ms"
+        + (f", then {tps:.0f} tokens/s" if math.isfinite(tps) else "") + "). "
+        f"Without the cache, the whole sequence was recomputed at {len(measured)} of the {len(steps)} steps "
+        f"(steps {', '.join(str(st['step']) for st in measured)}; not at the others, so the run does not take "
+        f"twice as long): {off_ms:.1f} ms there vs {on_ms:.1f} ms with the cache at the same steps: {verdict}. "
+        f"The recomputed next-token logits differ from the cached ones by at most {dlogit:.2g}: {same}.\n\n"
+        f"Cache: {measure.format_bytes(used)} filled of {measure.format_bytes(alloc)} allocated ({c.n_layers} "
+        f"layers × {c.n_kv_heads} KV heads × {c.head_dim} dims × 2 (K, V) × {prov['dtype']}). Measured on "
+        f"{prov['device']}, torch {prov['torch']}."
+        + (f" During {shared} of the {len(steps)} steps another measurement was running on the same cores: "
+           "those timings may be slower than alone." if shared else ""))
     last = len(steps) - 1
     slider = gr.Slider(minimum=0, maximum=max(last, 1), value=0, step=1, interactive=last > 0,
                        label=f"step (0–{last})")
-    return GenerationView(text=highlighted, view=view, step=slider, probs=_step_view(view, 0), cache=cache_fig,
-                          timing=timing_fig, summary=summary, table=table)
+    return GenerationView(text=_highlighted(tokenizer, ids, new_ids), view=view, step=slider,
+                          probs=_step_view(view, 0), cache=cache_fig, timing=timing_fig, summary=summary,
+                          table=table)
+
+
+@user_errors
+def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state=None, chat=True) -> GenerationView:
+    """The finished view of ``generate_stream`` (for callers that want the result, not the stream)."""
+    view = None
+    for view in generate_stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, state, chat):
+        pass
+    return view
+
+
+@user_errors
+@gpu(120)
+def generate_stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, state=None, chat=True):
+    """Stream a generation with the KV cache (text after every token, the charts at the end); the uncached
+    forward is timed at a few steps beside it. Stop (the button) ends it between two steps."""
+    model, tokenizer, name = session.get_model(state)
+    name = _with_adapter(model, name)
+    s = check_settings(max_new_tokens, temperature, top_k, top_p, seed, model.config.max_seq_len)
+    for steps, done, ctx in _run(model, tokenizer, name, prompt, s, chat):
+        if done:
+            yield _final_view(model, tokenizer, steps, ctx, s)
+            return
+        progress = (f"Generating… token {len(steps)} of at most {s['max_new_tokens']} "
+                    f"(last: {steps[-1]['seconds'] * 1e3:.1f} ms with the cache). The charts follow at the end.")
+        yield GenerationView(text=_highlighted(tokenizer, ctx["ids"], [st["token"] for st in steps]),
+                             view=gr.skip(), step=gr.skip(), probs=gr.skip(), cache=gr.skip(), timing=gr.skip(),
+                             summary=progress, table=gr.skip())
+
+
+@user_errors
+def generate_example(prompt, max_new_tokens, temperature, top_k, top_p, seed, state=None, chat=True):
+    """The opening example: computed once per model (and weights) at first use, served to every session."""
+    model, tokenizer, name = session.get_model(state)
+    name = _with_adapter(model, name)
+    s = check_settings(max_new_tokens, temperature, top_k, top_p, seed, model.config.max_seq_len)
+
+    def compute():
+        steps = ctx = None
+        for steps, done, ctx in _run(model, tokenizer, name, prompt, s, chat):
+            pass
+        return _final_view(model, tokenizer, steps, ctx, s)
+
+    key = ("generation_example", weights_key(model), str(prompt), tuple(sorted(s.items())), bool(chat))
+    view = results.get_or_compute(key, compute)
+    return view._replace(summary="*Opening example, measured when this model was first used; press Generate "
+                                 "to run it live.*\n\n" + view.summary)
 
 
 @user_errors
@@ -272,17 +360,21 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
         with gr.Column(scale=3):
             prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, max_lines=6)
             output = gr.HighlightedText(label="Prompt + generated text", combine_adjacent=False,
-                                        color_map={"generated": "#ffd37a"})
+                                        color_map={"generated": "#ffd37a", "special": "#c5b0d5"})
         with gr.Column(scale=2):
             with gr.Row():
-                max_new = gr.Slider(1, MAX_NEW_TOKENS, value=24, step=1, label="new tokens")
+                max_new = gr.Slider(1, MAX_NEW_TOKENS, value=DEFAULT_NEW_TOKENS, step=1, label="new tokens")
                 seed = gr.Number(value=0, precision=0, label="seed", minimum=0)
             with gr.Row():
-                temperature = gr.Number(value=0.8, label="temperature",
+                temperature = gr.Number(value=0.0, label="temperature",
                                         info="0 = greedy; 1e-9 ≈ greedy; 1e9 ≈ uniform")
                 top_k = gr.Number(value=50, precision=0, label="top-k", info="blank = no cut-off")
                 top_p = gr.Number(value=0.95, label="top-p", info="(0, 1]; 1 = no cut-off")
-            run = gr.Button("Generate", variant="primary")
+            chat = gr.Checkbox(value=True, label="chat",
+                               info="wrap the prompt with the model's chat template (when its tokenizer has one)")
+            with gr.Row():
+                run = gr.Button("Generate", variant="primary")
+                stop = gr.Button("Stop", variant="stop")
     summary = gr.Markdown()
     view_state = gr.State(None)
     with gr.Row():
@@ -293,7 +385,8 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
             cache_plot = gr.Plot(label="KV cache fill")
             timing_plot = gr.Plot(label="Time per token, with and without the cache")
     table = gr.Dataframe(headers=["step", "position", "token id", "token", "probability (sampled from)",
-                                  "rank by logit", "cache length", "ms with cache", "ms without cache"],
+                                  "rank by logit", "cache length", "ms with cache",
+                                  "ms without cache (measured steps only)"],
                          label="Every step", interactive=False, max_height=300)
 
     gr.Markdown(KV_INTRO)
@@ -311,11 +404,13 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
             kv_plot = gr.Plot(label="KV cache size vs sequence length")
     kv_table = gr.Dataframe(headers=KV_HEADERS, label="All configurations at this length", interactive=False)
 
-    gen_inputs = [prompt, max_new, temperature, top_k, top_p, seed, state]
+    gen_inputs = [prompt, max_new, temperature, top_k, top_p, seed, state, chat]
     gen_outputs = outputs_of(GenerationView, text=output, view=view_state, step=step, probs=probs, cache=cache_plot,
                              timing=timing_plot, summary=summary, table=table)
-    run.click(generate, gen_inputs, gen_outputs, api_name="generate")
-    prompt.submit(generate, gen_inputs, gen_outputs, api_name="generate_submit", api_visibility="private")
+    runs = [run.click(generate_stream, gen_inputs, gen_outputs, api_name="generate"),
+            prompt.submit(generate_stream, gen_inputs, gen_outputs, api_name="generate_submit", api_visibility="private")]
+    # the generator is closed between two steps: the worker is free within one token
+    stop.click(None, None, None, cancels=runs, api_name="generate_stop", api_visibility="private")
     step.change(generate_step, [view_state, step], [probs], api_name="generate_step", show_progress="hidden")
     kv_inputs = [kv_name, kv_len, kv_batch, kv_dtype, state]
     kv_outputs = [kv_plot, kv_table, kv_md]
@@ -327,6 +422,6 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
                        api_visibility="private")
     kv_btn.click(kv_calculator, kv_inputs, kv_outputs, api_name="kv_calculator")
     demo.load(kv_calculator, kv_inputs, kv_outputs, api_name="kv_calculator_example", api_visibility="undocumented")
-    links.register(demo, "generation", generate, gen_inputs, gen_outputs, api_name="generate_example",
+    links.register(demo, "generation", generate_example, gen_inputs, gen_outputs, api_name="generate_example",
                    params=dict(prompt=prompt, tokens=max_new, temperature=temperature, top_k=top_k, top_p=top_p,
                                seed=seed))

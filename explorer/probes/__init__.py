@@ -13,7 +13,8 @@ what it computes. The package by job:
 """
 from __future__ import annotations
 
-from .generation import CacheComparison, GenerationStep, GenerationTrace, compare_cache, generation_trace
+from .generation import (CacheComparison, GenerationStep, GenerationTrace, compare_cache, generation_trace,
+                         stream_generation, uncached_schedule)
 from .hooks import ActivationCache, check_head, check_layer, hook_names, run_with_cache
 from .patterns import (
     HeadScores,
@@ -47,6 +48,8 @@ __all__ = [
     "GenerationTrace",
     "CacheComparison",
     "generation_trace",
+    "stream_generation",
+    "uncached_schedule",
     "compare_cache",
     "RopeProbe",
     "SinusoidalProbe",

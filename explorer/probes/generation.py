@@ -182,3 +182,100 @@ def compare_cache(model: nn.Module, tokens, max_new_tokens: int, seed: int | Non
         "first_difference": diff[0] if diff else None,
         "speedup": t_off / t_on if t_on > 0 else float("nan"),
     })
+
+
+def uncached_schedule(max_new_tokens: int, points: int = 8) -> set[int]:
+    """The steps at which ``stream_generation`` also times the uncached forward: ``points`` evenly spaced
+    steps from the first to the last, so the comparison costs a bounded share of the run."""
+    if max_new_tokens <= points:
+        return set(range(max_new_tokens))
+    return {round(i * (max_new_tokens - 1) / (points - 1)) for i in range(points)}
+
+
+@torch.inference_mode()
+def stream_generation(model: nn.Module, tokens, max_new_tokens: int, *, temperature: float = 0.0,
+                      top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                      stop_tokens=(), uncached_at: set[int] = frozenset(), top: int = 10,
+                      step_lock=None, measure_lock=None):
+    """``models.generate``'s prefill / decode_one loop, one step per ``next()``: yields a ``GenerationStep``
+    as each token is chosen, plus ``uncached_seconds``, ``uncached_max_abs_dlogit`` and ``uncached_same_top``
+    (the whole sequence recomputed without the cache: its time, its next-token logits vs the cached ones, and
+    whether both rank the same token first) at the steps in ``uncached_at``
+    (None elsewhere), and ``shared_cores`` (True when ``measure_lock`` was busy: another measurement may have
+    run on the same cores during this step). Stops after ``max_new_tokens`` or at a token of ``stop_tokens``.
+
+    step_lock (the model's lock) and measure_lock are held around each step's computation only, never while
+    the caller holds the step, so a stopped or slow consumer blocks nobody; measure_lock is only tried,
+    never waited for.
+    """
+    from models.decoder import check_tokens
+    from models.generate import decode_one, prefill, sample
+
+    check_sampling(temperature, top_k, top_p)
+    tokens = _as_tokens(model, tokens)
+    if tokens.shape[0] != 1:
+        raise ValueError(f"stream_generation follows one prompt; got a batch of {tokens.shape[0]}: pass one row.")
+    check_tokens(tokens, model.config)
+    T = tokens.shape[1]
+    if T + max_new_tokens > model.config.max_seq_len:
+        raise ValueError(f"prompt ({T}) + new tokens ({max_new_tokens}) exceed the model's context of "
+                         f"{model.config.max_seq_len}: ask for at most {model.config.max_seq_len - T} new tokens.")
+    generator = torch.Generator(device=tokens.device).manual_seed(seed) if seed is not None else None
+    stop = set(stop_tokens)
+    seq = tokens.new_empty((1, T + max_new_tokens))
+    seq[:, :T] = tokens
+    cache = None
+    logits = None
+    step_lock = step_lock or _NoLock()
+    for step in range(max_new_tokens):
+        with step_lock:
+            shared = measure_lock is not None and not measure_lock.acquire(blocking=False)
+            try:
+                synchronize(tokens.device)
+                start = time.perf_counter()
+                if step == 0:
+                    cache = model.new_cache(1, T + max_new_tokens)
+                    logits = prefill(model, tokens, cache)
+                else:
+                    logits = decode_one(model, seq[:, T + step - 1:T + step], cache, T + step - 1)
+                nxt = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+                synchronize(tokens.device)
+                seconds = time.perf_counter() - start
+                seq[:, T + step] = nxt
+                uncached_seconds = dlogit = same_top = None
+                if step in uncached_at:
+                    start = time.perf_counter()
+                    full = model(seq[:, :T + step], last_only=True)[:, -1]  # the same logits, recomputed
+                    synchronize(tokens.device)
+                    uncached_seconds = time.perf_counter() - start
+                    dlogit = float((full.float() - logits.float()).abs().max())
+                    same_top = bool(full.argmax(-1) == logits.argmax(-1))
+            finally:
+                if measure_lock is not None and not shared:
+                    measure_lock.release()
+            row = logits[0].float()
+            probs = sampling_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p)[0]
+            plain = torch.softmax(row, dim=-1)
+            top_ids = torch.topk(row, min(top, row.shape[-1])).indices
+            chosen = int(nxt[0])
+            item = {
+                "step": step, "position": T + step, "token": chosen, "top_ids": top_ids.tolist(),
+                "top_probs": probs[top_ids].tolist(), "model_probs": plain[top_ids].tolist(),
+                "chosen_prob": float(probs[chosen]), "chosen_rank": int((row > row[chosen]).sum()),
+                "positions_computed": T if step == 0 else 1, "cache_length": cache.length,
+                "cache_bytes_allocated_per_layer": cache.bytes_per_layer(),
+                "cache_bytes_used_per_layer": cache.bytes_used // cache.n_layers, "seconds": seconds,
+                "uncached_seconds": uncached_seconds, "uncached_max_abs_dlogit": dlogit, "uncached_same_top": same_top,
+                "shared_cores": shared,
+            }
+        yield item
+        if chosen in stop:
+            return
+
+
+class _NoLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,63 @@
+"""KV cache & generation streams: the handler yields before the last token, Stop ends a run, the uncached
+comparison runs at a bounded set of steps only."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from explorer import probes, session
+from explorer.panels import generation
+from models import Decoder, ModelConfig
+from models.generate import generate as generate_tokens
+
+
+def tiny_model() -> Decoder:
+    torch.manual_seed(0)
+    return Decoder(ModelConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                               max_seq_len=128)).eval()
+
+
+def test_stream_generation_matches_generate_and_times_uncached_at_the_schedule_only():
+    model = tiny_model()
+    prompt = torch.randint(0, 61, (1, 5))
+    schedule = probes.uncached_schedule(40)
+    assert len(schedule) == 8 and {0, 39} <= schedule
+    steps = list(probes.stream_generation(model, prompt, 40, temperature=0.9, top_k=20, seed=3, uncached_at=schedule))
+    want = generate_tokens(model, prompt, 40, temperature=0.9, top_k=20, seed=3)[0, 5:].tolist()
+    assert [s["token"] for s in steps] == want
+    assert {s["step"] for s in steps if s["uncached_seconds"] is not None} == schedule
+    for s in steps:
+        if s["step"] in schedule:  # recomputing the sequence gives the cached logits (float32 rounding)
+            assert s["uncached_max_abs_dlogit"] < 1e-4 and s["uncached_same_top"]
+    stop = want[6]
+    stopped = [s["token"] for s in probes.stream_generation(model, prompt, 40, temperature=0.9, top_k=20, seed=3,
+                                                            stop_tokens=[stop])]
+    assert stopped == want[:want.index(stop) + 1]
+
+
+def test_the_handler_yields_text_before_the_last_token():
+    state = session.new_state()
+    stream = generation.generate_stream(generation.DEFAULT_PROMPT, 6, 0.0, None, None, 0, state, True)
+    first = next(stream)
+    generated = [seg for seg in first.text if seg[1] == "generated"]
+    assert len(generated) == 1 and "token 1 of at most 6" in first.summary  # one token so far, not the last
+    rest = list(stream)
+    assert len(rest) == 6  # five more tokens, then the finished view with the charts
+    final = rest[-1]
+    assert len(final.table) <= 6 and "measured" in final.summary.lower()
+
+
+def test_stop_ends_a_run_through_the_api_and_the_worker_answers_next(client):
+    job = client.submit(generation.DEFAULT_PROMPT, 128, 0.0, None, None, 0, api_name="/generate")
+    deadline = time.time() + 120
+    while len(job.outputs()) < 3 and time.time() < deadline and not job.done():
+        time.sleep(0.05)
+    seen = len(job.outputs())
+    assert 3 <= seen and not job.done()  # streaming: outputs arrive while the run goes on
+    job.cancel()
+    time.sleep(1.0)
+    assert len(job.outputs()) < 129  # it did not run to the end
+    started = time.time()
+    out = client.predict("Tom", 2, 0.0, None, None, 0, api_name="/generate")
+    assert len(out[6]["data"]) == 2 and time.time() - started < 60
