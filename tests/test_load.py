@@ -69,12 +69,10 @@ def _first_difference(a, b, path="answer"):
 
 
 def _clear_memos():
-    """Forget the attention tab's per-prompt memo, so both phases compute their answers afresh."""
-    from explorer.locks import MEMO_LOCK
-    from explorer.panels import attention
+    """Forget the shared results (per-prompt forwards, opening examples), so both phases compute afresh."""
+    from explorer.cache import results
 
-    with MEMO_LOCK:
-        attention._MEMO.clear()
+    results.clear()
 
 
 def test_32_clients_at_once_get_the_answers_they_get_alone(app_url):

@@ -780,7 +780,9 @@ def test_visitors_own_models_are_capped_in_total(monkeypatch, root):
     monkeypatch.setattr(private_models, "PRIVATE_MODELS_BUDGET_BYTES", private_models.private_models_bytes() + int(1.5 * one))
     alice = fresh()
     session.private_model(alice)  # fits
-    # now full, whatever the sizes of the default model and the checkpoint below
+    # now full, whatever the sizes of the default model and the checkpoint below, with no idle model to free
+    # (freeing the one idle longest is tested below): the cap refuses
+    monkeypatch.setattr(private_models, "_owners", {})
     monkeypatch.setattr(private_models, "PRIVATE_MODELS_BUDGET_BYTES", private_models.private_models_bytes() + 1)
     forbid(monkeypatch, checkpoints, "load_pretrained")
     monkeypatch.setattr(session, "copy", types.SimpleNamespace(deepcopy=lambda m: pytest.fail("copied past the cap")))
@@ -1002,6 +1004,7 @@ def test_private_models_expire_when_idle_and_make_room_oldest_idle_first(monkeyp
     from explorer import private_models, session
 
     gc.collect()
+    monkeypatch.setattr(private_models, "_owners", {})  # other tests' sessions are not candidates here
     a, b, c = session.new_state(), session.new_state(), session.new_state()
     shared = session.get_model(a)[0]
     one = private_models.model_bytes(shared)

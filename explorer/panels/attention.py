@@ -255,7 +255,7 @@ def build_attention(demo: gr.Blocks, state: gr.State) -> None:
             heat = gr.Plot(label="Attention weights of the chosen head")
     head_md = gr.Markdown()
     prediction = gr.Dataframe(headers=["rank", "next token", "id", "probability"],
-                              label=f"What the model predicts after your prompt (top {TOP_K}, same forward)",
+                              label=f"What the model predicts next (top {TOP_K}, same forward)",
                               interactive=False)
     info = gr.Markdown()
     impl_md = gr.Markdown()

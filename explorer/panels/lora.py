@@ -135,7 +135,9 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
     rank, alpha, targets = check_adapter(rank, alpha, targets, model.config)
     steps = as_whole(steps, "steps", 1, finetune.MAX_STEPS)
     # a blank box: the rate for this model's width (the box's default only fits the default model)
-    lr = finetune.default_lr(model.config.d_model) if lr is None or lr == "" else as_number(lr, "learning rate")
+    lr = None if lr is None or lr == "" else as_number(lr, "learning rate")
+    if not lr:  # blank, or 0 (what a browser sends for a cleared box): chosen from the model's width
+        lr = finetune.default_lr(model.config.d_model)
     max_seconds = as_number(max_seconds, "time limit")
     finetune.check_settings(steps, lr, max_seconds, 2, 1)
     ids, notice = _encode_text(tokenizer, text)
@@ -326,7 +328,7 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
                 max_seconds = gr.Slider(1, finetune.MAX_SECONDS, value=30, step=1, label="time limit (s)")
             with gr.Row():
                 lr = gr.Number(value=None, label="learning rate", min_width=120,
-                               info=f"1e-5 to 0.1; blank: from the model's width, 1e-2·(128/width)^"
+                               info=f"1e-5 to 0.1; blank or 0: from the model's width, 1e-2·(128/width)^"
                                     f"{finetune.LR_EXPONENT:g} ({finetune.default_lr(c.d_model):g} for "
                                     f"width {c.d_model})")
                 train = gr.Button("Fine-tune", variant="primary", min_width=100)
