@@ -261,3 +261,25 @@ def test_load_model_refuses_a_checkpoint_too_big_before_reading_weights(fresh_cl
     (huge / "model.safetensors").write_bytes(b"not read")  # never opened: the size check comes first
     with pytest.raises(AppError, match="parameters"):
         fresh_client.predict("huge", api_name="/load_model")
+
+
+def test_every_tab_answers_for_the_model_this_session_loaded(app_url, served, model_root):
+    """After a load, each tab's endpoint answers on the loaded model (3 layers, head_dim 8) with its labels,
+    ranges and hints, not the default model's; back to the default, they follow it again."""
+    from gradio_client import Client
+
+    default, _ = served
+    c = Client(app_url, verbose=False)
+    c.predict("tiny-local", api_name="/load_model")
+    att = named(AttentionView, c.predict(PROMPT, 2, 1, CAUSAL, api_name="/attention"))
+    assert "tiny-local" in att.info
+    with pytest.raises(AppError, match="layer must be between 0 and 2 for this model"):
+        c.predict(PROMPT, 3, 0, CAUSAL, api_name="/attention")
+    rope = named(RopeView, c.predict(PROMPT, 500.0, 3, [0, 1, 3], 2, 1, api_name="/rope"))
+    assert "head_dim 8 → 4 pairs" in rope.md
+    with pytest.raises(AppError):
+        c.predict(PROMPT, 500.0, 3, [0, 5], 2, 1, api_name="/rope")  # pair 5 does not exist with 4 pairs
+    c.predict("default", api_name="/load_model")
+    rope = named(RopeView, c.predict(PROMPT, 500.0, 3, [0, 1, 3], 2, 1, api_name="/rope"))
+    half = default.config.head_dim // 2
+    assert f"head_dim {default.config.head_dim} → {half} pairs" in rope.md
