@@ -15,7 +15,6 @@ them as read-only.
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import threading
 import weakref
@@ -144,13 +143,9 @@ class ResultCache:
 
 
 def _cache_bytes() -> int:
-    from .measure import parse_bytes
+    from .measure.units import bytes_setting
 
-    raw = os.environ.get("EXPLORER_RESULT_CACHE")
-    try:
-        return parse_bytes(raw) if raw else DEFAULT_CACHE_BYTES
-    except ValueError:  # a bad setting must not stop the app from starting
-        return DEFAULT_CACHE_BYTES
+    return bytes_setting("EXPLORER_RESULT_CACHE", DEFAULT_CACHE_BYTES)
 
 
 #: The one cache every panel uses.

@@ -21,17 +21,14 @@ import weakref
 
 import torch
 
-from .measure import format_bytes, module_bytes, parse_bytes
+from .measure import format_bytes, module_bytes
+from .measure.units import bytes_setting
 
 DEFAULT_BUDGET_BYTES = 4 * 2**30
 
 
 def _private_budget() -> int:
-    raw = os.environ.get("EXPLORER_PRIVATE_MODELS_BUDGET")
-    try:
-        return parse_bytes(raw) if raw else DEFAULT_BUDGET_BYTES
-    except ValueError:  # a bad setting must not stop the app from starting
-        return DEFAULT_BUDGET_BYTES
+    return bytes_setting("EXPLORER_PRIVATE_MODELS_BUDGET", DEFAULT_BUDGET_BYTES)
 
 
 PRIVATE_MODELS_BUDGET_BYTES = _private_budget()

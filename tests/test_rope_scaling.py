@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from models import load_pretrained
+from tests.llama_pair import llama_pair
 from models.config import ModelConfig
 from models.loading import save_pretrained
 from models.rope import rope_frequencies
@@ -36,20 +36,8 @@ def _bands(params) -> tuple[int, int, int]:
 
 def _pair(folder, kind, params, seed=0, tied=False):
     """(transformers model, our Decoder) on the same random weights with this RoPE scaling."""
-    config = LlamaConfig(
-        vocab_size=97, hidden_size=128, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, rope_parameters={"rope_type": kind, "rope_theta": THETA, **params},
-        rms_norm_eps=1e-5, tie_word_embeddings=tied, max_position_embeddings=512,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
-    )
-    torch.manual_seed(seed)
-    ref = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            p.normal_(1.0, 0.1) if "norm" in name else p.normal_(0.0, 0.08)
-    ref.save_pretrained(folder)
-    ref = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
-    return ref, load_pretrained(folder)
+    return llama_pair(folder, hidden_size=128, intermediate_size=176, layers=2, tied=tied, max_positions=512,
+                      seed=seed, rope_parameters={"rope_type": kind, "rope_theta": THETA, **params})
 
 
 def test_the_llama3_cases_cover_all_three_bands():

@@ -35,6 +35,16 @@ def parse_bytes(text: str | int) -> int:
     return value
 
 
+def bytes_setting(name: str, default: int) -> int:
+    """A size in bytes from the environment variable ``name`` ('4GiB', '512MB', ...), or ``default`` when it is
+    unset or unreadable (a bad setting must not stop the app from starting)."""
+    raw = os.environ.get(name)
+    try:
+        return parse_bytes(raw) if raw else default
+    except ValueError:
+        return default
+
+
 def _budget_from_env() -> int:
     raw = os.environ.get("EXPLORER_MEMORY_BUDGET")
     if not raw:
