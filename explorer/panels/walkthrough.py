@@ -7,7 +7,6 @@ redraw one step without running the model again. Nothing of it goes into ``gr.St
 from __future__ import annotations
 
 import html
-import itertools
 import time
 import weakref
 from collections import OrderedDict
@@ -20,6 +19,7 @@ from explorer import measure, session
 from explorer import walkthrough as wt
 from explorer.figures import walkthrough as figs
 from explorer.figures.common import head_label
+from explorer.cache import weights_key
 from explorer.locks import MEMO_LOCK
 
 from . import as_index, as_whole, cached_opening, layer_choices, short, user_errors
@@ -37,15 +37,9 @@ _MEMO: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _MEMO_SIZE = 4  # per model: a Walkthrough of SmolLM2-135M's shape holds about 2 MB
 
 
-def _weights_version(model) -> tuple:
-    """Changes whenever a weight of ``model`` does: LoRA attached (new tensors), trained or merged (in-place
-    writes bump a tensor's version counter). A user's own model may change between two clicks."""
-    return tuple((id(t), t.data_ptr(), t._version) for t in itertools.chain(model.parameters(), model.buffers()))
-
-
 def walk_cached(model, ids: list[int], position: int) -> tuple[wt.Walkthrough, bool]:
     """(the walkthrough, whether it came from the memo): one forward per model, prompt, token and weights."""
-    key = (tuple(ids), position, _weights_version(model))
+    key = (tuple(ids), position, weights_key(model))  # a user's own model may change between two clicks
     with MEMO_LOCK:
         entries = _MEMO.setdefault(model, OrderedDict())
         if key in entries:
