@@ -15,7 +15,8 @@ lists them, README "Teaching with it" shows examples); ``present=1`` turns proje
 (multiselect dropdowns) are comma-separated.
 
 After a model is loaded (the Model tab or the header picker), ``after_model_load`` resets the model-dependent
-controls (layer, head, ...) to their defaults and re-runs every registered view for the new model.
+controls (layer, head, ...) to their defaults (a view's ``model_defaults`` gives those that depend on the model,
+such as its rope_theta) and re-runs every registered view for the new model.
 """
 from __future__ import annotations
 
@@ -40,16 +41,23 @@ class View:
     outputs: list
     api_name: str
     params: dict[str, gr.components.Component] = field(default_factory=dict)
-    then: list = field(default_factory=list)  # (fn, inputs, outputs, api_name) run after the view, in order
+    then: list = field(default_factory=list)  # (fn, inputs, outputs, api_name[, visibility]) run after the view
     follow_model: bool = True
+    model_defaults: Callable | None = None  # state -> {key: value or update}: defaults that depend on the model
 
 
 _VIEWS: "weakref.WeakKeyDictionary[gr.Blocks, dict[str, View]]" = weakref.WeakKeyDictionary()
 
 
 def register(demo: gr.Blocks, tab: str, handler: Callable, inputs: list, outputs: list, *, api_name: str,
-             params: dict | None = None, then: list | None = None, follow_model: bool = True) -> View:
-    """Declare ``tab``'s main view; app.py wires it (opening example, deep link, model reload)."""
+             params: dict | None = None, then: list | None = None, follow_model: bool = True,
+             model_defaults: Callable | None = None) -> View:
+    """Declare ``tab``'s main view; app.py wires it (opening example, deep link, model reload).
+
+    then: more (fn, inputs, outputs, api_name[, visibility]) run after the view, in order (visibility at page
+    load: "undocumented" unless given). model_defaults(state): after a model load, the values (or component
+    updates) of the settings whose default depends on the model, by link key; the others go back to their
+    build-time values."""
     views = _VIEWS.setdefault(demo, {})
     if tab in views:
         raise ValueError(f"tab {tab!r} registered twice.")
@@ -57,7 +65,7 @@ def register(demo: gr.Blocks, tab: str, handler: Callable, inputs: list, outputs
         if key in RESERVED:
             raise ValueError(f"{key!r} is a reserved link key.")
     views[tab] = View(tab, handler, list(inputs), list(outputs), api_name, dict(params or {}), list(then or []),
-                      follow_model)
+                      follow_model, model_defaults)
     return views[tab]
 
 
@@ -181,8 +189,9 @@ def _run_view(trigger, view: View, *, visibility: str, suffix: str = ""):
     """``trigger`` is an event's ``.then`` or ``.success``: the view runs after that event."""
     chained = trigger(view.handler, view.inputs, view.outputs, api_name=view.api_name + suffix,
                          api_visibility=visibility)
-    for fn, inputs, outputs, api_name in view.then:
-        chained = chained.then(fn, inputs, outputs, api_name=api_name + suffix, api_visibility=visibility)
+    for fn, inputs, outputs, api_name, *own in view.then:
+        shown = own[0] if own and not suffix else visibility  # after a model load, always private
+        chained = chained.then(fn, inputs, outputs, api_name=api_name + suffix, api_visibility=shown)
     return chained
 
 
@@ -218,15 +227,24 @@ def after_model_load(demo: gr.Blocks, events: list, suffix: str) -> None:
     for view in views(demo).values():
         if not view.follow_model:
             continue
-        settings = [c for c in view.params.values() if not isinstance(c, gr.Textbox)]
-        defaults = defaults_of(view)
+        keys = [k for k, c in view.params.items() if not isinstance(c, gr.Textbox)]
+        settings = [view.params[k] for k in keys]
+        state = next((c for c in view.inputs if isinstance(c, gr.State)), None)
+        reset_inputs = [state] if view.model_defaults is not None and state is not None else None
+
+        def reset(*args, view=view, keys=keys, defaults=defaults_of(view)):
+            values = list(defaults)
+            if view.model_defaults is not None:
+                given = view.model_defaults(args[0] if args else None)
+                values = [given.get(k, v) for k, v in zip(keys, values)]
+            return values if len(values) != 1 else values[0]
+
         for n, event in enumerate(events):
             tag = f"{suffix}_{n}"
             trigger = event.success
             if settings:
-                trigger = event.success(lambda d=defaults: d if len(d) != 1 else d[0], None, settings,
-                                        api_name=f"{view.tab}_defaults{tag}", api_visibility="private",
-                                        show_progress="hidden").then
+                trigger = event.success(reset, reset_inputs, settings, api_name=f"{view.tab}_defaults{tag}",
+                                        api_visibility="private", show_progress="hidden").then
             _run_view(trigger, view, visibility="private", suffix=f"_after_load{tag}")
 
 

@@ -12,7 +12,7 @@ import torch
 
 from explorer import links
 from explorer.device import gpu
-from explorer import finetune, measure, probes, session
+from explorer import finetune, glossary, measure, probes, session
 from explorer.figures import lora as figs
 from explorer.figures.common import head_label
 from models.lora import adapter_mode, check_lora, set_adapter_mode
@@ -204,7 +204,7 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
         end_loss = finetune.evaluate_loss(model, rows)
     why = "stopped at the time limit" if record and record["stopped"] == "time" else "done"
     status = (f"{head}**{why}**: {len(xs) - 1} steps in {seconds:.1f} s at learning rate {lr:g}. Loss on your "
-              f"text {start_loss:.3f} → **{end_loss:.3f}** nats/token. The adapter is **on** in your copy of "
+              f"text {start_loss:.3f} → **{end_loss:.3f}** {glossary.term('nats/token')}. The adapter is **on** in your copy of "
               f"{name}; other tabs now show your adapted model, other visitors still see the original.")
     yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov), status, state)
 
@@ -297,7 +297,7 @@ def lora_compare(prompt, layer, head, new_tokens, state):
               "changes nothing, to the bit, until it is trained. Fine-tune above and this view compares again.")
         return fig, before_text, after_text, md
     changed = sum(a != b for a, b in zip(before_new, after_new))
-    md = (f"{head_md}Max |Δlogit| over the prompt, adapter {after_mode} vs off: "
+    md = (f"{head_md}{glossary.term('max |Δlogit|', 'Max |Δlogit|')} over the prompt, adapter {after_mode} vs off: "
           f"**{float((after_logits - before_logits).abs().max()):.3g}**; {changed} of {n} greedy tokens differ; "
           f"largest change in this head's weights: **{float(abs(after_pat - before_pat).max()):.3g}**.{merge_note} "
           f"The adapter is back to **{mode}**.")
@@ -363,7 +363,6 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     for control in (rank, alpha, targets):
         control.change(lora, p_inputs, p_outputs, api_name=f"lora_{control.label.split()[0]}",
                        api_visibility="private", show_progress="hidden")
-    demo.load(cached_opening("lora", lora), p_inputs, p_outputs, api_name="lora")
 
     cmp_inputs = [prompt, layer, head, new_tokens, state]
     cmp_outputs = [cmp_plot, before_text, after_text, cmp_md]
@@ -376,8 +375,10 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     mode.input(lora_adapter, [mode, state], [mode_md, state], api_name="lora_adapter").success(
         lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_switch", api_visibility="private")
     compare.click(lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare")
+    # the adapter's size (the tab's first chart) follows the loaded model too: run after the comparison's view
     links.register(demo, "lora", cached_opening("lora_compare", lora_compare), cmp_inputs, cmp_outputs, api_name="lora_compare_example",
-                   params=dict(prompt=prompt, layer=layer, head=head, tokens=new_tokens))
+                   params=dict(prompt=prompt, layer=layer, head=head, tokens=new_tokens),
+                   then=[(cached_opening("lora", lora), p_inputs, p_outputs, "lora", "public")])
     demo.load(lambda: figs.loss_curve_figure([], [], max_steps=40), None, [loss_plot], api_name="lora_empty_curve",
               api_visibility="private")
     build_formats(demo, state)  # Weight formats: fp32 · bf16 · int8, and the measured summary table

@@ -83,6 +83,19 @@ def pairs_label(config) -> str:
     return f"Pairs to follow (0 = fastest, {config.head_dim // 2 - 1} = slowest)"
 
 
+def default_pairs(half: int) -> list[int]:
+    """The fastest, two middle and the slowest pair of a head with ``half`` pairs."""
+    return sorted({0, half // 4, half // 2, half - 1})
+
+
+def model_defaults(state) -> dict:
+    """The settings whose default depends on the model (after a model load): its own θ, pairs it has."""
+    c = session.get_model(state)[0].config
+    half = c.head_dim // 2
+    return {"theta": gr.Number(value=float(c.rope_theta), info=theta_hint(c)),
+            "pairs": gr.Dropdown(choices=list(range(half)), value=default_pairs(half), label=pairs_label(c))}
+
+
 def _rope_view(prompt, theta, position, pairs, layer, head, state):
     model, tokenizer, name = session.get_model(state)
     c = model.config
@@ -192,7 +205,7 @@ def build_positions(demo: gr.Blocks, state: gr.State) -> None:
                                    allow_custom_value=True)
             run = gr.Button("Apply θ", variant="primary")
             position = gr.Slider(0, POSITIONS - 1, value=5, step=1, label="Position (moves the circle)")
-            pairs = gr.Dropdown(choices=list(range(half)), value=sorted({0, half // 4, half // 2, half - 1}),
+            pairs = gr.Dropdown(choices=list(range(half)), value=default_pairs(half),
                                 multiselect=True, label=pairs_label(c))
         with gr.Column(scale=3):
             circle = gr.Plot(label="RoPE pairs on the unit circle")
@@ -219,4 +232,5 @@ def build_positions(demo: gr.Blocks, state: gr.State) -> None:
     pairs.input(circle_only, [theta, position, pairs, state], [circle], api_name="rope_pairs",
                 api_visibility="private", show_progress="hidden")
     links.register(demo, "positions", rope_view, inputs, outputs, api_name="rope_example",
-                   params=dict(prompt=prompt, theta=theta, position=position, pairs=pairs, layer=layer, head=head))
+                   params=dict(prompt=prompt, theta=theta, position=position, pairs=pairs, layer=layer, head=head),
+                   model_defaults=model_defaults)
