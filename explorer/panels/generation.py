@@ -4,6 +4,7 @@ calculator for real model configurations (MHA / GQA / MQA)."""
 from __future__ import annotations
 
 import math
+import statistics
 import weakref
 from typing import Any, NamedTuple
 
@@ -15,7 +16,7 @@ from explorer import measure, probes, session
 from explorer.figures import generation as figs
 from models.lora import adapter_mode
 from explorer.locks import MEASURE_LOCK, model_lock
-from explorer import text
+from explorer import glossary, text
 from explorer.cache import results, weights_key
 from explorer.text import PromptTooLong
 from models.config import ModelConfig
@@ -187,17 +188,20 @@ def _final_view(model, tokenizer, steps: list[dict], ctx: dict, s: dict) -> Gene
               st["chosen_rank"], st["cache_length"], round(st["seconds"] * 1e3, 3),
               round(st["uncached_seconds"] * 1e3, 3) if st["uncached_seconds"] is not None else None]
              for st in steps]
-    on_ms = sum(st["seconds"] for st in measured) * 1e3
-    off_ms = sum(st["uncached_seconds"] for st in measured) * 1e3
     dlogit = max(st["uncached_max_abs_dlogit"] for st in measured)
     differ = [st["step"] for st in measured if not st["uncached_same_top"]]
     same = ("**identical tokens**: the recomputed logits rank the same token first at every measured step"
             if not differ else f"**the tokens differ** at step {differ[0]} (rounding moved a near-tie)")
+    # Step 0 is the prefill, the same forward with or without the cache: compared are the decode steps, by
+    # their medians (one step slowed by another process on a shared CPU cannot turn the verdict around).
+    compared = [st for st in measured if st["step"] > 0] or measured
+    on_ms = statistics.median(st["seconds"] for st in compared) * 1e3
+    off_ms = statistics.median(st["uncached_seconds"] for st in compared) * 1e3
     if on_ms > 0 and off_ms >= on_ms:
-        verdict = f"at those steps the cache was **{off_ms / on_ms:.1f}× faster**"
+        verdict = f"the cache was **{off_ms / on_ms:.1f}× faster**"
     elif on_ms > 0:
-        verdict = (f"at those steps the cache was **{on_ms / off_ms:.1f}× slower** on this machine: with a model "
-                   "this small and a sequence this short, recomputing costs less than the cache's bookkeeping")
+        verdict = (f"the cache was **{on_ms / off_ms:.1f}× slower** on this machine: with a model this small and "
+                   "a sequence this short, recomputing costs less than the cache's bookkeeping")
     else:
         verdict = "too fast to compare"
     total = sum(st["seconds"] for st in steps)
@@ -216,10 +220,14 @@ def _final_view(model, tokenizer, steps: list[dict], ctx: dict, s: dict) -> Gene
         + (f", then {tps:.0f} tokens/s" if math.isfinite(tps) else "") + "). "
         f"Without the cache, the whole sequence was recomputed at {len(measured)} of the {len(steps)} steps "
         f"(steps {', '.join(str(st['step']) for st in measured)}; not at the others, so the run does not take "
-        f"twice as long): {off_ms:.1f} ms there vs {on_ms:.1f} ms with the cache at the same steps: {verdict}. "
-        f"The recomputed next-token logits differ from the cached ones by at most {dlogit:.2g}: {same}.\n\n"
+        f"twice as long): a median {off_ms:.1f} ms per token there vs {on_ms:.1f} ms with the cache at the same "
+        f"steps" + (" (the prefill, step 0, is the same forward either way)" if len(compared) < len(measured)
+                    else "") + f": {verdict}. "
+        f"The recomputed next-token {glossary.term('logit', 'logits')} differ from the cached ones by at most "
+        f"{dlogit:.2g} ({glossary.term('max |Δlogit|')}): {same}.\n\n"
         f"Cache: {measure.format_bytes(used)} filled of {measure.format_bytes(alloc)} allocated ({c.n_layers} "
-        f"layers × {c.n_kv_heads} KV heads × {c.head_dim} dims × 2 (K, V) × {prov['dtype']}). Measured on "
+        f"layers × {c.n_kv_heads} {glossary.term('KV head', 'KV heads')} × {c.head_dim} dims × 2 (K, V) × "
+        f"{prov['dtype']}). Measured on "
         f"{prov['device']}, torch {prov['torch']}."
         + (f" During {shared} of the {len(steps)} steps another measurement was running on the same cores: "
            "those timings may be slower than alone." if shared else ""))
@@ -356,34 +364,35 @@ KV_HEADERS = ["configuration", "layers", "query heads", "KV heads", "head_dim", 
 
 def build_generation(demo: gr.Blocks, state: gr.State) -> None:
     gr.Markdown(INTRO)
+    # The step chart sits at the top of the right column, beside the prompt, the text and the settings: its top
+    # stays in the first screen (and the whole chart, in projector mode) however long the generated text grows.
     with gr.Row():
-        with gr.Column(scale=3):
+        with gr.Column(scale=2, min_width=320):
             prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, max_lines=6)
-            output = gr.HighlightedText(label="Prompt + generated text", combine_adjacent=False,
-                                        color_map={"generated": "#ffd37a", "special": "#c5b0d5"})
-        with gr.Column(scale=2):
-            with gr.Row():
-                max_new = gr.Slider(1, MAX_NEW_TOKENS, value=DEFAULT_NEW_TOKENS, step=1, label="new tokens")
-                seed = gr.Number(value=0, precision=0, label="seed", minimum=0)
-            with gr.Row():
-                temperature = gr.Number(value=0.0, label="temperature",
-                                        info="0 = greedy; 1e-9 ≈ greedy; 1e9 ≈ uniform")
-                top_k = gr.Number(value=50, precision=0, label="top-k", info="blank = no cut-off")
-                top_p = gr.Number(value=0.95, label="top-p", info="(0, 1]; 1 = no cut-off")
-            chat = gr.Checkbox(value=True, label="chat",
-                               info="wrap the prompt with the model's chat template (when its tokenizer has one)")
             with gr.Row():
                 run = gr.Button("Generate", variant="primary")
                 stop = gr.Button("Stop", variant="stop")
+            step = gr.Slider(0, 1, value=0, step=1, label="step")  # the chart beside it shows this step
+            output = gr.HighlightedText(label="Prompt + generated text", combine_adjacent=False,
+                                        color_map={"generated": "#ffd37a", "special": "#c5b0d5"})
+            with gr.Row():
+                max_new = gr.Slider(1, MAX_NEW_TOKENS, value=DEFAULT_NEW_TOKENS, step=1, label="new tokens",
+                                    min_width=160)
+                seed = gr.Number(value=0, precision=0, label="seed", minimum=0, min_width=80)
+            with gr.Row():
+                temperature = gr.Number(value=0.0, label="temperature", min_width=100,
+                                        info="0 = greedy; 1e-9 ≈ greedy; 1e9 ≈ uniform")
+                top_k = gr.Number(value=50, precision=0, label="top-k", info="blank = no cut-off", min_width=80)
+                top_p = gr.Number(value=0.95, label="top-p", info="(0, 1]; 1 = no cut-off", min_width=80)
+            chat = gr.Checkbox(value=True, label="chat",
+                               info="wrap the prompt with the model's chat template (when its tokenizer has one)")
+        with gr.Column(scale=3):
+            probs = gr.Plot(label="Next-token probabilities at this step")
     summary = gr.Markdown()
     view_state = gr.State(None)
     with gr.Row():
-        with gr.Column(scale=3):
-            step = gr.Slider(0, 1, value=0, step=1, label="step")
-            probs = gr.Plot(label="Next-token probabilities at this step")
-        with gr.Column(scale=2):
-            cache_plot = gr.Plot(label="KV cache fill")
-            timing_plot = gr.Plot(label="Time per token, with and without the cache")
+        cache_plot = gr.Plot(label="KV cache fill")
+        timing_plot = gr.Plot(label="Time per token, with and without the cache")
     table = gr.Dataframe(headers=["step", "position", "token id", "token", "probability (sampled from)",
                                   "rank by logit", "cache length", "ms with cache",
                                   "ms without cache (measured steps only)"],

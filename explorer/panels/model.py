@@ -57,7 +57,7 @@ def model_card(state):
     total = sum(parts.values())
     info = measure.runtime_info(model)
     held = measure.module_bytes(model)
-    tied = " (LM head tied to the embedding: counted once)" if c.tie_embeddings else ""
+    tied = "<br><sup>the LM head is tied to the embedding: counted once</sup>" if c.tie_embeddings else ""
     fig = parameter_bars(parts, total=total, title=f"{name} · {total:,} parameters by component{tied}")
     summary = (f"**{name}** · {total:,} parameters · dtype **{info['dtype']}** · device {info['device']} · "
                f"weights **{measure.format_bytes(held['parameters'])}** in memory "
@@ -94,16 +94,20 @@ def show_card(state):
 def build_model(demo: gr.Blocks, state: gr.State) -> None:
     gr.Markdown(INTRO.format(root=checkpoints.shown_root()))
     found = local_checkpoints()
-    if found:
-        gr.Markdown("Local checkpoints under the allowed root: " + ", ".join(f"`{f}`" for f in found))
+    # the chart beside the source and its status, so it starts in the first screen (and fits a projector)
     with gr.Row():
-        source = gr.Textbox(label="Model", value="default", scale=4,
-                            placeholder="default · HuggingFaceTB/SmolLM2-135M · default-model",
-                            info="'default', a Hub repo id (owner/name), or a folder under the allowed root")
-        load = gr.Button("Load", variant="primary", scale=1)
-        reset = gr.Button("Back to default", scale=1)
-    status = gr.Markdown()
-    bars = gr.Plot(label="Parameters by component")
+        with gr.Column(scale=2, min_width=320):
+            source = gr.Textbox(label="Model", value="default",
+                                placeholder="default · HuggingFaceTB/SmolLM2-135M · default-model",
+                                info="'default', a Hub repo id (owner/name), or a folder under the allowed root")
+            with gr.Row():
+                load = gr.Button("Load", variant="primary")
+                reset = gr.Button("Back to default")
+            if found:
+                gr.Markdown("Local checkpoints under the allowed root: " + ", ".join(f"`{f}`" for f in found))
+            status = gr.Markdown()
+        with gr.Column(scale=3):
+            bars = gr.Plot(label="Parameters by component")
     config = gr.Dataframe(headers=["setting", "value"], label="Config", interactive=False)
     with gr.Accordion("Model card (README.md of the checkpoint)", open=False):
         card = gr.Markdown()
