@@ -60,12 +60,19 @@ body.projector .intro:not(.open) .md > :first-child::after {content: " ▸ more"
 .dark .js-plotly-plot .cbtitle text, .dark .js-plotly-plot .legendtext,
 .dark .js-plotly-plot .annotation-text {fill: #e6e6e6 !important}
 .dark .js-plotly-plot .legend .bg {fill: #1f2430 !important}
+/* generated text: Gradio's HighlightedText sets word-break: break-all, which splits words at a line's end ("bas|ket");
+   break between words, and inside one only when it is wider than the whole line */
+.textfield, .textfield .token-container, .textfield .token, .textfield .text {word-break: normal !important;
+  overflow-wrap: break-word}
+.save-figures {align-items: center; opacity: 0.85}
+.save-figures .prose {margin: 0}
 /* a phone: nothing wider than the page */
 @media (max-width: 640px) {.js-plotly-plot, .plot-container {max-width: 100%; overflow-x: auto}}
 """
 # Runs once on page load: projector mode from ?present=1; each tab's first Markdown becomes its intro (folded
 # to its first line in projector mode, a click unfolds it).
 ON_LOAD_JS = r"""() => {
+  const SAVE = SAVE_FIGURE;
   const on = new URLSearchParams(window.location.search).get('present') === '1';
   document.body.classList.toggle('projector', on);
   // each tab's first Markdown is its intro: folded to its first line in projector mode, a click unfolds it
@@ -87,23 +94,59 @@ ON_LOAD_JS = r"""() => {
       if (room >= 240 && el._fullLayout.height > room) window.Plotly.relayout(el, {height: room});
     });
   };
-  // Plotly's camera button saves the figure at twice its size on screen (sharp on a projector or in slides)
-  const downloads = () => document.querySelectorAll('.js-plotly-plot').forEach(el => {
-    if (el._context && !el._context.explorer) {
-      const title = (el._fullLayout && el._fullLayout.title && el._fullLayout.title.text) || 'figure';
-      el._context.toImageButtonOptions = {format: 'png', scale: 2,
-        filename: title.replace(/<[^>]*>/g, '').replace(/[^\w.-]+/g, '_').slice(0, 80)};
-      el._context.explorer = true;
-    }
-  });
+  // every figure's hover bar: "PNG" and "SVG" buttons (in place of Plotly's camera), at slide size. Gradio
+  // gives each new figure a fresh config, so the buttons are put back whenever they are missing.
+  const button = (format) => ({name: 'Download as ' + format.toUpperCase() + ' (sized for a 1920×1080 slide)',
+                               icon: window.Plotly.Icons.camera, click: (gd) => SAVE(gd, format)});
+  const downloads = () => {
+    if (!window.Plotly) return;
+    window.explorerSave = SAVE;
+    document.querySelectorAll('.js-plotly-plot').forEach(el => {
+      const c = el._context;
+      if (!c || !el._fullLayout || (c.modeBarButtonsToAdd || []).some(b => String(b.name).startsWith('Download')))
+        return;
+      c.modeBarButtonsToAdd = [button('png'), button('svg')];
+      c.modeBarButtonsToRemove = ['toImage'];
+      window.Plotly.relayout(el, {'modebar.orientation': 'h'});  // redraws the hover bar only
+    });
+  };
   let timer = null;
-  new MutationObserver(() => { clearTimeout(timer); timer = setTimeout(() => { mark(); fit(); downloads(); }, 150); })
+  new MutationObserver(() => { clearTimeout(timer); timer = setTimeout(() => { mark(); downloads(); fit(); }, 150); })
     .observe(document.body, {childList: true, subtree: true});
   window.explorerFit = fit;
   mark();
   if (on) setTimeout(() => window.dispatchEvent(new Event('resize')), 300);  // the tab bar re-measures its overflow
   return on;
 }"""
+# One figure saved as PNG or SVG: laid out as on screen, scaled to fill a 1920×1080 slide (text grows with it),
+# named after its title. Returns Plotly's promise, so several can be saved one after the other.
+SAVE_FIGURE_JS = r"""(gd, format) => {
+  const L = gd._fullLayout || {};
+  const w = L.width || 700, h = L.height || 450;
+  const title = (L.title && L.title.text) || 'figure';
+  const name = title.replace(/<[^>]*>/g, ' ').replace(/&[a-z]+;/g, ' ').replace(/[^\w.-]+/g, '_')
+    .replace(/^_+|_+$/g, '').slice(0, 80) || 'figure';
+  return window.Plotly.downloadImage(gd, {format: format, width: w, height: h,
+                                          scale: Math.min(1920 / w, 1080 / h), filename: name});
+}"""
+ON_LOAD_JS = ON_LOAD_JS.replace("SAVE_FIGURE", SAVE_FIGURE_JS)
+
+
+def save_tab_js(tab_id: str, fmt: str) -> str:
+    """A button's JS: every figure of the tab ``tab_id`` saved as ``fmt``, one file each, in page order."""
+    return (f"async () => {{ for (const gd of document.querySelectorAll('#tab-{tab_id} .js-plotly-plot')) "
+            f"{{ if (gd._fullLayout && window.explorerSave) await window.explorerSave(gd, '{fmt}'); }} }}")
+
+
+def mark_terms(block) -> None:
+    """Our texts in a tab (each Markdown's value at build time, never a visitor's) with the glossary's terms
+    marked where they first appear: hovering one shows its definition."""
+    for child in getattr(block, "children", []):
+        if isinstance(child, gr.Markdown) and isinstance(child.value, str) and child.value:
+            child.value = glossary.mark(child.value)
+        mark_terms(child)
+
+
 PROJECTOR_JS = "(on) => { document.body.classList.toggle('projector', !!on); window.dispatchEvent(new Event('resize')); if (window.explorerFit) setTimeout(window.explorerFit, 200); }"
 
 # Concurrency per event, the queue's size and each session's share of it are set in explorer/serving.py.
@@ -141,8 +184,16 @@ def build_demo() -> gr.Blocks:
                         "tab shows its card).\n\n" + glossary.markdown())
         with gr.Tabs(overflow_behavior="wrap") as tabs:  # every tab in sight, on a phone too
             for label, tab_id, build in TABS:
-                with gr.Tab(label, id=tab_id, elem_id=f"tab-{tab_id}"):
+                with gr.Tab(label, id=tab_id, elem_id=f"tab-{tab_id}") as tab:
                     build(demo, state)
+                    with gr.Row(elem_classes="save-figures"):
+                        gr.Markdown("Save every figure of this tab, sized for a 1920×1080 slide:")
+                        for fmt in ("png", "svg"):
+                            gr.Button(f"⬇ {fmt.upper()}", size="sm", scale=0, min_width=90,
+                                      elem_id=f"save-{tab_id}-{fmt}").click(
+                                None, js=save_tab_js(tab_id, fmt), api_name=f"save_{tab_id}_{fmt}",
+                                api_visibility="private")
+                mark_terms(tab)
         card = links.views(demo)["model"].outputs
         links.register_model_loads(demo, load.click(load_model, [picker, state], [*card, state],
                                                     api_name="header_load_model", api_visibility="private"))

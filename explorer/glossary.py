@@ -1,8 +1,9 @@
 """The words the tabs use, each defined in one or two sentences (shown in the header's glossary; ``term`` puts a
-definition on a word where it appears, as a hover title)."""
+definition on a word where it appears, as a hover title; ``mark`` does it for every term of one of our texts)."""
 from __future__ import annotations
 
 import html
+import re
 
 TERMS: dict[str, str] = {
     "token": "A piece of text the tokenizer cuts the input into (a word, part of a word or a symbol); the model "
@@ -66,6 +67,21 @@ TERMS: dict[str, str] = {
 }
 
 
+# Other ways the tabs' texts write a term (plurals are matched anyway): surface form -> term
+ALIASES: dict[str, str] = {
+    "grouped-query attention": "GQA",
+    "flash attention": "flash / tiled attention",
+    "rope_theta": "rope_theta (θ)",
+    "query": "query, key, value",
+    "queries": "query, key, value",
+    "LM head": "logit",
+    "key/value head": "KV head",
+    "previous-token": "previous-token head",
+    "induction": "induction head",
+    "sink": "attention sink",
+}
+
+
 def definition(word: str) -> str:
     """The definition of ``word`` (case-insensitive); KeyError names the known terms otherwise."""
     for key, text in TERMS.items():
@@ -83,3 +99,43 @@ def term(word: str, shown: str | None = None) -> str:
 def markdown() -> str:
     """The whole glossary as a Markdown definition list, in the order of the lesson."""
     return "\n".join(f"- **{html.escape(k)}**: {html.escape(v)}" for k, v in TERMS.items())
+
+
+def _forms() -> dict[str, str]:
+    forms = {k: k for k in TERMS if "," not in k and "/" not in k.replace("nats/token", "")}
+    forms.update(ALIASES)
+    return forms
+
+
+def _pattern() -> re.Pattern:
+    forms = sorted(_forms(), key=len, reverse=True)  # the longest first: "KV cache" before "KV head"'s "KV"
+    body = "|".join(re.escape(f) for f in forms)
+    return re.compile(rf"(?<![\w|/-])({body})(s|es)?(?![\w|/-])", re.IGNORECASE)
+
+
+# Markdown we never mark inside: fenced and inline code, HTML tags, a link's target, LaTeX-free by design
+_PROTECTED = re.compile(r"```.*?```|`[^`]*`|<[^>]*>|\]\([^)]*\)", re.DOTALL)
+
+
+def mark(text: str) -> str:
+    """Our own Markdown ``text`` with the first use of each glossary term wrapped in ``<abbr class="term"
+    title="definition">`` (a dotted underline; hovering shows the definition). Never call it on a visitor's
+    text: it adds HTML. Code spans, tags and link targets are left as they are."""
+    pattern, forms = _pattern(), {k.lower(): v for k, v in _forms().items()}
+    done: set[str] = set()
+
+    def wrap(m: re.Match) -> str:
+        key = forms[m.group(1).lower()]
+        if key in done:
+            return m.group(0)
+        done.add(key)
+        title = html.escape(TERMS[key], quote=True)
+        return f'<abbr class="term" title="{title}">{m.group(0)}</abbr>'
+
+    out, last = [], 0
+    for m in _PROTECTED.finditer(text):
+        out.append(pattern.sub(wrap, text[last:m.start()]))
+        out.append(m.group(0))
+        last = m.end()
+    out.append(pattern.sub(wrap, text[last:]))
+    return "".join(out)

@@ -57,3 +57,19 @@ def test_the_glossary_defines_the_words_the_tabs_use():
         text = glossary.definition(word)
         assert 20 < len(text) < 320 and text.count(". ") <= 2, word
     assert 'title="Grouped-query' in glossary.term("GQA") and ">a&lt;b<" in glossary.term("GQA", "a<b")
+
+
+def test_mark_puts_each_terms_definition_on_its_first_use_only():
+    import re
+
+    text = "The KV cache holds one KV head's keys; the `KV cache` in code and [a link](?tab=kv-cache) stay as they are. KV caches grow."
+    out = glossary.mark(text)
+    marks = re.findall(r'<abbr class="term" title="([^"]*)">([^<]*)</abbr>', out)
+    assert [shown for _, shown in marks] == ["KV cache", "KV head"]  # "KV caches" later: already defined
+    assert marks[0][0] == glossary.definition("KV cache")
+    assert "`KV cache`" in out and "(?tab=kv-cache)" in out
+    # a definition that uses other terms is one title, never marked inside
+    logit = glossary.mark("a logit")
+    assert logit.count("<abbr") == 1 and "softmax" in logit
+    # a longer term wins over the shorter one inside it; a plural is the same term
+    assert ">logit lens</abbr>" in glossary.mark("the logit lens") and ">logits</abbr>" in glossary.mark("two logits")
