@@ -39,7 +39,7 @@ def next_token_figure(
 
     tokens: the candidates' text (most likely first); probs: their probabilities under the distribution
     the sampler drew from (temperature, top-k, top-p applied), each in 0..1; model_probs (optional): the
-    model's plain softmax for the same tokens, drawn as a thin grey bar beside each; chosen_index: the
+    model's plain softmax for the same tokens, drawn as a dark tick on each bar; chosen_index: the
     position in ``tokens`` of the token picked (None if it is not among them); ranks: each candidate's
     rank by logit (default 0, 1, 2, ...); chosen_text: the picked token's text for the title when it is not
     among ``tokens`` (sampling can pick a token outside the top few).
