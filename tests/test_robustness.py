@@ -1258,3 +1258,25 @@ def test_the_page_and_its_configuration_are_built_once(app_url):
     first, second = httpx.get(app_url, timeout=30), httpx.get(app_url, timeout=30)
     assert first.status_code == second.status_code == 200 and first.content == second.content
     assert httpx.get(app_url + "config", timeout=30).json()["dependencies"]
+
+
+def test_the_sweep_drops_results_nobody_used_but_keeps_the_opening_examples(monkeypatch):
+    """After the idle time, per-prompt results go (a class's prompts leave with the class); the opening
+    examples, computed once per model for every visitor, stay."""
+    import time as clock
+
+    from explorer.cache import ResultCache
+    from explorer import serving
+
+    cache = ResultCache(2**20)
+    cache.put(("opening", "attention", 1, ()), "shared")
+    cache.put(("attention.forward", 1, (5, 6)), "one prompt")
+    cache.put(("attention.forward", 1, (7, 8)), "another")
+    assert cache.drop_unused(60, keep=serving._is_opening) == 0  # all used just now
+    later = clock.monotonic() + 120
+    monkeypatch.setattr("explorer.cache.time.monotonic", lambda: later)
+    assert cache.get(("attention.forward", 1, (7, 8))) == "another"  # read again "now"
+    assert cache.drop_unused(60, keep=serving._is_opening) == 1
+    assert cache.get(("opening", "attention", 1, ())) == "shared"
+    assert cache.get(("attention.forward", 1, (5, 6))) is None
+    assert cache.stats()["entries"] == 2
