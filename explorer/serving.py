@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from collections import OrderedDict
 import os
 import threading
 import time
@@ -96,6 +97,8 @@ def apply(demo: gr.Blocks) -> gr.Blocks:
     push = queue.push
 
     async def push_within_cap(body, request, username):
+        if body.session_hash in _RETURNING:
+            tell_returning_visitor(demo, body.session_hash)
         held = queue.pending_event_ids_session.get(body.session_hash) if body.session_hash else None
         if held is not None and len(held) >= SESSION_QUEUE_CAP:
             return False, refused_sentence(SESSION_QUEUE_CAP), "queue_full"
@@ -290,11 +293,43 @@ def _holds_own_model(session_state) -> bool:
     return False
 
 
+#: session hash -> (state component id, the sentence): sessions dropped while their owner had not yet been told
+#: that their own model was freed. Bounded; a visitor returning after more sessions than this is not told.
+_RETURNING: "OrderedDict[str, tuple[int, str]]" = OrderedDict()
+MAX_RETURNING = 10_000
+
+
+def _notice_of(session_state) -> tuple[int, str] | None:
+    from explorer.private_models import EVICTED_KEY
+
+    for key, value in list(getattr(session_state, "state_data", {}).items()):
+        if isinstance(value, dict) and value.get(EVICTED_KEY):
+            return key, value[EVICTED_KEY]
+    return None
+
+
+def tell_returning_visitor(demo: gr.Blocks, session_hash: str) -> None:
+    """A session dropped while its owner had a notice waiting comes back: its fresh state carries the notice,
+    so the next action answers with it (``session.get_model``), as it would have before the drop."""
+    from explorer.private_models import EVICTED_KEY
+
+    entry = _RETURNING.pop(session_hash, None)
+    holder = getattr(demo, "state_holder", None)
+    if entry is None or holder is None:
+        return
+    key, sentence = entry
+    with contextlib.suppress(KeyError, TypeError):
+        value = holder[session_hash][key]  # a fresh copy of the state's default value
+        if isinstance(value, dict):
+            value[EVICTED_KEY] = sentence
+
+
 def forget_idle_sessions(demo: gr.Blocks, idle_seconds: float, now: float | None = None) -> int:
     """Drop what Gradio keeps for each session idle longer than ``idle_seconds`` (its per-session copy of every
     component's configuration and its ``gr.State`` values): Gradio keeps an API client's session until 10,000
     sessions exist and a closed tab's for an hour. A session still holding its own model, or the notice that it
-    was freed, is kept four times as long, so its owner hears about it. How many were dropped."""
+    was freed, is kept four times as long; dropped with a notice waiting, the notice is kept (a sentence) and
+    given to the session's fresh state when it comes back. How many were dropped."""
     import datetime
 
     holder = getattr(demo, "state_holder", None)
@@ -310,6 +345,11 @@ def forget_idle_sessions(demo: gr.Blocks, idle_seconds: float, now: float | None
         session_state = holder.session_data.get(session_hash)
         if session_state is not None and idle <= 4 * idle_seconds and _holds_own_model(session_state):
             continue
+        notice = _notice_of(session_state) if session_state is not None else None
+        if notice is not None:  # told on its next action all the same
+            _RETURNING[session_hash] = notice
+            while len(_RETURNING) > MAX_RETURNING:
+                _RETURNING.popitem(last=False)
         holder.delete_state(session_hash)  # Gradio's own clean-up of the State values (their delete callbacks)
         with holder.lock:
             holder.session_data.pop(session_hash, None)
