@@ -173,6 +173,17 @@ class Outcome:
     outputs: dict[int, Any] = field(default_factory=dict)
 
 
+def _with_retry(send):
+    """``send()``, once more if the connection it reused had been closed by the server (uvicorn closes a
+    keep-alive connection idle for 5 s; the request never reached the app, so sending it again is safe)."""
+    import httpx
+
+    try:
+        return send()
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectError):
+        return send()
+
+
 _EVENT_ID = re.compile(r'"event_id":"([^"]+)"')
 
 
@@ -191,7 +202,8 @@ def run_events(http, url: str, session_hash: str, plan: PagePlan, first: list[in
     def join(fn: int) -> None:
         body = {"data": values.get(fn, plan.values[fn]), "fn_index": fn, "session_hash": session_hash,
                 "event_data": None, "trigger_id": None}
-        r = http.post(url + API + "queue/join", json=body, timeout=max(1.0, deadline - time.monotonic()))
+        r = _with_retry(lambda: http.post(url + API + "queue/join", json=body,
+                                          timeout=max(1.0, deadline - time.monotonic())))
         if r.status_code != 200:
             out.refused.append(f"{plan.api_names.get(fn)}: {r.status_code} {r.text[:200]}")
             return
@@ -278,7 +290,7 @@ def one_session(url: str, plan: PagePlan, i: int, deadline: float, start: thread
             start.wait(timeout=max(1.0, deadline - time.monotonic()))
         t0 = time.monotonic()
         # the page itself, Gradio's configuration inside (what a browser's first request gets)
-        http.get(url, timeout=max(1.0, deadline - time.monotonic())).raise_for_status()
+        _with_retry(lambda: http.get(url, timeout=max(1.0, deadline - time.monotonic()))).raise_for_status()
         page = run_events(http, url, session_hash, plan, plan.first, {}, deadline)
         complete = not page.refused and not page.failed and len(page.done) == plan.events
         page_seconds = time.monotonic() - t0 if complete else None
