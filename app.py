@@ -151,14 +151,14 @@ PROJECTOR_JS = "(on) => { document.body.classList.toggle('projector', !!on); win
 
 # Concurrency per event, the queue's size and each session's share of it are set in explorer/serving.py.
 QUEUE = {"default_concurrency_limit": 1, "max_size": serving.QUEUE_MAX_SIZE}
-MAX_UPLOAD = "1mb"  # no component takes files, but Gradio's /upload route exists: keep it small
+MAX_UPLOAD = "1mb"  # per file; no component takes files, so explorer/serving.py refuses every upload request
 
 
 def launch_kwargs() -> dict:
     """Theme and CSS (Gradio 6 takes them in launch()). System fonts only: nothing is fetched from a CDN."""
     theme = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"],
                            font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
-    return {"theme": theme, "css": CSS, "max_file_size": MAX_UPLOAD}
+    return {"theme": theme, "css": CSS, "max_file_size": MAX_UPLOAD, "app_kwargs": serving.app_kwargs()}
 
 
 def build_demo() -> gr.Blocks:
@@ -207,4 +207,6 @@ def build_demo() -> gr.Blocks:
 
 
 if __name__ == "__main__":
-    build_demo().launch(server_name="0.0.0.0", **launch_kwargs())
+    import os
+
+    build_demo().launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"), **launch_kwargs())

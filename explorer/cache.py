@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable
@@ -77,6 +78,7 @@ class ResultCache:
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES, max_entries: int = DEFAULT_CACHE_ENTRIES) -> None:
         self.max_bytes, self.max_entries = max_bytes, max_entries
         self._entries: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+        self._used: dict[Any, float] = {}  # key -> when it was last read or written (monotonic s)
         self._pending: dict[Any, threading.Event] = {}
         self._bytes = 0
         self._guard = threading.Lock()  # held only to read or write the dicts: never while computing
@@ -86,6 +88,7 @@ class ResultCache:
         with self._guard:
             if key in self._entries:
                 self._entries.move_to_end(key)
+                self._used[key] = time.monotonic()
                 self.hits += 1
                 return self._entries[key][0]
         return default
@@ -98,9 +101,11 @@ class ResultCache:
             if size > self.max_bytes:  # larger than the whole cache: serve it, keep nothing
                 return
             self._entries[key] = (value, size)
+            self._used[key] = time.monotonic()
             self._bytes += size
             while self._entries and (self._bytes > self.max_bytes or len(self._entries) > self.max_entries):
-                _, (_, dropped) = self._entries.popitem(last=False)
+                old, (_, dropped) = self._entries.popitem(last=False)
+                self._used.pop(old, None)
                 self._bytes -= dropped
 
     def get_or_compute(self, key: Any, compute: Callable[[], Any], nbytes: int | None = None) -> Any:
@@ -110,6 +115,7 @@ class ResultCache:
             with self._guard:
                 if key in self._entries:
                     self._entries.move_to_end(key)
+                    self._used[key] = time.monotonic()
                     self.hits += 1
                     return self._entries[key][0]
                 waiting = self._pending.get(key)
@@ -134,7 +140,19 @@ class ResultCache:
     def clear(self) -> None:
         with self._guard:
             self._entries.clear()
+            self._used.clear()
             self._bytes = 0
+
+    def drop_unused(self, seconds: float, keep: Callable[[Any], bool] = lambda key: False) -> int:
+        """Forget every entry nobody has read for ``seconds`` (except keys ``keep`` says to keep): a class's
+        per-prompt results go when the class has gone. How many were dropped."""
+        now = time.monotonic()
+        with self._guard:
+            old = [k for k in self._entries if now - self._used.get(k, now) > seconds and not keep(k)]
+            for k in old:
+                self._bytes -= self._entries.pop(k)[1]
+                self._used.pop(k, None)
+        return len(old)
 
     def stats(self) -> dict[str, int]:
         with self._guard:

@@ -55,9 +55,10 @@ class Busy(ValueError):
 def measuring(wait_s: float = 0.0, retry_s: float = 10.0):
     """Hold MEASURE_LOCK for the block, waiting at most ``wait_s`` seconds for it; otherwise raise ``Busy``.
 
-    Take it before any model lock (the order above), never while holding one: a caller that holds a model's
-    lock and waits here makes every view of that model wait behind the measurement in series. Release the
-    model lock, measure under this, then take the model lock again if needed.
+    In the order above it comes after a model lock (``model_lock -> MEASURE_LOCK``), but never wait for it
+    while holding one: a caller that holds a model's lock and waits here makes every view of that model wait
+    behind the measurement in series. Holding a model lock, take it with ``wait_s=0`` (``Busy`` at once if a
+    measurement runs); a long measurement takes it holding no model lock.
     """
     if not MEASURE_LOCK.acquire(timeout=wait_s) if wait_s > 0 else not MEASURE_LOCK.acquire(blocking=False):
         raise Busy(f"Another measurement is running on this machine: try again in about {retry_s:.0f} s.")

@@ -11,6 +11,7 @@ import torch
 
 MAX_TEXT_CHARS = 100_000
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")  # half of a UTF-16 pair alone: not a character, no tokenizer takes it
 
 
 class PromptTooLong(ValueError):
@@ -30,6 +31,9 @@ def clean_text(text: Any) -> str:
     if len(text) > MAX_TEXT_CHARS:  # refused before the tokenizer spends time and memory on it
         raise ValueError(f"The text is {len(text):,} characters long; paste at most {MAX_TEXT_CHARS:,} (every view "
                          "uses far fewer tokens than that).")
+    if _SURROGATE.search(text):
+        raise ValueError("The text holds a broken character (half of an emoji or symbol, cut in two), which no "
+                         "tokenizer can read: type or paste the text again.")
     text = _CONTROL.sub("", text)
     if not text.strip():
         raise ValueError("The prompt is empty: type a sentence.")

@@ -1081,3 +1081,202 @@ def test_memory_lab_stop_returns_within_a_second_while_a_long_size_runs(app_url)
 
     assert MEASURE_LOCK.acquire(timeout=120)  # the abandoned worker finished its step and let go
     MEASURE_LOCK.release()
+
+
+# --- the last bare "Error"s: each answered with a sentence ----------------------------------------------------
+
+def _prompt_endpoints():
+    """Every handler that takes a text from a visitor, called with ``p`` as that text."""
+    from explorer.panels.encoder_decoder import fill_in_blank_view
+    from explorer.panels.formats import formats_view
+    from explorer.panels.walkthrough import walkthrough
+
+    return {**prompt_handlers(),
+            "walkthrough": lambda p: walkthrough(p, None, 0, 0, fresh()),
+            "fill_in_blank": lambda p: fill_in_blank_view(p, None, fresh()),
+            "formats": lambda p: formats_view(p, fresh())}
+
+
+@pytest.mark.parametrize("handler", ["attention", "rope", "encoder_decoder", "generate", "lora_compare",
+                                     "lora_finetune", "walkthrough", "fill_in_blank", "formats"])
+@pytest.mark.parametrize("prompt", ["Tom \ud800 has a ball", "\ud800", "a \udfff\ud83d b"])
+def test_a_lone_surrogate_in_a_prompt_gets_a_sentence_on_every_endpoint(monkeypatch, handler, prompt):
+    """Half of a UTF-16 pair (what JSON's "\\ud800" decodes to) is no character: the tokenizer raised a bare
+    TypeError on it; now each endpoint refuses it with a sentence before the model runs."""
+    forbid_model_runs(monkeypatch)
+    with pytest.raises(gr.Error, match="broken character") as caught:
+        _prompt_endpoints()[handler](prompt)
+    assert "\ud800" not in caught.value.message and "\udfff" not in caught.value.message
+
+
+@pytest.mark.parametrize("config", [[], {}, ["SmolLM2-135M"], 3.5])
+def test_kv_calculator_with_a_configuration_that_is_not_a_name_gets_a_sentence(config):
+    from explorer.panels.generation import kv_calculator
+
+    with pytest.raises(gr.Error, match="unknown configuration .*: choose one from the list"):
+        kv_calculator(config, 1024, 1, "float16", fresh())
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), 1e308, 10**400, "1e308"])
+def test_layer_and_head_far_out_of_range_get_a_short_sentence(value):
+    """JSON Infinity and 1e308 (a whole number of 309 digits) as a layer or head: a short sentence quoting the
+    value as it was sent (1e+308), never its 309 digits."""
+    from explorer.panels.attention import attention_view
+    from explorer.panels.encoder_decoder import encoder_decoder_view
+
+    for call in (lambda: attention_view("Tom has a ball.", value, 0, VIEWS[0], fresh()),
+                 lambda: attention_view("Tom has a ball.", 0, value, VIEWS[0], fresh()),
+                 lambda: encoder_decoder_view("Tom has a ball.", value, 0, -1, fresh())):
+        with pytest.raises(gr.Error, match="(layer|head) must be") as caught:
+            call()
+        assert len(caught.value.message) < 120 and not re.search(r"\d{16}", caught.value.message), \
+            caught.value.message
+
+
+def test_messages_never_show_absolute_server_paths(tmp_path):
+    """A ValueError that names a file by its server path (from a library, say) reaches the visitor with the
+    path cut to its last part."""
+    from explorer.panels import user_errors
+
+    secret = tmp_path / "srv" / "models" / "config.json"
+
+    @user_errors
+    def handler():
+        raise ValueError(f"cannot parse {secret}: expected a number at line 3")
+
+    with pytest.raises(gr.Error) as caught:
+        handler()
+    assert str(tmp_path) not in caught.value.message and "/srv/" not in caught.value.message
+    assert "config.json: expected a number" in caught.value.message
+
+
+def test_memory_lab_refusals_say_what_the_visitor_can_change_not_the_servers_setting(monkeypatch):
+    from explorer import measure
+    from explorer.panels.memory import memory_compare
+
+    forbid(monkeypatch, measure.run, "attention_sweep", "attention_memory")
+    with pytest.raises(gr.Error) as caught:
+        list(memory_compare(16384, 64, 256, 64, ["naive", "sdpa", "tiled"], False, "float32", lambda *a, **k: None))
+    message = caught.value.message
+    assert "EXPLORER_" not in message and "raise the budget" not in message
+    assert "choose a sequence length of at most" in message or "fewer heads" in message
+
+
+def test_the_generation_tabs_per_step_view_is_small_plain_data():
+    """The finished generation's per-step view is the one thing the tab keeps in gr.State (its step slider
+    reads it): ids, token texts and the probabilities the step chart draws, no figures or tensors, and a few
+    tens of KB at the tab's longest run."""
+    from explorer.panels.generation import MAX_NEW_TOKENS as MAX_NEW, generate
+
+    out = generate("Tom has a red", MAX_NEW, 0.8, 50, 0.95, 0, fresh())
+    text = json.dumps(out.view)  # plain JSON: raises on a figure, a tensor or an array
+    assert len(out.view["steps"]) == MAX_NEW
+    assert len(text) < 96 * 1024, f"{len(text)} bytes for {MAX_NEW} steps"  # measured: 65 KB for 128 steps
+
+
+# --- uploads, through the real route -------------------------------------------------------------------------
+
+def _gradio_upload_dir() -> Path:
+    import tempfile
+
+    return Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio")
+
+
+def _names_under(folder: Path) -> set[str]:
+    return {p.name for p in folder.rglob("*")} if folder.exists() else set()
+
+
+def test_multi_file_uploads_are_refused_before_anything_is_written(app_url):
+    """No component of this app takes files, so Gradio's /gradio_api/upload (whose own limit is per file) is
+    refused outright: one request of 1,000 files of 1 KB, and one of 100 files of 1 MB, get a sentence and
+    leave nothing in Gradio's upload folder."""
+    import http.client
+    import urllib.parse
+
+    import httpx
+
+    tag = f"probe-{os.getpid()}-{np.random.default_rng().integers(1 << 30)}"
+    before = _names_under(_gradio_upload_dir())
+    many = [("files", (f"{tag}-{i}.txt", b"x" * 1024, "text/plain")) for i in range(1000)]
+    r = httpx.post(app_url + "gradio_api/upload", files=many, timeout=60)
+    assert r.status_code == 403 and "takes no files" in r.text, (r.status_code, r.text[:200])
+
+    # 100 files of 1 MB: the refusal comes on the headers, before the 100 MB body is read
+    boundary = "explorerboundary"
+    part = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"{tag}-big.bin\"\r\n"
+            "Content-Type: application/octet-stream\r\n\r\n").encode() + b"y" * 2**20 + b"\r\n"
+    length = 100 * len(part) + len(f"--{boundary}--\r\n")
+    url = urllib.parse.urlsplit(app_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    conn.putrequest("POST", "/gradio_api/upload")
+    conn.putheader("Content-Type", f"multipart/form-data; boundary={boundary}")
+    conn.putheader("Content-Length", str(length))
+    conn.endheaders()
+    try:
+        conn.send(part)  # the first file; the server answers without reading the rest
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    answer = conn.getresponse()
+    text = answer.read().decode()
+    conn.close()
+    assert answer.status == 403 and "takes no files" in text, (answer.status, text[:200])
+    after = _names_under(_gradio_upload_dir())
+    assert not {n for n in after - before if tag in n}, "an upload was written to disk"
+
+
+def test_with_a_component_that_takes_files_one_request_is_bounded_in_all(monkeypatch):
+    """Where a component takes files, one request may carry at most UPLOAD_REQUEST_BYTES in all, whatever
+    Gradio's per-file limit allows."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from explorer import serving
+
+    async def upload(request):
+        return PlainTextResponse(f"read {len(await request.body())} bytes")
+
+    app = Starlette(routes=[Route("/gradio_api/upload", upload, methods=["POST"])],
+                    middleware=[Middleware(serving.UploadLimit)])
+    monkeypatch.setattr(serving, "ACCEPTS_FILES", True)
+    monkeypatch.setattr(serving, "UPLOAD_REQUEST_BYTES", 10_000)
+    with TestClient(app) as client:
+        assert client.post("/gradio_api/upload", content=b"z" * 5_000).text == "read 5000 bytes"
+        refused = client.post("/gradio_api/upload", content=b"z" * 20_000)
+        assert refused.status_code == 413 and "at most" in refused.text
+    monkeypatch.setattr(serving, "ACCEPTS_FILES", False)
+    with TestClient(app) as client:
+        assert client.post("/gradio_api/upload", content=b"z").status_code == 403
+
+
+def test_the_page_and_its_configuration_are_built_once(app_url):
+    """The page (its configuration inside) is the same for every visitor: served from memory after the first."""
+    import httpx
+
+    first, second = httpx.get(app_url, timeout=30), httpx.get(app_url, timeout=30)
+    assert first.status_code == second.status_code == 200 and first.content == second.content
+    assert httpx.get(app_url + "config", timeout=30).json()["dependencies"]
+
+
+def test_the_sweep_drops_results_nobody_used_but_keeps_the_opening_examples(monkeypatch):
+    """After the idle time, per-prompt results go (a class's prompts leave with the class); the opening
+    examples, computed once per model for every visitor, stay."""
+    import time as clock
+
+    from explorer.cache import ResultCache
+    from explorer import serving
+
+    cache = ResultCache(2**20)
+    cache.put(("opening", "attention", 1, ()), "shared")
+    cache.put(("attention.forward", 1, (5, 6)), "one prompt")
+    cache.put(("attention.forward", 1, (7, 8)), "another")
+    assert cache.drop_unused(60, keep=serving._is_opening) == 0  # all used just now
+    later = clock.monotonic() + 120
+    monkeypatch.setattr("explorer.cache.time.monotonic", lambda: later)
+    assert cache.get(("attention.forward", 1, (7, 8))) == "another"  # read again "now"
+    assert cache.drop_unused(60, keep=serving._is_opening) == 1
+    assert cache.get(("opening", "attention", 1, ())) == "shared"
+    assert cache.get(("attention.forward", 1, (5, 6))) is None
+    assert cache.stats()["entries"] == 2

@@ -22,7 +22,7 @@ from .generation import bench_generation
 from .report import render_markdown
 from .runs import (bench_app, bench_attention, bench_induction, bench_cache, bench_vs_transformers, default_budget,
                    load_transformers_copy, log, model_config, settings_for, weight_bytes_per_token)
-from .targets import PROMPT_LEN, SHIPPED_NAME, SMOL_NAME, evaluate_targets
+from .targets import LOAD_CLASS, LOAD_MOST, PROMPT_LEN, SHIPPED_NAME, SMOL_NAME, evaluate_targets
 
 def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str | None = None,
               dtype: str = "float32", budget_bytes: int | None = None) -> dict[str, Any]:
@@ -77,6 +77,12 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
         report["induction"] = bench_induction(shipped, shipped.config.bos_token_id)
     report["app"] = bench_app(app_models, settings) if not dev.is_cuda(device) and torch_dtype == torch.float32 else {
         "skipped": "the app serves float32 on the CPU; run the CPU float32 benchmark for these numbers"}
+    if tiny:  # tests/test_load.py runs the same clients against the served app
+        report["load"] = {"skipped": "tiny mode: no classroom"}
+    else:
+        from .load import bench_load
+
+        report["load"] = bench_load((LOAD_CLASS, LOAD_MOST), log=log)
     report["targets"] = evaluate_targets(report)
     if hasattr(os, "getloadavg"):
         m = report["machine"]

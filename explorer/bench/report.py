@@ -102,8 +102,37 @@ def render_markdown(report: dict[str, Any]) -> str:
         for span, r in ind["spans"].items():
             lines.append(f"| {span} | {r['best']:.3f} | {r['layer']} | {r['head']} |")
         lines.append("")
+    lines += _load_lines(report.get("load") or {})
     lines += ["## (e) Machine", "", "| | |", "|---|---|"]
     for k, val in m.items():
         lines.append(f"| {k} | {val} |")
     lines += ["", f"Total benchmark time {report['wall_seconds']:.0f} s.", ""]
     return "\n".join(lines)
+
+
+def _load_lines(load: dict[str, Any]) -> list[str]:
+    """(f) Classroom load: the sessions opening the page at once, and the three-client check."""
+    lines = ["## (f) Classroom load: many sessions opening the page at once", ""]
+    if "skipped" in load or not load.get("classes"):
+        return lines + [f"Skipped: {load.get('skipped', 'not measured')}.", ""]
+    lines += ["`python app.py` with its default settings in its own process, clients on loopback "
+              "(explorer/bench/load.py): each session gets the page, fires every page-load event (and the events "
+              "chained after them), then asks the Attention tab a prompt no other session sent. One warm-up "
+              "visitor first (the opening examples computed once).", "",
+              "| sessions | events per page | page ready p50 / p95 / max (s) | attention after it p50 / p95 / max (s) "
+              "| refused | failed | server CPU (s) | server RSS before → after |", "|---|---|---|---|---|---|---|---|"]
+
+    def q(d):
+        return "—" if d["p50"] is None else f"{d['p50']:.2f} / {d['p95']:.2f} / {d['max']:.2f}"
+
+    for n, r in load["classes"].items():
+        lines.append(f"| {n} | {r['events_per_page']} | {q(r['page_ready_seconds'])} | {q(r['attention_seconds'])} | "
+                     f"{r['refused']} | {r['failed']} | {r.get('server_cpu_seconds', 0):.1f} | "
+                     f"{r['rss_before'] / 2**20:.0f} → {r['rss_after'] / 2**20:.0f} MiB |")
+    three = load.get("three_clients") or {}
+    if three:
+        a = three.get("attention_seconds")
+        lines += ["", f"Three clients at once (a memory sweep, a generation, then an attention question): the "
+                      f"attention answer took {'—' if a is None else f'{a * 1e3:.0f} ms'}; the sweep was "
+                      f"{'still running' if three.get('sweep_still_running') else 'already done'} when it came."]
+    return lines + [""]

@@ -17,6 +17,7 @@ CACHE_TOKENS = 128
 HF_TOKENS = 64
 INDUCTION_SPANS = (8, 16, 32, 64, 120)
 GENERATION_TARGET_TOKENS = 128  # explorer.bench.generation.GENERATION_TOKENS
+LOAD_CLASS, LOAD_MOST = 40, 64  # sessions opening the page at once: a class, and the most the queue is sized for
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,13 @@ TARGETS: tuple[Target, ...] = (
            f"app_switch_seconds:{SMOL_NAME}", "<=", 0.3, "issue 12"),
     *(Target(f"Shipped default model: best induction head at span {span} >= 0.7 (<s> first, 8 rows, seed 123)",
              f"induction:{span}", ">=", 0.7, "issue 13") for span in INDUCTION_SPANS),
+    # a class opening the page in the same minute (explorer/bench/load.py: `python app.py`, loopback clients)
+    Target(f"Classroom: {LOAD_CLASS} sessions open the page at once: page ready p95 <= 5 s",
+           f"load_p95:{LOAD_CLASS}", "<=", 5.0, "issue 11"),
+    Target(f"Classroom: {LOAD_MOST} sessions open the page at once: page-load events refused or failed <= 0",
+           f"load_refused:{LOAD_MOST}", "<=", 0, "issue 11"),
+    Target("Attention answered while another client's memory sweep and a third's generation run: <= 1 s",
+           "load_attention_beside_sweep", "<=", 1.0, "issue 11"),
 )
 
 
@@ -124,6 +132,19 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
             m[f"app_payload:{key}"] = (a["payload_bytes"], measure.format_bytes(a["payload_bytes"]))
             if "switch_seconds" in a:
                 m[f"app_switch_seconds:{key}"] = (a["switch_seconds"], f"{a['switch_seconds'] * 1e3:.0f} ms")
+    load = report.get("load") or {}
+    for n, room in (load.get("classes") or {}).items():
+        p95 = room["page_ready_seconds"]["p95"]
+        if p95 is not None and room["pages_ready"] == room["clients"]:
+            m[f"load_p95:{n}"] = (p95, f"{p95:.1f} s (p50 {room['page_ready_seconds']['p50']:.1f} s, "
+                                       f"{room['refused']} refused)")
+        m[f"load_refused:{n}"] = (room["refused"] + room["failed"], f"{room['refused']} refused, {room['failed']} failed, "
+                                                   f"{room['pages_ready']} of {room['clients']} pages ready")
+    three = load.get("three_clients")
+    if three and three.get("attention_seconds") is not None:
+        a = three["attention_seconds"]
+        m["load_attention_beside_sweep"] = (a, f"{a * 1e3:.0f} ms (sweep still running: "
+                                               f"{'yes' if three['sweep_still_running'] else 'no'})")
     for span, r in ((report.get("induction") or {}).get("spans") or {}).items():
         m[f"induction:{span}"] = (r["best"], f"{r['best']:.3f} (layer {r['layer']}, head {r['head']})")
     return m

@@ -207,8 +207,8 @@ def check_budget(seq_len: int, n_heads: int, head_dim: int, *, impls: Sequence[s
         hint = f"choose a sequence length of at most {fits}" if fits else "use fewer heads or a smaller head_dim"
         raise ValueError(
             f"seq_len {seq_len} is predicted to need {format_bytes(need)} ({need} bytes; {worst} attention is the "
-            f"largest part), over the memory budget of {format_bytes(budget)} ({budget} bytes): {hint}, leave out "
-            f"{worst!r}, or raise the budget (EXPLORER_MEMORY_BUDGET)."
+            f"largest part), over the memory budget of {format_bytes(budget)} ({budget} bytes): {hint}, or leave out "
+            f"{worst!r}."
         )
     return need
 

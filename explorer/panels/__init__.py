@@ -9,6 +9,7 @@ import functools
 import html
 import inspect
 import math
+import re
 
 import gradio as gr
 
@@ -16,6 +17,25 @@ import gradio as gr
 def short(message: str, limit: int = 600) -> str:
     """A message that echoes what the user sent, cut to a readable length (a 20,000-character prompt stays out)."""
     return message if len(message) <= limit else message[:limit - 1] + "…"
+
+
+_SERVER_PATH = re.compile(r"(?<![\w/.:~-])/(?:[\w.~+-]+/)+([\w.~+-]*)")
+
+
+def no_paths(message: str) -> str:
+    """``message`` with every absolute server path cut to its last part (``/srv/app/assets/m/config.json`` reads
+    ``…/config.json``): a visitor has no use for the server's folders, and a stranger should not learn them."""
+    return _SERVER_PATH.sub(lambda m: "…/" + m.group(1) if m.group(1) else "…/", message)
+
+
+def shown(value) -> str:
+    """A number (or anything) as a message quotes it: short, never a 309-digit integer."""
+    if isinstance(value, float):
+        return repr(value)  # 1e+308, inf
+    text = repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and len(text) > 15:
+        return f"a {len(text.lstrip('-'))}-digit number"
+    return short(text, 40)
 
 
 def plain(message: str) -> str:
@@ -31,7 +51,7 @@ def _as_user_error(exc: Exception) -> gr.Error:
         gc.collect()
         return gr.Error("The machine ran out of memory for this request: choose smaller sizes or a shorter "
                         "text and try again.")
-    return gr.Error(plain(short(str(exc))))
+    return gr.Error(plain(short(no_paths(str(exc)))))
 
 
 def user_errors(fn):
@@ -74,11 +94,11 @@ def as_number(value, name: str, *, finite: bool = True) -> float:
     try:
         x = float(value)
     except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{name} must be a number, got {short(repr(value), 40)}.") from None
+        raise ValueError(f"{name} must be a number, got {shown(value)}.") from None
     if math.isnan(x):
         raise ValueError(f"{name} must be a number, got NaN.")
     if finite and math.isinf(x):
-        raise ValueError(f"{name} must be a finite number, got {short(repr(value), 40)}.")
+        raise ValueError(f"{name} must be a finite number, got {shown(value)}.")
     return x
 
 
@@ -86,7 +106,7 @@ def as_whole(value, name: str, lo: int, hi: int) -> int:
     """A whole number in [lo, hi] (3.0 counts, 3.5, inf and NaN do not); ValueError naming the range otherwise."""
     x = as_number(value, name, finite=False)
     if not x.is_integer() or not lo <= x <= hi:
-        raise ValueError(f"{name} must be a whole number from {lo} to {hi}, got {short(repr(value), 40)}.")
+        raise ValueError(f"{name} must be a whole number from {lo} to {hi}, got {shown(value)}.")
     return int(x)
 
 
@@ -105,12 +125,11 @@ def as_index(value, n: int, what: str) -> int:
     try:
         i = int(value)
     except (TypeError, ValueError, OverflowError):  # OverflowError: JSON Infinity
-        raise ValueError(f"{what} must be a whole number between 0 and {n - 1}, got {short(repr(value), 40)}.") \
-            from None
+        raise ValueError(f"{what} must be a whole number between 0 and {n - 1}, got {shown(value)}.") from None
     if isinstance(value, float) and value != i:
-        raise ValueError(f"{what} must be a whole number between 0 and {n - 1}, got {short(repr(value), 40)}.")
-    if not 0 <= i < n:  # 1e308 is a whole number with 309 digits: show a prefix
-        raise ValueError(f"{what} must be between 0 and {n - 1} for this model, got {short(str(i), 40)}.")
+        raise ValueError(f"{what} must be a whole number between 0 and {n - 1}, got {shown(value)}.")
+    if not 0 <= i < n:  # 1e308 is a whole number with 309 digits: quoted as 1e+308
+        raise ValueError(f"{what} must be between 0 and {n - 1} for this model, got {shown(value)}.")
     return i
 
 
@@ -119,13 +138,21 @@ def cached_opening(name: str, fn):
     served to every session from ``explorer.cache.results`` (40 visitors arriving at once compute it once).
 
     A session looking at its own model (a dict argument whose "model" is set) gets ``fn`` computed for it.
-    Figures are shared read-only (Gradio only serialises them); component updates are copied per call, since
-    Gradio may consume them.
+    Plotly figures are kept as the JSON Gradio sends (``gr.Plot`` takes it as it is), so a figure is
+    serialised once, not once per visitor; component updates are copied per call, since Gradio may consume
+    them. ``explorer.serving`` wraps every page-load event this way; the mark ``cached_opening`` on the
+    wrapper keeps it from being wrapped twice.
     """
     import copy
 
     from explorer import session
     from explorer.cache import results, weights_key
+
+    if getattr(fn, "cached_opening", False):
+        return fn
+
+    def compute(args):
+        return _as_sent(fn(*args))
 
     @functools.wraps(fn)
     def load(*args):
@@ -135,8 +162,23 @@ def cached_opening(name: str, fn):
         if sum(map(len, values)) > 4096:  # an API client's long input: not an opening example, nothing kept
             return fn(*args)
         key = ("opening", name, weights_key(session.load_default()[0]), values)
-        answer = results.get_or_compute(key, lambda: fn(*args))
+        answer = results.get_or_compute(key, lambda: compute(args))
         if isinstance(answer, tuple):
             return tuple(copy.deepcopy(v) if isinstance(v, (dict, gr.components.Component)) else v for v in answer)
-        return answer
+        return copy.deepcopy(answer) if isinstance(answer, (dict, gr.components.Component)) else answer
+    load.cached_opening = True
     return load
+
+
+def _as_sent(answer):
+    """``answer`` with each Plotly figure replaced by the JSON ``gr.Plot`` would make of it."""
+    from gradio.components.plot import PlotData
+
+    def sent(v):
+        if hasattr(v, "to_json") and hasattr(v, "layout") and hasattr(v, "data"):  # a plotly Figure
+            return PlotData(type="plotly", plot=v.to_json())
+        return v
+
+    if isinstance(answer, tuple):
+        return tuple(sent(v) for v in answer)
+    return sent(answer)

@@ -21,7 +21,7 @@ from explorer.cache import results, weights_key
 from explorer.text import PromptTooLong
 from models.config import ModelConfig
 
-from . import as_number, as_whole, outputs_of, user_errors
+from . import as_number, as_whole, outputs_of, short, user_errors
 
 MAX_NEW_TOKENS = 128
 DEFAULT_NEW_TOKENS = 64  # long enough that recomputing the sequence costs clearly more than a cached step
@@ -308,8 +308,8 @@ def _config_for(name: str, state):
         model, _, model_name = session.get_model(state)
         return model.config, model_name
     configs = _real_configs()
-    if name not in configs:
-        raise ValueError(f"unknown configuration {name!r}: choose one from the list.")
+    if not isinstance(name, str) or name not in configs:
+        raise ValueError(f"unknown configuration {short(repr(name), 40)}: choose one from the list.")
     return configs[name], name
 
 
