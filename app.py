@@ -60,6 +60,8 @@ body.projector .intro:not(.open) .md > :first-child::after {content: " ▸ more"
 .dark .js-plotly-plot .cbtitle text, .dark .js-plotly-plot .legendtext,
 .dark .js-plotly-plot .annotation-text {fill: #e6e6e6 !important}
 .dark .js-plotly-plot .legend .bg {fill: #1f2430 !important}
+/* the generation chart's softmax ticks (#333 on white) drawn light on the dark background, legend symbol too */
+.dark .js-plotly-plot path[style*="stroke: rgb(51, 51, 51)"] {stroke: #e6e6e6 !important}
 /* generated text: Gradio's HighlightedText sets word-break: break-all, which splits words at a line's end ("bas|ket");
    break between words, and inside one only when it is wider than the whole line */
 .textfield, .textfield .token-container, .textfield .token, .textfield .text {word-break: normal !important;

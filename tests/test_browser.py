@@ -248,6 +248,17 @@ def test_dark_mode_draws_plots_on_a_dark_background(app_url, browser):
     page.close()
 
 
+def test_dark_mode_draws_the_softmax_ticks_light(app_url, browser):
+    page, panel = _open(browser, f"{app_url}?__theme=dark&tab=generation", tab="generation")
+    panel.locator(".js-plotly-plot .scatterlayer path.point").first.wait_for(state="attached", timeout=120_000)
+    strokes = page.evaluate("""() => [...document.querySelectorAll('#tab-generation .js-plotly-plot .scatterlayer path.point')]
+        .map(p => getComputedStyle(p).stroke)""")
+    rgb = [s for s in strokes if s.startswith("rgb")]
+    dark = [s for s in rgb if max(int(x) for x in s[s.index("(") + 1:s.index(")")].split(",")[:3]) < 120]
+    assert rgb and not dark, strokes
+    page.close()
+
+
 def test_nothing_is_wider_than_a_390px_phone(app_url, browser):
     page, _ = _open(browser, f"{app_url}?tab=attention", tab="attention", width=390, height=844)
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
