@@ -58,14 +58,15 @@ def optimize_for_decode(model: nn.Module) -> nn.Module:
 
 # --- the one-token decode step ---------------------------------------------------------------------------------
 #
-# Profile of one cached decode step, SmolLM2-135M shape, fp32 (torch.profiler, self time per step): the 211
-# one-token matmuls are the floor (about 25 ms on an idle 2-core machine, 87 % of the step or more); then SDPA's
-# CPU flash kernel, one call per layer (0.1 ms a call on one thread; on two threads of a busy machine several ms,
-# as each call's two threads wait for each other); then ~50 small kernels and ~16 module calls per layer (RMSNorm
-# in five kernels, RoPE, residual adds, hook-point checks), a few ms. Every kernel that splits its work over
-# threads pays that wait on a shared machine, so fewer kernels is the lever: decode_step keeps the matmuls and the
-# SDPA call and drops the rest where it can (RMSNorm as torch's fused kernel, each residual add folded into its
-# matmul with addmm, no module calls). Measured and left out: one query's attention as two batched matmuls and a
+# Profile of one cached decode step, SmolLM2-135M shape, fp32, random weights (torch.profiler, self time per step,
+# measured on this project's 2-core machine while other jobs loaded it to 4-16): on one thread, the 211 one-token
+# matmuls took 77 of 96 ms (81 %; about 25 ms on an idle machine, the floor of an eager step) and the 30 SDPA calls
+# 3 ms; on two threads, the same SDPA calls took 134-202 ms of a 290-330 ms step, as each call's two threads waited
+# for each other on the busy cores; the rest is ~50 small kernels and ~16 module calls per layer (RMSNorm in six
+# kernels, RoPE, residual adds, hook-point checks). Every kernel that splits its work over threads pays that wait
+# on a shared machine, so fewer kernels is the lever: decode_step keeps the matmuls and the SDPA call and drops
+# the rest where it can (RMSNorm as torch's fused kernel, each residual add folded into its matmul with addmm, no
+# module calls). Measured and left out: one query's attention as two batched matmuls and a
 # softmax (three threaded kernels instead of one: slower on a busy machine); q/k/v and gate/up fused into one
 # matmul each (30 % fewer matmul calls, but it needs either a second copy of those weights, 280 MB at this shape,
 # or weights stored as column slices of one matrix, a layout copy.deepcopy does not keep).
@@ -119,7 +120,7 @@ def can_decode_fast(model: nn.Module) -> bool:
 
 
 def _rms_norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)  # (B, C): one kernel instead of five
+    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)  # (B, C): one kernel instead of six
 
 
 def decode_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor | None:
