@@ -10,6 +10,7 @@ from typing import Callable, Iterable
 import torch
 
 from .decoder import check_tokens
+from .fast import decode_step
 from .kv_cache import KVCache
 
 
@@ -67,7 +68,13 @@ def prefill(model, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
 
 
 def decode_one(model, token: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor:
-    """One new token (B, 1) at position ``pos``; next-token logits (B, V)."""
+    """One new token (B, 1) at position ``pos``; next-token logits (B, V).
+
+    A model prepared by ``models.fast.optimize_for_decode`` takes ``models.fast.decode_step`` (the same
+    computation without the module calls) whenever no hook is attached; otherwise, the model itself."""
+    logits = decode_step(model, token, cache, pos)
+    if logits is not None:
+        return logits
     return model(token, start_pos=pos, cache=cache, last_only=True)[:, -1]  # (B, 1, V) -> (B, V)
 
 

@@ -41,7 +41,8 @@ def test_attention_heatmap_is_the_models_pattern(client, served, view):
     model, tokenizer = served
     layer, head = model.config.n_layers - 1, model.config.n_heads - 1
     out = named(AttentionView, client.predict(PROMPT, layer, head, view, api_name="/attention"))
-    heatmap, table, info, grid, gqa_md, impl_md = out.heatmap, out.tokens, out.info, out.grid, out.gqa_md, out.impl_md
+    heatmap, table, info, grid, gqa_md = out.heatmap, out.tokens, out.info, out.grid, out.gqa_md
+    impl_md = client.predict(PROMPT, view, api_name="/attention_impls")  # the answer's follow-up
     ids, labels = session.encode(tokenizer, PROMPT, 64)
     f = fig(heatmap)
     np.testing.assert_allclose(heat(f), pattern(model, ids, layer, head, causal=view == CAUSAL), atol=1e-6)

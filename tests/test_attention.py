@@ -268,3 +268,50 @@ def test_attention_tab_prediction_and_head_sentence_come_from_the_weights():
     d = int(np.argmax(share[1:]) + 1)
     where = "the previous token" if d == 1 else f"the token {d} back"
     assert f"**{share[d]:.2f}** of its weight on {where}" in out.head_md
+
+
+def test_attention_tab_first_answer_runs_no_comparison_and_the_follow_up_reuses_its_forward():
+    import torch
+
+    from explorer.cache import results
+    from explorer.panels.attention import attention_impls, attention_view
+
+    model, state = _own_model_state()
+    results.clear()
+    calls = _count_forwards(model)
+    attention_view(TAB_PROMPT, 0, 0, CAUSAL_VIEW, state)
+    assert len(calls) == 2, "the first answer runs the prompt's forward and the induction probe, nothing more"
+    text = attention_impls(TAB_PROMPT, CAUSAL_VIEW, state)
+    assert len(calls) == 4, "the comparison runs the two implementations the answer's forward did not"
+    assert attention_impls(TAB_PROMPT, CAUSAL_VIEW, state) == text and len(calls) == 4  # then from the cache
+    ids = state["tokenizer"](TAB_PROMPT)["input_ids"]
+    with torch.no_grad():
+        outs = {impl: model(torch.tensor([ids]), attn_impl=impl).double() for impl in ("naive", "sdpa", "tiled")}
+    for impl, label in (("sdpa", "SDPA − naive"), ("tiled", "tiled (flash) − naive")):
+        expected = float((outs[impl] - outs["naive"]).abs().max())
+        shown = float(text.split(f"{label} = **")[1].split("**")[0])
+        assert shown == pytest.approx(expected, rel=0.05, abs=2e-6)
+    with pytest.raises(ValueError, match="view must be one of"):
+        attention_impls(TAB_PROMPT, "sideways", state)
+
+
+def test_attention_grid_page_of_a_smollm2_shaped_model_goes_out_at_one_byte_a_weight():
+    import json
+
+    from explorer.figures import attention as fa
+
+    rng = np.random.default_rng(0)
+    T = 64
+    labels = [f"{i}·t" for i in range(T)]
+    w = rng.random((6, 9, T, T)) * np.tril(np.ones((T, T)))
+    w /= w.sum(-1, keepdims=True)  # the last page of a 30-layer, 9-head model: rows of weights summing to 1
+    fig = fa.attention_grid(w, labels, n_kv_heads=3, layers=range(6), layer_names=range(24, 30), n_layers=30)
+    z = np.asarray(fig.data[0].z)
+    assert z.dtype == np.uint8
+    np.testing.assert_allclose((z[:T, :T].astype(float) - 1) / 254, w[0, 0], atol=0.5 / 254 + 1e-12)
+    assert z[T, 0] == 0  # the blank line between maps
+    bar = fig.data[0].colorbar
+    assert [float(t) for t in bar.ticktext] == [0, 0.25, 0.5, 0.75, 1.0]
+    np.testing.assert_allclose((np.asarray(bar.tickvals) - 1) / 254, [0, 0.25, 0.5, 0.75, 1.0])
+    assert len(fig.to_json()) < 600_000  # float32 weights with int8 indices were 2.4 MB
+    json.loads(fig.to_json())

@@ -41,6 +41,9 @@ def test_quick_bench_on_a_tiny_config_writes_markdown_and_json(tmp_path):
         assert r["fraction_of_limit"] * f["bandwidth"]["bytes_per_s"] / r["bytes_per_token"] == \
             pytest.approx(r["tokens_per_s"])
     assert "Decoding in three weight formats" in md
+    shipped = report["app"]["shipped default model"]  # the Attention tab: the follow-up and the breakdown timed too
+    assert shipped["impls_seconds"] > 0 and len(shipped["breakdown_seconds"]) == 3
+    assert "naive vs fused follow-up (ms)" in md and "the parts of a first answer timed alone" in md
     assert "| target | measured | result |" in md and "tiny" in md
     for needle in ("Prefill T=128", "Decode 64 tokens", "Cached vs uncached", "naive vs sdpa at T=4096"):
         assert needle in md

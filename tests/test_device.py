@@ -122,7 +122,7 @@ def test_the_app_api_runs_on_the_configured_device(client):
     from tests.test_app import CAUSAL
 
     out = named(AttentionView, client.predict("The cat sat on the mat.", 0, 0, CAUSAL, api_name="/attention"))
-    assert dev.describe() in out.impl_md + out.info, "the screen names the device the numbers came from"
+    assert dev.describe() in out.info, "the screen names the device the numbers came from"
 
 
 # Where a device may be named: the device module, and nowhere else (figures never see tensors).

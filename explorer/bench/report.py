@@ -81,17 +81,25 @@ def render_markdown(report: dict[str, Any]) -> str:
     if "skipped" in app:
         lines += [f"Skipped: {app['skipped']}.", ""]
     else:
-        lines += ["The Attention tab's handler called as the app calls it (every heatmap, the all-heads grid, head "
-                  "scores, naive vs SDPA vs tiled logits). First answer: the result cache emptied first, so "
-                  "everything is computed; head switch: the same prompt at the last layer and head right after "
-                  "(the forward reused, figures built). Median of "
-                  f"{report['settings']['app_repeats']} after a warm-up. Payload = the JSON of its outputs.", "",
-                  "| model | parameters | prompt tokens | first answer (ms) | head switch (ms) | payload |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["The Attention tab's handlers called as the app calls them, the model as a user's own. First "
+                  "answer: the result cache emptied first, so everything is computed (the forward with every head's "
+                  "weights, the induction probe, head scores, every figure); naive vs fused: the /attention_impls "
+                  "follow-up the app chains after every answer (two more forwards, the answer's own reused); head "
+                  "switch: the same prompt at the last layer and head right after (the forward reused, figures "
+                  f"built). Median of {report['settings']['app_repeats']} after a warm-up. Payload = the JSON of "
+                  "the larger of the first answer's and the switch's outputs.", "",
+                  "| model | parameters | prompt tokens | first answer (ms) | naive vs fused follow-up (ms) | "
+                  "head switch (ms) | payload |", "|---|---|---|---|---|---|---|"]
         for name, a in app.items():
             switch = f"{a['switch_seconds'] * 1e3:.0f}" if "switch_seconds" in a else "—"
+            impls = f"{a['impls_seconds'] * 1e3:.0f}" if "impls_seconds" in a else "—"
             lines.append(f"| {name} | {a['parameters'] / 1e6:.1f}M | {a['tokens']} | {a['seconds'] * 1e3:.0f} | "
-                         f"{switch} | {measure.format_bytes(a['payload_bytes'])} |")
+                         f"{impls} | {switch} | {measure.format_bytes(a['payload_bytes'])} |")
+        lines.append("")
+        for name, a in app.items():
+            if a.get("breakdown_seconds"):
+                parts = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in a["breakdown_seconds"].items())
+                lines.append(f"- {name}, the parts of a first answer timed alone: {parts}.")
         lines.append("")
     ind = report.get("induction")
     if ind:

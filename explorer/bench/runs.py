@@ -217,13 +217,18 @@ def bench_app(models: dict[str, Decoder], settings) -> dict[str, Any]:
 
     The app is built as ``python app.py`` builds it and its public ``/attention`` handler is called as the
     server calls it, with the model as the user's own. First answer: the result cache emptied before each
-    repeat, so the forward, head scores, naive-vs-SDPA comparison and figures are all computed. Head switch:
-    the same prompt at another layer and head right after, as a click on the Layer or Head menu sends it
-    (the forward reused from the cache, the figures built). The Memory lab's opening example, which the app
-    measures in the background at start-up, is waited for first so it does not share the cores.
+    repeat, so the forward, the induction probe, head scores and figures are all computed. Naive vs fused: the
+    ``/attention_impls`` follow-up the app chains after every answer, right after that first answer (two more
+    forwards; the answer's own is reused). Head switch: the same prompt at another layer and head right after,
+    as a click on the Layer or Head menu sends it (the forward reused from the cache, the figures built).
+    Breakdown: the parts of a first answer timed alone (medians), to show where its time goes. The Memory
+    lab's opening example, which the app measures in the background at start-up, is waited for first so it
+    does not share the cores.
     """
-    from explorer import checkpoints, session
+    from explorer import checkpoints, probes, session
     from explorer.cache import results as result_cache
+    from explorer.figures import attention as figs
+    from explorer.panels import attention as panel
 
     folder = checkpoints.default_model_dir()
     if not (folder / "config.json").is_file():
@@ -233,32 +238,60 @@ def bench_app(models: dict[str, Decoder], settings) -> dict[str, Any]:
     demo = app.build_demo()
     app_handler(demo, "memory_example")()  # waits for the start-up measurement
     attention_view = app_handler(demo, "attention")
+    attention_impls = app_handler(demo, "attention_impls")
     _, tokenizer = session.load_default()
     words = "Tom gave the red ball to Anna and Anna gave the red ball back to Tom".split()
     text = " ".join(words * 8)
     ids = tokenizer(text)["input_ids"]
     cut = tokenizer.decode(ids[:APP_PROMPT_TOKENS], skip_special_tokens=True)
+    causal = "causal (as trained)"  # the Mask radio's first choice
     results = {}
     for name, model in models.items():
         if model.config.vocab_size < len(tokenizer):
             continue  # the tiny test model cannot read the shipped tokenizer's ids
+        c = model.config
         state = {"source": name, "name": name, "model": model, "tokenizer": tokenizer}
-        times, switches, payload, n_tokens = [], [], 0, 0
-        layer, head = model.config.n_layers - 1, model.config.n_heads - 1  # another grid page on a deep model
+        times, follow, switches, payload, n_tokens = [], [], [], 0, 0
+        layer, head = c.n_layers - 1, c.n_heads - 1  # another grid page on a deep model
         for _ in range(settings["app_repeats"] + 1):  # the first call is the warm-up
             result_cache.clear()
-            # "causal (as trained)" is the Mask radio's first choice
-            outputs, seconds = measure.timed(lambda: attention_view(cut, 0, 0, "causal (as trained)", state))
+            outputs, seconds = measure.timed(lambda: attention_view(cut, 0, 0, causal, state))
             times.append(seconds)
-            switched, seconds = measure.timed(lambda: attention_view(cut, layer, head, "causal (as trained)", state))
+            follow.append(measure.timed(lambda: attention_impls(cut, causal, state))[1])
+            switched, seconds = measure.timed(lambda: attention_view(cut, layer, head, causal, state))
             switches.append(seconds)
             payload = max(_payload_bytes(outputs), _payload_bytes(switched))
             n_tokens = len(outputs.tokens)
+        prompt_ids = [row[2] for row in outputs.tokens]
+        labels = [f"{i}·{tok}" for i, tok, _ in outputs.tokens]
+        span = int(panel.default_span(c))
+        parts: dict[str, list[float]] = {}
+        for _ in range(settings["app_repeats"]):
+            fwd, t = measure.timed(lambda: probes.prompt_forward(model, prompt_ids, causal=True, top_k=panel.TOP_K))
+            parts.setdefault("forward with every head's weights", []).append(t)
+            scores, t = measure.timed(lambda: probes.head_scores(model, span_len=span))
+            parts.setdefault(f"induction probe (4 rows, span {span})", []).append(t)
+            p = fwd["patterns"]
+
+            def figures():
+                on_prompt = probes.pattern_scores(p[:, None], prompt_ids)
+                figs.attention_heatmap(p[0, 0], labels, layer=0, head=0, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads)
+                page = figs.grid_page(0, c.n_layers)
+                figs.attention_grid(p[page.start:page.stop], labels, n_kv_heads=c.n_kv_heads, layers=range(len(page)),
+                                    layer_names=page, n_layers=c.n_layers)
+                figs.head_scores_figure({**{k: on_prompt[k] for k in ("previous_token", "first_token")},
+                                         "induction": scores["induction"]}, n_kv_heads=c.n_kv_heads, selected=(0, 0))
+
+            parts.setdefault("head scores on the prompt and figures (heatmap, grid page, scores)", []).append(
+                measure.timed(figures)[1])
         results[name] = {"tokens": n_tokens, "seconds": statistics.median(times[1:]),
-                         "switch_seconds": statistics.median(switches[1:]), "payload_bytes": payload,
-                         "parameters": model.num_parameters()}
-        log(f"app {name}: first answer {results[name]['seconds'] * 1e3:.0f} ms, head switch "
-            f"{results[name]['switch_seconds'] * 1e3:.0f} ms")
+                         "switch_seconds": statistics.median(switches[1:]),
+                         "impls_seconds": statistics.median(follow[1:]), "payload_bytes": payload,
+                         "parameters": model.num_parameters(),
+                         "breakdown_seconds": {k: statistics.median(v) for k, v in parts.items()}}
+        log(f"app {name}: first answer {results[name]['seconds'] * 1e3:.0f} ms, naive vs fused follow-up "
+            f"{results[name]['impls_seconds'] * 1e3:.0f} ms, head switch {results[name]['switch_seconds'] * 1e3:.0f} "
+            f"ms, payload {measure.format_bytes(payload)}")
     return results
 
 

@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
-from plotly.subplots import make_subplots
 
 from .common import (KEY_AXIS, QUALITATIVE, QUERY_AXIS, SEQUENTIAL, WEIGHT_COLORBAR, WEIGHT_RANGE, auto_height,
                      base_layout, head_label, heatmap_figure, kv_head_of)
@@ -25,6 +24,7 @@ SCORE_TITLES = {
 
 SINK_NOTE = "sink hidden: key 0 removed, each row renormalised"
 SINK_COLORBAR = "share of the weight not on key 0 (0–1)"
+COMPACT_CELLS = 120_000  # above this many weights the grid goes out as one byte a weight (see attention_grid)
 GRID_PAGE = 8  # layers per page of the all-heads grid: 8 rows of maps stay legible at any model depth
 
 
@@ -111,11 +111,12 @@ def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: i
     for layer in range(L):
         for head in range(H):
             big[layer * step:layer * step + T, head * kstep:head * kstep + S] = p[layer, head]
-    # What one update may send to the browser is bounded (2 MB): small grids name the tokens on hover, mid-size
-    # ones send float32 weights and int8 indices, and the biggest (30 layers × 9 heads × 64 tokens) send each
+    # What one update may send to the browser is bounded (2 MB, with the other figures): small grids name the
+    # tokens on hover, mid-size ones send float32 weights and int8 indices (8 bytes a cell, about 1.3 MB at
+    # 120,000 cells once base64-encoded), and bigger ones (a page of 6-8 layers x 9 heads x 64 tokens) send each
     # weight as one byte, in steps of 1/254, with hover off; the single-head map always has exact values.
     cells = L * H * T * S
-    if cells > 250_000:
+    if cells > COMPACT_CELLS:
         fig = go.Figure(_compact_heatmap(big, SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR))
         note = " · overview in steps of 1/254: pick a head for exact values"
     else:
@@ -189,25 +190,35 @@ def head_scores_figure(
     if not names:
         raise ValueError("no head scores to draw.")
     L, H = np.asarray(scores[names[0]]).shape
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[SCORE_TITLES.get(n, n) for n in names],
-                        horizontal_spacing=0.06, shared_yaxes=True)
+    # Side-by-side axes laid out by hand, one shared y axis: make_subplots cost tens of milliseconds, paid on
+    # every layer or head switch. The titles are annotations, placed as make_subplots places them.
+    fig = go.Figure()
+    n, spacing = len(names), 0.06
+    width = (1 - spacing * (n - 1)) / n
+    for i, name in enumerate(names):
+        x0 = i * (width + spacing)
+        fig.update_layout({f"xaxis{'' if i == 0 else i + 1}": dict(domain=[x0, x0 + width], anchor="y",
+                                                                    type="category", tickangle=-45)})
+        fig.add_annotation(text=SCORE_TITLES.get(name, name), x=x0 + width / 2, y=1.0, xref="paper", yref="paper",
+                           xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=16))
     heads = [head_label(h, H, n_kv_heads) for h in range(H)]
     layers = [f"layer {layer}" for layer in range(L)]
     for i, name in enumerate(names):
         z = np.asarray(scores[name], dtype=float)
         if z.shape != (L, H):
             raise ValueError(f"score {name!r} has shape {z.shape}, expected {(L, H)}.")
+        xaxis = "x" if i == 0 else f"x{i + 1}"
         fig.add_trace(go.Heatmap(
-            z=z, x=heads, y=layers, coloraxis="coloraxis",
+            z=z, x=heads, y=layers, coloraxis="coloraxis", xaxis=xaxis, yaxis="y",
             hovertemplate=f"{SCORE_TITLES.get(name, name)} score<br>%{{y}} · %{{x}}<br>%{{z:.3f}}<extra></extra>",
-        ), row=1, col=i + 1)
+        ))
         if selected is not None:
             layer, head = selected
             fig.add_trace(go.Scatter(
                 x=[heads[head]], y=[layers[layer]], mode="markers", showlegend=False, hoverinfo="skip",
-                marker=dict(symbol="square-open", size=22, color="#e4572e", line=dict(width=3)),
-            ), row=1, col=i + 1)
-        fig.update_xaxes(type="category", tickangle=-45, row=1, col=i + 1)
+                marker=dict(symbol="square-open", size=22, color="#e4572e", line=dict(width=3)), xaxis=xaxis,
+                yaxis="y",
+            ))
     fig.update_yaxes(type="category", autorange="reversed")
     fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=1,
                                      colorbar=dict(title=dict(text="score (0–1)", side="right"))))

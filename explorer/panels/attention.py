@@ -1,5 +1,9 @@
 """Attention tab: a prompt's tokens, one head's weights, every head at once, head scores, GQA groups,
-the causal mask switched off, and naive vs fused attention compared live."""
+the causal mask switched off, and naive vs fused attention compared live.
+
+The first answer runs one forward (weights and prediction) and the induction probe; the naive-vs-fused
+comparison (two more forwards) follows it as its own event (``attention_impls``), reusing that forward's
+output, so the heatmap never waits for it."""
 from __future__ import annotations
 
 import time
@@ -116,7 +120,6 @@ class AttentionView(NamedTuple):
     scores: Any  # plotly Figure: head scores
     gqa: Any  # plotly Figure: which query heads share a KV head
     gqa_md: str
-    impl_md: str
     layer: Any  # gr.Dropdown update
     head: Any  # gr.Dropdown update
     pick: Any  # gr.Dropdown update: heads to jump to by score
@@ -169,9 +172,7 @@ def _attention_view(prompt, layer, head, view, state, span=None, sink=False):
         {k: scores[k] for k in SCORES_SHOWN}, n_kv_heads=Hkv, selected=(layer, head),
         subtitle=f"previous-token and sink on your prompt (causal); {how}",
     )
-    gqa = figs.gqa_figure(H, Hkv)
-    diffs = results.get_or_compute(("attention.impls", wk, tuple(ids), causal),
-                                   lambda: probes.compare_impls(model, ids, causal=causal))
+    gqa = results.get_or_compute(("attention.gqa", H, Hkv), lambda: figs.gqa_figure(H, Hkv))
 
     shown = session.token_strings(tokenizer, ids)
     table = [[i, tok, int(t)] for i, (tok, t) in enumerate(zip(shown, ids))]
@@ -198,14 +199,9 @@ def _attention_view(prompt, layer, head, view, state, span=None, sink=False):
     run = measure.runtime_info(model)
     info.append(f"Computed in {elapsed * 1000:.0f} ms on {run['device']} (one forward per prompt and mask, "
                 f"reused for every layer, head and display switch).")
-    impl_md = (f"**Naive vs fused attention, computed on this prompt** "
-               f"({'causal' if causal else 'bidirectional'}): max |Δlogit| SDPA − naive = "
-               f"**{diffs['sdpa']:.3g}**, tiled (flash) − naive = **{diffs['tiled']:.3g}** "
-               f"({run['dtype']}; differences at rounding level mean the three paths "
-               f"compute the same function).")
     picks = _score_choices(scores, H, Hkv)
     return AttentionView(heatmap=heat, tokens=table, info="\n\n".join(info), grid=grid, scores=scores_fig, gqa=gqa,
-                         gqa_md=gqa_md, impl_md=impl_md, layer=gr.Dropdown(choices=layer_choices(L), value=layer),
+                         gqa_md=gqa_md, layer=gr.Dropdown(choices=layer_choices(L), value=layer),
                          head=gr.Dropdown(choices=head_choices(H, Hkv), value=head),
                          pick=gr.Dropdown(choices=picks, value=None), prediction=prediction, head_md=head_md)
 
@@ -216,6 +212,36 @@ def attention_view(prompt, layer, head, view, state, span=None, sink=False) -> A
     model, _, _ = session.get_model(state)
     with session.threads_for(model):
         return _attention_view(prompt, layer, head, view, state, span, sink)
+
+
+def _compare(prompt, view, state) -> str:
+    model, tokenizer, _ = session.get_model(state)
+    if view not in VIEWS:
+        raise ValueError(f"view must be one of {VIEWS}, got {view!r}.")
+    causal = view == VIEWS[0]
+    ids, _, _ = session.encode_with_notice(tokenizer, prompt, min(MAX_TOKENS, model.config.max_seq_len))
+    wk = weights_key(model)
+
+    def compare():
+        fwd = _forward(model, ids, causal, wk)  # the first answer's forward, from the cache
+        return probes.compare_impls(model, ids, causal=causal, known={fwd["attn_impl"]: fwd["logits"]})
+
+    diffs = results.get_or_compute(("attention.impls", wk, tuple(ids), causal), compare)
+    return (f"**Naive vs fused attention, computed on this prompt** "
+            f"({'causal' if causal else 'bidirectional'}): max |Δlogit| SDPA − naive = "
+            f"**{diffs['sdpa']:.3g}**, tiled (flash) − naive = **{diffs['tiled']:.3g}** "
+            f"({measure.runtime_info(model)['dtype']}; differences at rounding level mean the three paths "
+            f"compute the same function).")
+
+
+@user_errors
+@gpu(30)
+def attention_impls(prompt, view, state) -> str:
+    """Max |Δlogit| of SDPA and tiled attention against naive on the prompt: the follow-up of every Attention
+    answer (the forward the answer ran is one of the three; the other two run here, once per prompt and mask)."""
+    model, _, _ = session.get_model(state)
+    with session.threads_for(model):
+        return _compare(prompt, view, state)
 
 
 @user_errors
@@ -270,13 +296,24 @@ def build_attention(demo: gr.Blocks, state: gr.State) -> None:
 
     inputs = [prompt, layer, head, view, state, span, sink]
     outputs = outputs_of(AttentionView, heatmap=heat, tokens=tokens, info=info, grid=grid, scores=scores, gqa=gqa,
-                         gqa_md=gqa_md, impl_md=impl_md, layer=layer, head=head, pick=pick,
-                         prediction=prediction, head_md=head_md)
-    run.click(attention_view, inputs, outputs, api_name="attention")
-    prompt.submit(attention_view, inputs, outputs, api_name="attention_submit", api_visibility="undocumented")
+                         gqa_md=gqa_md, layer=layer, head=head, pick=pick, prediction=prediction, head_md=head_md)
+    # Every answer is followed by the naive-vs-fused comparison for its prompt and mask: computed once, then
+    # served from the cache (a layer or head switch on the same prompt gets it in milliseconds).
+    impl_inputs = [prompt, view, state]
+
+    def then_compare(event, api: str, visibility: str = "private"):
+        event.then(attention_impls, impl_inputs, impl_md, api_name=api, api_visibility=visibility)
+
+    then_compare(run.click(attention_view, inputs, outputs, api_name="attention"), "attention_impls", "public")
+    then_compare(prompt.submit(attention_view, inputs, outputs, api_name="attention_submit",
+                               api_visibility="undocumented"), "attention_impls_submit", "undocumented")
     for control, api in ((layer, "layer"), (head, "head"), (view, "mask"), (span, "span"), (sink, "sink")):
-        control.input(attention_view, inputs, outputs, api_name=f"attention_{api}", api_visibility="private")
-    pick.input(jump_to_head, [pick], [layer, head], api_name="attention_jump", api_visibility="private").success(
-        attention_view, inputs, outputs, api_name="attention_after_jump", api_visibility="private")
+        then_compare(control.input(attention_view, inputs, outputs, api_name=f"attention_{api}",
+                                   api_visibility="private"), f"attention_impls_{api}")
+    then_compare(pick.input(jump_to_head, [pick], [layer, head], api_name="attention_jump",
+                            api_visibility="private").success(
+        attention_view, inputs, outputs, api_name="attention_after_jump", api_visibility="private"),
+        "attention_impls_after_jump")
     links.register(demo, "attention", attention_view, inputs, outputs, api_name="attention_example",
-                   params=dict(prompt=prompt, layer=layer, head=head, mask=view, span=span, sink=sink))
+                   params=dict(prompt=prompt, layer=layer, head=head, mask=view, span=span, sink=sink),
+                   then=[(attention_impls, impl_inputs, [impl_md], "attention_impls_example")])

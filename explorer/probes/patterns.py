@@ -62,6 +62,8 @@ class PromptForward(TypedDict):
     source: str  # how the weights were obtained
     top_ids: np.ndarray  # (k,) the most likely next tokens after the last one
     top_probs: np.ndarray  # (k,) their probabilities (softmax of the last logits, float64)
+    logits: torch.Tensor  # (1, T, V) the forward's output for the first sequence (compare_impls' known)
+    attn_impl: str  # the implementation that forward ran
 
 
 def prompt_forward(model: nn.Module, tokens, *, causal: bool | None = None, top_k: int = 5) -> PromptForward:
@@ -70,7 +72,8 @@ def prompt_forward(model: nn.Module, tokens, *, causal: bool | None = None, top_
     probs = torch.softmax(logits[0, -1].double(), dim=-1)  # (V,)
     top = torch.topk(probs, min(top_k, probs.shape[-1]))
     return PromptForward(patterns=to_host(cache.stack("attn.hook_pattern")[:, 0]), source=cache.pattern_source,
-                         top_ids=to_host(top.indices), top_probs=to_host(top.values))
+                         top_ids=to_host(top.indices), top_probs=to_host(top.values), logits=logits[:1].detach(),
+                         attn_impl=cache.attn_impl)
 
 
 def all_patterns(model: nn.Module, tokens, *, causal: bool | None = None,
@@ -79,14 +82,19 @@ def all_patterns(model: nn.Module, tokens, *, causal: bool | None = None,
     return patterns_with_source(model, tokens, causal=causal, attn_impl=attn_impl)[0]
 
 
-def compare_impls(model: nn.Module, tokens, **forward_kwargs) -> dict[str, float]:
+def compare_impls(model: nn.Module, tokens, *, known: dict[str, torch.Tensor] | None = None,
+                  **forward_kwargs) -> dict[str, float]:
     """Max |output - naive output| for each implementation (decoder logits, encoder hidden states).
 
     Runs without hooks, under ``torch.inference_mode``. ``{"naive": 0.0, "sdpa": ..., "tiled": ...}``.
+    known: ``{impl: output}`` already computed for these tokens and arguments (a recorded forward: hooks only
+    observe, so it is the same tensor): those implementations are not run again.
     """
     tokens = _as_tokens(model, tokens, forward_kwargs.get("start_pos", 0))
+    known = {impl: out for impl, out in (known or {}).items() if impl in ATTN_IMPLS}
     with torch.inference_mode():
-        outs = {impl: model(tokens, attn_impl=impl, **forward_kwargs).float() for impl in ATTN_IMPLS}
+        outs = {impl: (known[impl] if impl in known else model(tokens, attn_impl=impl, **forward_kwargs)).float()
+                for impl in ATTN_IMPLS}
     return {impl: float((out - outs["naive"]).abs().max()) for impl, out in outs.items()}
 
 
@@ -148,12 +156,13 @@ def head_scores(model: nn.Module, *, tokens=None, span_len: int | None = None, b
         raise ValueError(f"batch must be a positive integer, got {batch!r}.")
     toks = None if tokens is None else _as_tokens(model, tokens)  # refused before anything runs
     probe = repeated_random_tokens(config.vocab_size, span_len, batch, seed, bos_id=bos)  # (B, P + 2*span)
-    _, cache = run_with_cache(model, probe, _is_pattern, attn_impl=attn_impl)
+    last_only = {"last_only": True} if hasattr(model, "lm_head") else {}  # a decoder: only the weights are read
+    _, cache = run_with_cache(model, probe, _is_pattern, attn_impl=attn_impl, **last_only)
     rep = cache.stack("attn.hook_pattern")  # (L, B, H, T, T)
     if toks is None:
         pats, toks = rep, probe
     else:
-        _, cache = run_with_cache(model, toks, _is_pattern, attn_impl=attn_impl)
+        _, cache = run_with_cache(model, toks, _is_pattern, attn_impl=attn_impl, **last_only)
         pats = cache.stack("attn.hook_pattern")
     scores = pattern_scores(pats, toks)
     return HeadScores(previous_token=scores["previous_token"], first_token=scores["first_token"],

@@ -1,0 +1,147 @@
+"""models.fast.decode_step: the one-token path ``decode_one`` takes for a model prepared by ``optimize_for_decode``.
+
+Checked against the modules' own forward (the teaching code, independent of the flat step): logits within float
+rounding at every step, identical greedy tokens, the same KV cache contents; and never taken where it would skip
+something (a hook, LoRA, int8, bf16, another attention implementation)."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from models import Decoder, ModelConfig, generate, optimize_for_decode
+from models.fast import FAST_DECODE, can_decode_fast, decode_step
+from models.generate import decode_one, prefill
+from models.lora import attach_lora
+from models.quant import quantize_int8
+
+
+def tiny(**kw):
+    base = dict(vocab_size=97, d_model=48, n_layers=3, n_heads=6, n_kv_heads=2, max_seq_len=64, d_ff=80)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def _spread(model, std=0.08):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0.0, std)
+            else:
+                p.uniform_(0.5, 1.5)  # norms away from 1, so a norm weight left out would show
+    return model.eval()
+
+
+def _pair(config, seed=0):
+    """(plain, prepared): the same weights, one as the tutorial builds it, one through optimize_for_decode."""
+    torch.manual_seed(seed)
+    plain = _spread(Decoder(config))
+    return plain, optimize_for_decode(copy.deepcopy(plain))
+
+
+def _step_by_step(model, prompt, n, *, fast: bool):
+    """Greedy decoding by hand: logits of each step from decode_step (fast) or the model's forward."""
+    cache = model.new_cache(prompt.shape[0], prompt.shape[1] + n)
+    logits, steps, tokens = prefill(model, prompt, cache), [], []
+    with torch.inference_mode():
+        for i in range(n):
+            tok = logits.argmax(-1, keepdim=True)  # (B, 1)
+            tokens.append(tok)
+            pos = prompt.shape[1] + i
+            if fast:
+                logits = decode_step(model, tok, cache, pos)
+                assert logits is not None
+            else:
+                logits = model(tok, start_pos=pos, cache=cache, last_only=True)[:, -1]
+            steps.append(logits)
+    return torch.cat(tokens, 1), torch.stack(steps), cache
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(n_kv_heads=6, tie_embeddings=False), dict(n_kv_heads=1)],
+                            ids=["gqa-tied", "mha-untied", "mqa"])
+def test_decode_step_matches_the_modules_forward(kw):
+    plain, fast = _pair(tiny(**kw))
+    assert can_decode_fast(fast) and not can_decode_fast(plain)
+    prompt = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(1))
+    ref_tokens, ref_logits, ref_cache = _step_by_step(plain, prompt, 20, fast=False)
+    tokens, logits, cache = _step_by_step(fast, prompt, 20, fast=True)
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
+    assert logits.abs().max() > 1  # logits of a spread model, not a degenerate zero
+    for layer in range(plain.config.n_layers):  # the KV-cache views see the same keys and values
+        torch.testing.assert_close(cache.k[layer], ref_cache.k[layer], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(cache.v[layer], ref_cache.v[layer], atol=1e-5, rtol=1e-5)
+    assert cache.length == ref_cache.length
+    assert torch.equal(generate(fast, prompt, 24), generate(plain, prompt, 24))
+    assert torch.equal(generate(fast, prompt, 24), generate(fast, prompt, 24, use_cache=False))
+
+
+def test_decode_step_on_the_shipped_default_model():
+    from explorer import session
+
+    model, tokenizer = session.load_default()  # the app's copy, prepared by optimize_for_decode
+    assert can_decode_fast(model)
+    plain = copy.deepcopy(model)
+    delattr(plain, FAST_DECODE)
+    assert not can_decode_fast(plain)
+    prompt = torch.tensor([tokenizer("Once upon a time, there was a little girl named Lily.")["input_ids"]])
+    ref_tokens, ref_logits, _ = _step_by_step(plain, prompt, 48, fast=False)
+    tokens, logits, _ = _step_by_step(model, prompt, 48, fast=True)
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-5)
+    assert torch.equal(generate(model, prompt, 48), generate(plain, prompt, 48))
+
+
+def test_a_hook_anywhere_sends_decoding_through_the_modules():
+    _, fast = _pair(tiny())
+    prompt = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(2))
+    for where in (fast.blocks[1].attn.hook_pattern, fast.blocks[2].mlp.hook_post, fast.norm.hook_scale,
+                  fast.blocks[0], fast.lm_head, fast):
+        seen = []
+        handle = where.register_forward_hook(lambda m, i, o: seen.append(1))
+        try:
+            assert not can_decode_fast(fast)
+            cache = fast.new_cache(1, 8)
+            prefill(fast, prompt, cache)
+            n = len(seen)
+            decode_one(fast, prompt[:, :1], cache, 5)
+            assert len(seen) > n, f"the decode step skipped the hook on {type(where).__name__}"
+        finally:
+            handle.remove()
+        assert can_decode_fast(fast)
+    handle = fast.blocks[0].attn.register_forward_pre_hook(lambda m, a: None)
+    assert not can_decode_fast(fast)
+    handle.remove()
+    handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: None)  # a global hook
+    try:
+        assert not can_decode_fast(fast)
+    finally:
+        handle.remove()
+    assert can_decode_fast(fast)
+
+
+def test_lora_int8_bf16_and_other_attention_implementations_take_the_modules_path():
+    plain, fast = _pair(tiny())
+    prompt = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(3))
+
+    lora = copy.deepcopy(fast)
+    assert can_decode_fast(lora)  # a "yes" kept on the model: attaching LoRA afterwards must still be seen
+    attach_lora(lora, rank=2)
+    assert not can_decode_fast(lora)
+    with torch.no_grad():
+        for m in lora.modules():
+            if hasattr(m, "lora_B"):
+                m.lora_B.normal_(0, 0.3)  # a trained adapter: it changes the output
+    ref = lora(torch.cat([prompt, generate(lora, prompt, 1)[:, -1:]], 1))[:, -1]
+    cache = lora.new_cache(1, 8)
+    prefill(lora, prompt, cache)
+    torch.testing.assert_close(decode_one(lora, generate(lora, prompt, 1)[:, -1:], cache, 6), ref,
+                               atol=1e-5, rtol=1e-5)  # the adapter's contribution is in the decode step
+
+    int8, _ = quantize_int8(fast)
+    assert not can_decode_fast(int8)
+    assert not can_decode_fast(copy.deepcopy(fast).to(torch.bfloat16))
+    for impl in ("naive", "tiled"):
+        assert not can_decode_fast(copy.deepcopy(fast).set_attn_impl(impl))
+    assert can_decode_fast(copy.deepcopy(fast)) and can_decode_fast(copy.deepcopy(fast).to(torch.float32))
+    assert decode_step(fast, prompt[:, :2], fast.new_cache(1, 8), 0) is None  # two tokens: the model's forward
