@@ -61,3 +61,11 @@ def test_stop_ends_a_run_through_the_api_and_the_worker_answers_next(client):
     started = time.time()
     out = client.predict("Tom", 2, 0.0, None, None, 0, api_name="/generate")
     assert len(out[6]["data"]) == 2 and time.time() - started < 60
+
+
+def test_chat_on_a_model_without_a_chat_template_says_the_prompt_went_in_as_plain_text():
+    state = session.new_state()  # the shipped default model: its tokenizer has no chat template
+    on = list(generation.generate_stream(generation.DEFAULT_PROMPT, 2, 0.0, None, None, 0, state, True))[-1]
+    off = list(generation.generate_stream(generation.DEFAULT_PROMPT, 2, 0.0, None, None, 0, state, False))[-1]
+    assert "has no chat template" in on.summary and "chat template" not in off.summary
+    assert on.text == off.text  # the same plain prompt went in either way
