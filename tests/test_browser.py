@@ -197,6 +197,16 @@ def _run_action(page, panel, tab_id, button):
         _wait_idle(page)
 
 
+def _each_tab(page):
+    """Open each tab in turn (its first figure drawn, the page idle); yields (tab id, its button, its panel)."""
+    for label, tab_id, button in TABS:
+        page.get_by_role("tab", name=label, exact=True).click()
+        panel = page.locator(f"#tab-{tab_id}")
+        panel.locator(".js-plotly-plot").first.wait_for(state="visible", timeout=120_000)
+        _wait_idle(page)
+        yield tab_id, button, panel
+
+
 def _main_figure_box(page, panel):
     page.evaluate("window.scrollTo(0, 0)")
     page.wait_for_timeout(800)  # the debounced fit
@@ -207,11 +217,7 @@ def test_projector_mode_fits_each_main_figure_at_1280x720(app_url, browser):
     page, _ = _open(browser, f"{app_url}?present=1", tab="walkthrough")
     assert page.evaluate("getComputedStyle(document.querySelector('#tab-walkthrough .prose')).fontSize") == "18px"
     misfits = []
-    for label, tab_id, button in TABS:
-        page.get_by_role("tab", name=label, exact=True).click()
-        panel = page.locator(f"#tab-{tab_id}")
-        panel.locator(".js-plotly-plot").first.wait_for(state="visible", timeout=120_000)
-        _wait_idle(page)
+    for tab_id, button, panel in _each_tab(page):
         _run_action(page, panel, tab_id, button)  # fits after the tab's action, not only on its opening
         box = _main_figure_box(page, panel)
         fits = (box["y"] >= 0 and box["y"] + box["height"] <= 720 and box["x"] + box["width"] <= 1280
@@ -228,11 +234,7 @@ def test_projector_mode_fits_each_main_figure_at_1280x720(app_url, browser):
 def test_without_projector_mode_each_main_figure_starts_in_the_first_720px(app_url, browser):
     page, _ = _open(browser, app_url, tab="walkthrough")
     late = []
-    for label, tab_id, _ in TABS:
-        page.get_by_role("tab", name=label, exact=True).click()
-        panel = page.locator(f"#tab-{tab_id}")
-        panel.locator(".js-plotly-plot").first.wait_for(state="visible", timeout=120_000)
-        _wait_idle(page)
+    for tab_id, _, panel in _each_tab(page):
         box = _main_figure_box(page, panel)
         if not 0 <= box["y"] < 720 or box["x"] + box["width"] > 1280 or box["height"] < 240:
             late.append(f"{tab_id}: {box}")
