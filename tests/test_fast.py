@@ -9,33 +9,23 @@ import pytest
 import torch
 from torch import nn
 
-from models import Decoder, ModelConfig, generate, optimize_for_decode
+from models import Decoder, generate, optimize_for_decode
 from models.fast import FAST_DECODE, can_decode_fast, decode_step
 from models.generate import decode_one, prefill
 from models.lora import attach_lora
 from models.quant import quantize_int8
+from tests.tiny_decoder import spread
+from tests.tiny_decoder import tiny as tiny_config
 
 
 def tiny(**kw):
-    base = dict(vocab_size=97, d_model=48, n_layers=3, n_heads=6, n_kv_heads=2, max_seq_len=64, d_ff=80)
-    base.update(kw)
-    return ModelConfig(**base)
-
-
-def _spread(model, std=0.08):
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.normal_(0.0, std)
-            else:
-                p.uniform_(0.5, 1.5)  # norms away from 1, so a norm weight left out would show
-    return model.eval()
+    return tiny_config(**{"vocab_size": 97, "n_layers": 3, "n_heads": 6, **kw})
 
 
 def _pair(config, seed=0):
     """(plain, prepared): the same weights, one as the tutorial builds it, one through optimize_for_decode."""
     torch.manual_seed(seed)
-    plain = _spread(Decoder(config))
+    plain = spread(Decoder(config), norms=True)
     return plain, optimize_for_decode(copy.deepcopy(plain))
 
 

@@ -13,23 +13,11 @@ from models import Decoder, Encoder, KVCache, ModelConfig, check_tokens, generat
 from models.attention import build_mask
 from models.generate import decode_one, prefill, sampling_probs
 from models.rope import apply_rope, rope_angles, rope_tables, sinusoidal_table
+from tests.tiny_decoder import spread as _spread
+from tests.tiny_decoder import tiny
 
 decoder_module = importlib.import_module("models.decoder")
 generate_module = importlib.import_module("models.generate")  # ``models.generate`` is the function
-
-
-def tiny(**kw):
-    base = dict(vocab_size=61, d_model=48, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64, d_ff=80)
-    base.update(kw)
-    return ModelConfig(**base)
-
-
-def _spread(model, std=0.08):
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.normal_(0.0, std)
-    return model.eval()
 
 
 # --- RoPE -------------------------------------------------------------------------------------------
