@@ -2,6 +2,7 @@
 definition on a word where it appears, as a hover title; ``mark`` does it for every term of one of our texts)."""
 from __future__ import annotations
 
+import functools
 import html
 import re
 
@@ -101,16 +102,24 @@ def markdown() -> str:
     return "\n".join(f"- **{html.escape(k)}**: {html.escape(v)}" for k, v in TERMS.items())
 
 
+@functools.cache
 def _forms() -> dict[str, str]:
     forms = {k: k for k in TERMS if "," not in k and "/" not in k.replace("nats/token", "")}
     forms.update(ALIASES)
     return forms
 
 
+@functools.cache
 def _pattern() -> re.Pattern:
     forms = sorted(_forms(), key=len, reverse=True)  # the longest first: "KV cache" before "KV head"'s "KV"
     body = "|".join(re.escape(f) for f in forms)
     return re.compile(rf"(?<![\w|/-])({body})(s|es)?(?![\w|/-])", re.IGNORECASE)
+
+
+@functools.cache
+def _term_of() -> dict[str, str]:
+    """Each written form, lower-cased -> its term."""
+    return {k.lower(): v for k, v in _forms().items()}
 
 
 # Markdown we never mark inside: fenced and inline code, HTML tags, a link's target, LaTeX-free by design
@@ -121,7 +130,7 @@ def mark(text: str) -> str:
     """Our own Markdown ``text`` with the first use of each glossary term wrapped in ``<abbr class="term"
     title="definition">`` (a dotted underline; hovering shows the definition). Never call it on a visitor's
     text: it adds HTML. Code spans, tags and link targets are left as they are."""
-    pattern, forms = _pattern(), {k.lower(): v for k, v in _forms().items()}
+    pattern, forms = _pattern(), _term_of()
     done: set[str] = set()
 
     def wrap(m: re.Match) -> str:
