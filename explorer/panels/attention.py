@@ -214,8 +214,7 @@ def attention_view(prompt, layer, head, view, state, span=None, sink=False) -> A
         return _attention_view(prompt, layer, head, view, state, span, sink)
 
 
-def _compare(prompt, view, state) -> str:
-    model, tokenizer, _ = session.get_model(state)
+def _compare(model, tokenizer, prompt, view) -> str:
     if view not in VIEWS:
         raise ValueError(f"view must be one of {VIEWS}, got {view!r}.")
     causal = view == VIEWS[0]
@@ -239,9 +238,9 @@ def _compare(prompt, view, state) -> str:
 def attention_impls(prompt, view, state) -> str:
     """Max |Δlogit| of SDPA and tiled attention against naive on the prompt: the follow-up of every Attention
     answer (the forward the answer ran is one of the three; the other two run here, once per prompt and mask)."""
-    model, _, _ = session.get_model(state)
+    model, tokenizer, _ = session.get_model(state)
     with session.threads_for(model):
-        return _compare(prompt, view, state)
+        return _compare(model, tokenizer, prompt, view)
 
 
 @user_errors
