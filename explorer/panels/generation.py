@@ -158,7 +158,8 @@ def _run(model, tokenizer, name, prompt, s: dict, chat):
         model, ids, s["max_new_tokens"], temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"],
         seed=s["seed"], stop_tokens=stops, uncached_at=schedule, top=TOP, step_lock=model_lock(model),
         measure_lock=MEASURE_LOCK)
-    ctx = {"ids": ids, "chat": use_chat, "chat_ignored": bool(chat) and not use_chat, "stops": stops, "schedule": schedule, "name": name}
+    ctx = {"ids": ids, "chat": use_chat, "chat_ignored": bool(chat) and not use_chat, "stops": stops,
+           "schedule": schedule, "name": name}
     with session.default_threads():
         for st in stream:
             steps.append(st)
@@ -216,7 +217,7 @@ def _final_view(model, tokenizer, steps: list[dict], ctx: dict, s: dict) -> Gene
         f"**Model:** {ctx['name']} · prompt {len(ids)} tokens"
         + (" (wrapped by the chat template)" if ctx["chat"] else "")
         + (" (as plain text: this model's tokenizer has no chat template)"
-           if ctx.get("chat_ignored") else "") + f" + {len(steps)} new ({ended}) · "
+           if ctx["chat_ignored"] else "") + f" + {len(steps)} new ({ended}) · "
         f"{view['settings']}\n\n"
         f"With the cache: {total * 1e3:.1f} ms in all (prefill {steps[0]['seconds'] * 1e3:.1f} ms"
         + (f", then {tps:.0f} tokens/s" if math.isfinite(tps) else "") + "). "
