@@ -283,14 +283,18 @@ def app_kwargs() -> dict:
 
 # --- sessions that left -------------------------------------------------------------------------------------
 
+def _state_dicts(session_state):
+    """(state component id, value) for each dict a Gradio session's state holds (our session states are dicts)."""
+    for key, value in list(getattr(session_state, "state_data", {}).items()):
+        if isinstance(value, dict):
+            yield key, value
+
+
 def _holds_own_model(session_state) -> bool:
     """Whether a Gradio session's state holds a visitor's own model, or a notice that it was freed."""
     from explorer.private_models import EVICTED_KEY
 
-    for value in list(getattr(session_state, "state_data", {}).values()):
-        if isinstance(value, dict) and (value.get("model") is not None or value.get(EVICTED_KEY)):
-            return True
-    return False
+    return any(value.get("model") is not None or value.get(EVICTED_KEY) for _, value in _state_dicts(session_state))
 
 
 #: session hash -> (state component id, the sentence): sessions dropped while their owner had not yet been told
@@ -302,10 +306,8 @@ MAX_RETURNING = 10_000
 def _notice_of(session_state) -> tuple[int, str] | None:
     from explorer.private_models import EVICTED_KEY
 
-    for key, value in list(getattr(session_state, "state_data", {}).items()):
-        if isinstance(value, dict) and value.get(EVICTED_KEY):
-            return key, value[EVICTED_KEY]
-    return None
+    return next(((key, value[EVICTED_KEY]) for key, value in _state_dicts(session_state) if value.get(EVICTED_KEY)),
+                None)
 
 
 def tell_returning_visitor(demo: gr.Blocks, session_hash: str) -> None:
