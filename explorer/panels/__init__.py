@@ -151,9 +151,6 @@ def cached_opening(name: str, fn):
     if getattr(fn, "cached_opening", False):
         return fn
 
-    def compute(args):
-        return _as_sent(fn(*args))
-
     @functools.wraps(fn)
     def load(*args):
         if any(isinstance(a, dict) and a.get("model") is not None for a in args):
@@ -162,23 +159,21 @@ def cached_opening(name: str, fn):
         if sum(map(len, values)) > 4096:  # an API client's long input: not an opening example, nothing kept
             return fn(*args)
         key = ("opening", name, weights_key(session.load_default()[0]), values)
-        answer = results.get_or_compute(key, lambda: compute(args))
-        if isinstance(answer, tuple):
-            return tuple(copy.deepcopy(v) if isinstance(v, (dict, gr.components.Component)) else v for v in answer)
-        return copy.deepcopy(answer) if isinstance(answer, (dict, gr.components.Component)) else answer
+        answer = results.get_or_compute(key, lambda: _each(_as_sent, fn(*args)))
+        return _each(lambda v: copy.deepcopy(v) if isinstance(v, (dict, gr.components.Component)) else v, answer)
     load.cached_opening = True
     return load
 
 
-def _as_sent(answer):
-    """``answer`` with each Plotly figure replaced by the JSON ``gr.Plot`` would make of it."""
+def _each(f, answer):
+    """``f`` applied to each output of a handler's ``answer`` (a tuple of outputs, or one)."""
+    return tuple(f(v) for v in answer) if isinstance(answer, tuple) else f(answer)
+
+
+def _as_sent(v):
+    """``v`` as Gradio sends it when it is a Plotly figure (the JSON ``gr.Plot`` would make of it), else as it is."""
     from gradio.components.plot import PlotData
 
-    def sent(v):
-        if hasattr(v, "to_json") and hasattr(v, "layout") and hasattr(v, "data"):  # a plotly Figure
-            return PlotData(type="plotly", plot=v.to_json())
-        return v
-
-    if isinstance(answer, tuple):
-        return tuple(sent(v) for v in answer)
-    return sent(answer)
+    if hasattr(v, "to_json") and hasattr(v, "layout") and hasattr(v, "data"):  # a plotly Figure
+        return PlotData(type="plotly", plot=v.to_json())
+    return v
