@@ -148,6 +148,24 @@ def outcomes_report():
         print(f"\n{name:28s} answered {ok:3d}  refused {refused:3d}", end="")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def hub_local_only():
+    """Hub ids are among the inputs here ("HuggingFaceTB/SmolLM2-135M", ...): besides HF_HUB_OFFLINE=1 (conftest),
+    any call that would ask the Hub rather than its local cache fails the test instead of downloading."""
+    import huggingface_hub
+
+    real = huggingface_hub.snapshot_download
+
+    def local_only(repo_id, **kw):
+        if not kw.get("local_files_only"):  # pytest.fail: a BaseException, which the loader's except cannot swallow
+            pytest.fail(f"a test asked the Hugging Face Hub for {repo_id!r} (tests run offline)")
+        return real(repo_id, **kw)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(huggingface_hub, "snapshot_download", local_only)
+        yield
+
+
 pytestmark = pytest.mark.usefixtures("served")  # not an argument: hypothesis would print the model
 
 
