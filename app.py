@@ -179,7 +179,7 @@ def build_demo() -> gr.Blocks:
                               min_width=180, elem_id="view-link", lines=1, max_lines=1,
                               placeholder="the view's link appears here")
         notice = gr.Textbox(label="About this link", visible=False, interactive=False, elem_id="link-notice")
-        with gr.Accordion("About · glossary of the words used here", open=False, elem_id="glossary"):
+        with gr.Accordion("About · glossary of the words used here", open=False, elem_id="glossary") as about:
             gr.Markdown("A Llama-style decoder written from scratch, and what happens inside it. Every number on "
                         "screen is computed now, on this machine, by the code that is running. The model picker "
                         "above loads a model for every tab (a Hub id or a folder under the model root; the Model "
@@ -205,7 +205,17 @@ def build_demo() -> gr.Blocks:
         demo.load(None, None, [projector], js=ON_LOAD_JS, api_name="projector_from_link", api_visibility="private")
         projector.change(None, [projector], None, js=PROJECTOR_JS, api_name="projector", api_visibility="private")
     demo.queue(**QUEUE)
-    return serving.apply(demo)
+    serving.apply(demo)  # computes every tab's opening example into the page
+    about.label = about_label(serving.opened(demo)[0])
+    return demo
+
+
+def about_label(opened_at: float) -> str:
+    """The About line, always in sight: it says that the opening examples were computed at start-up, and when."""
+    import datetime
+
+    when = datetime.datetime.fromtimestamp(opened_at, datetime.timezone.utc).strftime("%H:%M UTC")
+    return f"About · glossary · each tab opens on an example computed at start-up ({when}); what you change is computed now"
 
 
 if __name__ == "__main__":

@@ -2,13 +2,18 @@
 
 Each panel registers its main view at the end of its build: the handler that computes the tab's opening example,
 its inputs and outputs, and its URL parameters (query key -> component). ``wire`` (called once by app.py, after
-every tab is built) then runs, on page load:
+every tab is built) then chains each view after a hidden trigger of its tab (``apply-link-<tab>``):
 
-1. ``read_link``: reads ``gr.Request``'s query, selects the linked tab and sets the linked components, after the
-   same checks the component applies to typed input (a choice among the dropdown's choices, a number inside the
-   slider's range, ...); a value that fails is ignored and a sentence says so, in a text box (never HTML);
-2. then every registered view, with the components' values as they now are: the link's where it gave them, the
-   defaults elsewhere. One chain, so a default example can never land after (and over) a linked one.
+1. ``read_link_<tab>``: reads ``gr.Request``'s query, selects the linked tab and sets the linked components, after
+   the same checks the component applies to typed input (a choice among the dropdown's choices, a number inside
+   the slider's range, ...); a value that fails is ignored and a sentence says so, in a text box (never HTML);
+2. then the tab's view, with the components' values as they now are: the link's where it gave them, the
+   defaults elsewhere.
+
+The page's JS (``LINK_JS``) clicks the linked tab's trigger only when the URL carries a link; a link naming no
+known tab clicks ``apply-link``, which only says what was ignored. Without a link the page sends nothing: every
+view's opening example, with the build-time values, is computed once at start-up into the page itself
+(``explorer.opening``, run by ``explorer.serving.apply`` on the events ``opening_events`` lists).
 
 The scheme: ``?tab=<tab id>&<key>=<value>...``, the keys being the ones each panel registers (``LINK_KEYS``
 lists them, README "Teaching with it" shows examples); ``present=1`` turns projector mode on. Lists
@@ -176,44 +181,96 @@ def read_query(query: dict, views: dict[str, View]) -> tuple[str | None, dict, l
 
 # --- wiring ---------------------------------------------------------------------------------------------------
 
-def _param_components(views: dict[str, View]) -> list:
+def _unique(components) -> list:
     seen: list = []
-    for view in views.values():
-        for component in view.params.values():
-            if component not in seen:
-                seen.append(component)
+    for c in components:
+        if c not in seen:
+            seen.append(c)
     return seen
 
 
-def _run_view(trigger, view: View, *, visibility: str, suffix: str = ""):
-    """``trigger`` is an event's ``.then`` or ``.success``: the view runs after that event."""
+def _param_components(views: dict[str, View]) -> list:
+    return _unique(c for view in views.values() for c in view.params.values())
+
+
+def _run_view(trigger, view: View, *, visibility: str, suffix: str = "", first: bool = False):
+    """``trigger`` is an event's ``.then`` or ``.success``: the view runs after that event, then its ``then``.
+    Returns the last event of the chain, or with ``first`` the id of the view's own event."""
     chained = trigger(view.handler, view.inputs, view.outputs, api_name=view.api_name + suffix,
                          api_visibility=visibility)
+    view_id = chained["id"]
     for fn, inputs, outputs, api_name, *own in view.then:
         shown = own[0] if own and not suffix else visibility  # after a model load, always private
         chained = chained.then(fn, inputs, outputs, api_name=api_name + suffix, api_visibility=shown)
-    return chained
+    return view_id if first else chained
 
 
-def wire(demo: gr.Blocks, tabs: gr.Tabs, notice: gr.Textbox) -> None:
-    """The page-load chain: the link's tab and values, then every registered view (see the module docstring)."""
-    registered = views(demo)
-    components = _param_components(registered)
+_OPENINGS: "weakref.WeakKeyDictionary[gr.Blocks, list[int]]" = weakref.WeakKeyDictionary()
+_LINK_EVENTS: "weakref.WeakKeyDictionary[gr.Blocks, list[int]]" = weakref.WeakKeyDictionary()
+
+#: Element ids of the hidden buttons the page's JS clicks when its URL carries a link (``LINK_JS``).
+APPLY_LINK_ID = "apply-link"
+
+
+def _link_reader(registered: dict[str, View], tab: str | None, components: list):
+    """The handler that reads the link for ``tab``'s trigger (None: the trigger for a link naming no known tab)."""
 
     def read_link(request: gr.Request):
         query = dict(request.query_params) if request is not None else {}
-        tab, values, notes = read_query(query, registered)
-        updates = [values[c] if c in values else gr.skip() for c in components]
+        found, values, notes = read_query(query, registered)
+        if found != tab:  # this trigger belongs to another tab (only an API client can get here)
+            values = {}
         text = " ".join(notes)
-        return [gr.Tabs(selected=tab) if tab else gr.skip(),
-                gr.Textbox(value=text, visible=bool(text)), *updates]
+        return [gr.Tabs(selected=found) if found else gr.skip(), gr.Textbox(value=text, visible=bool(text)),
+                *[values[c] if c in values else gr.skip() for c in components]]
 
-    opened = demo.load(read_link, None, [tabs, notice, *components], api_name="read_link",
-                       api_visibility="private", show_progress="hidden")
+    return read_link
+
+
+def wire(demo: gr.Blocks, tabs: gr.Tabs, notice: gr.Textbox) -> None:
+    """Every view's opening example and the links (see the module docstring).
+
+    The views are chained after one hidden trigger per tab (``apply-link-<tab>``), which the page's JS clicks
+    only when the URL carries a link (``LINK_JS``): the link's values, then that tab's view. Their opening
+    examples, with the build-time values, are computed once into the page (``explorer.opening``, from
+    ``explorer.serving.apply``): a page opened without a link sends nothing."""
+    registered = views(demo)
+    general = gr.Button(visible="hidden", elem_id=APPLY_LINK_ID)
+    read = general.click(_link_reader(registered, None, []), None, [tabs, notice], api_name="read_link",
+                         api_visibility="private", show_progress="hidden")
+    _LINK_EVENTS[demo] = [read["id"]]
+    _OPENINGS[demo] = []
     for view in registered.values():
-        _run_view(opened.then, view, visibility="undocumented")
-    for events in _LOADS.get(demo, []):
-        after_model_load(demo, events, suffix=f"_{_LOADS[demo].index(events)}")
+        components = _unique(view.params.values())
+        trigger = gr.Button(visible="hidden", elem_id=f"{APPLY_LINK_ID}-{view.tab}")
+        read = trigger.click(_link_reader(registered, view.tab, components), None, [tabs, notice, *components],
+                             api_name=f"read_link_{view.tab}", api_visibility="private", show_progress="hidden")
+        _LINK_EVENTS[demo].append(read["id"])
+        _OPENINGS[demo].append(_run_view(read.then, view, visibility="undocumented", first=True))
+    demo.load(None, js=LINK_JS, api_name="open_link", api_visibility="private")
+    for loads in _LOADS.get(demo, []):
+        after_model_load(demo, loads, suffix=f"_{_LOADS[demo].index(loads)}")
+
+
+def opening_events(demo: gr.Blocks) -> list[int]:
+    """The first event of each view's chain (the view itself; its ``then`` follow it): the opening examples."""
+    return list(_OPENINGS.get(demo, []))
+
+
+def link_events(demo: gr.Blocks) -> list[int]:
+    """The events the hidden link triggers start (each tab's, and the one for a link naming no known tab)."""
+    return list(_LINK_EVENTS.get(demo, []))
+
+
+#: Run by the page on load: when the URL carries more than ``present`` / ``__theme``, click the linked tab's
+#: hidden trigger (or, for an unknown or missing tab, the one that explains what was ignored).
+LINK_JS = f"""() => {{
+  const params = new URLSearchParams(window.location.search);
+  if (![...params.keys()].some(k => !{json.dumps(list(RESERVED[1:]))}.includes(k))) return;
+  const own = document.getElementById('{APPLY_LINK_ID}-' + (params.get('tab') || ''));
+  const trigger = own || document.getElementById('{APPLY_LINK_ID}');
+  if (trigger) trigger.click();
+}}"""
 
 
 def defaults_of(view: View) -> list:

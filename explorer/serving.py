@@ -11,13 +11,15 @@ series on an idle second core. Here each event gets a concurrency group by what 
 
 A session (one browser tab or API client) may hold at most ``EXPLORER_SESSION_QUEUE_CAP`` events in the
 queue at once (queued or running); one more is refused with a sentence, so one client cannot fill the queue
-that everyone shares. A page load fires about a dozen events at once, so the cap sits above that.
+that everyone shares; a page load sends at most a link's three events.
 
-Page loads cost little: every page-load event answers from the shared result cache (its figures kept as the
-JSON Gradio sends), the page and its configuration are built once (``PageCache``), and Gradio's timing summary
-is not recomputed after every event. Sessions that left are forgotten: a daemon sweeps every quarter of
-``EXPLORER_SESSION_IDLE_MINUTES``, freeing idle visitors' own models, Gradio's state of sessions idle that long
-and the results nobody used meanwhile. No component takes files, so Gradio's upload route refuses every request
+Page loads cost little: every tab's opening example is computed once at start-up into the page itself
+(``explorer.opening``), so a page opened without a link sends no event; a link runs its own tab's view, from the
+shared result cache (its figures kept as the JSON Gradio sends). The page and its configuration are built once
+(``PageCache``), and Gradio's timing summary is not recomputed after every event.
+
+Sessions that left are forgotten: a daemon sweeps every quarter of ``EXPLORER_SESSION_IDLE_MINUTES``, freeing
+idle visitors' own models, Gradio's state of sessions idle that long and the results nobody used meanwhile. No component takes files, so Gradio's upload route refuses every request
 (``UploadLimit``).
 
     apply(demo)     after demo.queue(): sets each event's group and limit, the per-session cap, the cached page
@@ -27,6 +29,7 @@ and the results nobody used meanwhile. No component takes files, so Gradio's upl
 from __future__ import annotations
 
 import contextlib
+import gzip
 import inspect
 from collections import OrderedDict
 import os
@@ -44,7 +47,7 @@ def _env_int(name: str, default: int, lo: int = 1) -> int:
         return default
 
 
-#: Events per session in the queue at once (queued or running): a page load is ~13.
+#: Events per session in the queue at once (queued or running): a link's page load sends 3.
 SESSION_QUEUE_CAP = _env_int("EXPLORER_SESSION_QUEUE_CAP", 24)
 #: The whole queue: room for 64 sessions' page loads at once, and more.
 QUEUE_MAX_SIZE = _env_int("EXPLORER_QUEUE_SIZE", 2048)
@@ -107,6 +110,7 @@ def apply(demo: gr.Blocks) -> gr.Blocks:
     queue.push = push_within_cap
     _sentence_for_bad_values(demo)
     serve_page_loads_from_cache(demo)
+    open_in_page(demo)
     global ACCEPTS_FILES
     ACCEPTS_FILES = takes_files(demo)
     limit_heap_arenas()
@@ -115,16 +119,11 @@ def apply(demo: gr.Blocks) -> gr.Blocks:
 
 
 def page_load_fns(demo: gr.Blocks) -> list:
-    """The events a page load runs on the server: those triggered by the page's load, and every event chained
-    after one of them (``.then``/``.success``), as the browser runs them."""
-    fns = demo.fns
-    chosen = [i for i, fn in fns.items() if fn.fn is not None and any(t[1] == "load" for t in fn.targets)]
-    i = 0
-    while i < len(chosen):
-        chosen += [j for j, fn in fns.items() if fn.trigger_after == chosen[i] and fn.fn is not None
-                   and j not in chosen]
-        i += 1
-    return [fns[i] for i in chosen]
+    """Every event the page's load or a link runs on the server: the panels' ``demo.load`` events, the link
+    triggers (``explorer.links``) and every event chained after one of them."""
+    from explorer import links, opening
+
+    return [demo.fns[i] for i in opening.chain_of(demo, opening.page_load_roots(demo) + links.link_events(demo))]
 
 
 def _takes_request_or_progress(fn) -> bool:
@@ -145,6 +144,27 @@ def serve_page_loads_from_cache(demo: gr.Blocks) -> None:
         if inspect.isgeneratorfunction(fn.fn) or _takes_request_or_progress(fn.fn):
             continue
         fn.fn = cached_opening(fn.api_name or fn.name, fn.fn)
+
+
+_OPENED: "weakref.WeakKeyDictionary[gr.Blocks, tuple[float, float]]" = weakref.WeakKeyDictionary()
+
+
+def open_in_page(demo: gr.Blocks) -> dict[str, float]:
+    """Every opening example computed now, once, into the page (``explorer.opening``); the panels' page-load
+    events then no longer run per visitor. Returns the seconds each took, by event name."""
+    from explorer import links, opening
+
+    at, t0 = time.time(), time.perf_counter()
+    roots = opening.page_load_roots(demo)
+    taken = opening.open_in_page(demo, links.opening_events(demo) + roots)
+    opening.detach_page_loads(demo, roots)
+    _OPENED[demo] = (at, time.perf_counter() - t0)
+    return taken
+
+
+def opened(demo: gr.Blocks) -> tuple[float, float]:
+    """(when, as a Unix time, and in how many seconds) ``demo``'s opening examples were computed."""
+    return _OPENED[demo]
 
 
 def _sentence_for_bad_values(demo: gr.Blocks) -> None:
@@ -174,7 +194,8 @@ class PageCache:
     Gradio builds both afresh for every visitor (a deep copy and a render of a ~300 KB configuration, and the
     API description for the page): under 40 page loads at once that was two fifths of the server's time. They
     are the same for every visitor of this app (no login, no per-user layout), so a copy is served; responses
-    that set a cookie or are not a plain 200 are never kept.
+    that set a cookie or are not a plain 200 are never kept. A kept copy is also gzipped once, and sent gzipped
+    to a browser that accepts it: the page carries every opening figure (about 1.4 MB; 0.2 MB gzipped).
     """
     PATHS = ("/", "/config", "/gradio_api/config")
     KEY_HEADERS = (b"host", b"x-forwarded-host", b"x-forwarded-proto", b"x-forwarded-port", b"x-forwarded-prefix",
@@ -198,9 +219,11 @@ class PageCache:
         key = (scope["path"], scope.get("root_path", ""), query, tuple(headers.get(h) for h in self.KEY_HEADERS))
         kept = self._kept.get(key)
         if kept is not None:
-            start, body = kept
+            start, body, zipped = kept
+            if zipped is not None and b"gzip" in headers.get(b"accept-encoding", b"").lower():
+                start, body = _gzipped_start(start, len(zipped)), zipped
             await send(start)
-            await send({"type": "http.response.body", "body": b"".join(body), "more_body": False})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
             return None
         captured: dict = {}
         chunks: list[bytes] = []
@@ -214,10 +237,20 @@ class PageCache:
                     names = {k.lower() for k, _ in captured.get("headers", [])}
                     if captured.get("status") == 200 and b"set-cookie" not in names and \
                             len(self._kept) < self.MAX_ENTRIES:
-                        self._kept[key] = (dict(captured), list(chunks))
+                        body = b"".join(chunks)
+                        zipped = None if b"content-encoding" in names else gzip.compress(body, 6)
+                        self._kept[key] = (dict(captured), body, zipped)
             await send(message)
 
         return await self.app(scope, receive, capture)
+
+
+def _gzipped_start(start: dict, length: int) -> dict:
+    """A response start message for the gzipped body of ``length`` bytes."""
+    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() not in (b"content-length", b"vary")]
+    headers += [(b"content-encoding", b"gzip"), (b"content-length", str(length).encode()),
+                (b"vary", b"Accept-Encoding")]
+    return {**start, "headers": headers}
 
 
 #: Set by ``apply``: whether any component of the app takes files (none does: then no upload is accepted).

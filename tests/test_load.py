@@ -184,19 +184,21 @@ def _settled_rss(server, seconds: float) -> int:
 
 
 def test_64_sessions_open_the_page_at_once_all_answered_and_memory_comes_back(server):
-    """64 sessions fire the page-load events at the same moment, then each asks the Attention tab one of the
-    four prompts the class was given: every event answered, none refused (p50/p95 printed). Once they have
+    """64 sessions open the same link at the same moment (the page, then the events a link sends: its tab's
+    link trigger and that tab's view; a page without a link sends none), then each asks the Attention tab one
+    of the four prompts the class was given: every event answered, none refused (p50/p95 printed). Once they have
     left and the idle sweep ran, the server's RSS is within 100 MiB of what it was after a warm-up class of
     four (the opening examples and the four prompts' first use in).
 
     With 64 prompts of their own instead (the benchmark's class), the Python objects are freed the same way
     but about 120 MiB more of native memory stays (measured: 525 -> 693 MiB), one share per new prompt
     shape: that residue is the allocator's and torch's, not the sessions'."""
-    warm = room.classroom(server.url, 4, timeout=180, tag="warm-up", own_prompts=False)
+    warm = room.classroom(server.url, 4, timeout=180, tag="warm-up", own_prompts=False, query=room.CLASS_LINK)
+    assert warm["events_per_page"] == 3, warm
     assert warm["pages_ready"] == 4 and not warm["examples"], warm
     before = _settled_rss(server, IDLE_MINUTES * 60 + 6)
     t0 = time.monotonic()
-    class_ = room.classroom(server.url, 64, timeout=300, tag="class", own_prompts=False)
+    class_ = room.classroom(server.url, 64, timeout=300, tag="class", own_prompts=False, query=room.CLASS_LINK)
     print(f"\n{room.describe(class_)}")
     assert class_["refused"] == 0 and class_["failed"] == 0, class_["examples"]
     assert class_["pages_ready"] == 64 and class_["attention_answered"] == 64

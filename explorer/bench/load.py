@@ -1,10 +1,11 @@
 """A classroom on loopback: ``python app.py`` in its own process, and many sessions opening the page at once.
 
-Each session does what a browser does when the page opens: it reads the page's configuration, joins the queue
-with every page-load event (the ``demo.load`` events and, as each one finishes, the events chained after it:
-``explorer/links.py``'s one page-load chain), reading the answers from the session's event stream, and then
-asks the Attention tab one question of its own (a prompt no other session sent). The server runs in a
-subprocess so that the clients' threads do not share its interpreter (and its GIL).
+Each session does what a browser does when the page opens: it gets the page (Gradio's configuration inside, with
+every tab's opening example already in it: explorer/opening.py), joins the queue with the events the page sends on
+opening (none for a plain URL; for a link, the click of its tab's hidden link trigger and the events chained after
+it: explorer/links.py), reading the answers from the session's event stream, and then asks the Attention tab one
+question of its own (a prompt no other session sent). The server runs in a subprocess so that the clients'
+threads do not share its interpreter (and its GIL).
 
 Used by ``python -m explorer.bench`` (the load rows) and by tests/test_load.py (the 64-session test), so the
 client is written once.
@@ -125,6 +126,7 @@ class PagePlan:
     followers: dict[int, list[tuple[int, bool]]]  # fn id -> [(next fn id, only after a success)]
     values: dict[int, list]  # fn id -> the inputs' values a fresh page sends
     api_names: dict[int, str | None]
+    query: str = ""  # the page's query string (a link's settings), sent with the page and each event
 
     @property
     def events(self) -> int:
@@ -144,10 +146,17 @@ class PagePlan:
         raise KeyError(f"the app has no event named {api_name!r}")
 
 
-def page_plan(config: dict) -> PagePlan:
-    """Read the page-load events from the app's ``/config``, as the browser does: every event triggered by the
-    page's load that runs on the server, then every event chained (``.then``/``.success``) after one of those.
-    Inputs are the components' initial values; a ``gr.State`` is sent as null (the server keeps its value)."""
+RESERVED_KEYS = ("present", "__theme")  # a URL with only these carries no link (explorer.links.LINK_JS)
+
+
+def page_plan(config: dict, query: str = "") -> PagePlan:
+    """Read the events a page opened at ``?query`` sends from the app's ``/config``, as the browser does: every
+    event triggered by the page's load that runs on the server; when the query carries a link, the click of
+    the linked tab's hidden trigger (``apply-link-<tab>``, or ``apply-link`` for a tab the app does not have:
+    explorer.links.LINK_JS); then every event chained (``.then``/``.success``) after one of those. Inputs are
+    the components' initial values; a ``gr.State`` is sent as null (the server keeps its value)."""
+    from urllib.parse import parse_qsl
+
     components = {c["id"]: c for c in config["components"]}
     deps = {d["id"]: d for d in config["dependencies"]}
 
@@ -156,12 +165,17 @@ def page_plan(config: dict) -> PagePlan:
         return None if c["type"] == "state" else c.get("props", {}).get("value")
 
     first = [d["id"] for d in deps.values() if any(t[1] == "load" for t in d["targets"]) and d["backend_fn"]]
+    params = dict(parse_qsl(query))
+    if any(k not in RESERVED_KEYS for k in params):
+        by_elem = {c.get("props", {}).get("elem_id"): i for i, c in components.items()}
+        trigger = by_elem.get(f"apply-link-{params.get('tab', '')}", by_elem.get("apply-link"))
+        first += [d["id"] for d in deps.values() if [trigger, "click"] in [list(t) for t in d["targets"]]]
     followers: dict[int, list[tuple[int, bool]]] = {}
     for d in deps.values():
         if d.get("trigger_after") is not None and d["backend_fn"]:
             followers.setdefault(d["trigger_after"], []).append((d["id"], bool(d.get("trigger_only_on_success"))))
     values = {fn: [value(i) for i in d["inputs"]] for fn, d in deps.items()}
-    return PagePlan(first, followers, values, {fn: d.get("api_name") for fn, d in deps.items()})
+    return PagePlan(first, followers, values, {fn: d.get("api_name") for fn, d in deps.items()}, query)
 
 
 @dataclass
@@ -202,7 +216,8 @@ def run_events(http, url: str, session_hash: str, plan: PagePlan, first: list[in
     def join(fn: int) -> None:
         body = {"data": values.get(fn, plan.values[fn]), "fn_index": fn, "session_hash": session_hash,
                 "event_data": None, "trigger_id": None}
-        r = _with_retry(lambda: http.post(url + API + "queue/join", json=body,
+        join_url = url + API + "queue/join" + (f"?{plan.query}" if plan.query else "")  # as the browser sends it
+        r = _with_retry(lambda: http.post(join_url, json=body,
                                           timeout=max(1.0, deadline - time.monotonic())))
         if r.status_code != 200:
             out.refused.append(f"{plan.api_names.get(fn)}: {r.status_code} {r.text[:200]}")
@@ -290,7 +305,8 @@ def one_session(url: str, plan: PagePlan, i: int, deadline: float, start: thread
             start.wait(timeout=max(1.0, deadline - time.monotonic()))
         t0 = time.monotonic()
         # the page itself, Gradio's configuration inside (what a browser's first request gets)
-        _with_retry(lambda: http.get(url, timeout=max(1.0, deadline - time.monotonic()))).raise_for_status()
+        page_url = url + (f"?{plan.query}" if plan.query else "")
+        _with_retry(lambda: http.get(page_url, timeout=max(1.0, deadline - time.monotonic()))).raise_for_status()
         page = run_events(http, url, session_hash, plan, plan.first, {}, deadline)
         complete = not page.refused and not page.failed and len(page.done) == plan.events
         page_seconds = time.monotonic() - t0 if complete else None
@@ -310,21 +326,25 @@ def _quantiles(xs: list[float]) -> dict[str, float | None]:
     return {"p50": statistics.median(xs), "p95": p95, "max": xs[-1]}
 
 
-def fetch_plan(url: str) -> PagePlan:
+def fetch_plan(url: str, query: str = "") -> PagePlan:
     import httpx
 
     r = httpx.get(url + "config", timeout=30)
     r.raise_for_status()
-    return page_plan(r.json())
+    return page_plan(r.json(), query)
 
 
 def classroom(url: str, n: int, *, timeout: float = 120.0, tag: str = "student",
-              own_prompts: bool = True) -> dict[str, Any]:
+              own_prompts: bool = True, query: str = "") -> dict[str, Any]:
     """``n`` sessions open the page at the same moment (threads released together), then each asks one
     attention question (a prompt of its own, or with ``own_prompts=False`` one of four the class shares).
+    With ``query`` they all open the same link (``tab=...&...``), as a class given a link by its teacher.
     Page-ready and attention latencies in seconds (p50, p95, max), refusals and failures counted (the first
     few quoted), wall time."""
-    plan = fetch_plan(url)
+    import httpx
+
+    plan = fetch_plan(url, query)
+    page_bytes = len(httpx.get(url + (f"?{query}" if query else ""), timeout=60).content)
     deadline = time.monotonic() + timeout
     start = threading.Barrier(n)
     results: list[SessionResult | BaseException] = [None] * n  # type: ignore[list-item]
@@ -349,7 +369,7 @@ def classroom(url: str, n: int, *, timeout: float = 120.0, tag: str = "student",
     failed = [m for r in ok for m in r.failed] + crashed
     pages = [r.page_seconds for r in ok if r.page_seconds is not None]
     asks = [r.attention_seconds for r in ok if r.attention_seconds is not None]
-    return {"clients": n, "events_per_page": plan.events, "page_ready_seconds": _quantiles(pages),
+    return {"clients": n, "query": query, "page_bytes": page_bytes, "events_per_page": plan.events, "page_ready_seconds": _quantiles(pages),
             "attention_seconds": _quantiles(asks), "pages_ready": len(pages), "attention_answered": len(asks),
             "refused": len(refused), "failed": len(failed), "examples": (refused + failed)[:5],
             "wall_seconds": wall}
@@ -360,7 +380,9 @@ def describe(room: dict[str, Any]) -> str:
     def q(d):
         return "—" if d["p50"] is None else f"{d['p50']:.2f} / {d['p95']:.2f} / {d['max']:.2f} s"
 
-    return (f"{room['clients']} sessions ({room['events_per_page']} page-load events each): page ready "
+    link = f" at ?{room['query']}" if room.get("query") else ""
+    return (f"{room['clients']} sessions{link} ({room['events_per_page']} events each on opening, "
+            f"{room.get('page_bytes', 0) / 2**10:.0f} KiB page): page ready "
             f"p50/p95/max {q(room['page_ready_seconds'])}, attention after it {q(room['attention_seconds'])}; "
             f"{room['pages_ready']} pages ready, {room['attention_answered']} attention answers, "
             f"{room['refused']} refused, {room['failed']} failed, in {room['wall_seconds']:.1f} s")
@@ -411,7 +433,11 @@ def attention_beside_measurements(url: str, *, timeout: float = 120.0) -> dict[s
             "generate_seconds": done.get("generate"), "failed": out.failed + out.refused}
 
 
-def bench_load(counts: tuple[int, ...] = (40, 64), *, log=print) -> dict[str, Any]:
+#: The link a teacher gives a class in the benchmark's link row: the Attention tab at layer 1, head 2.
+CLASS_LINK = "tab=attention&layer=1&head=2"
+
+
+def bench_load(counts: tuple[int, ...] = (40, 64), *, log=print, link_class: int | None = 40) -> dict[str, Any]:
     """The benchmark's load rows: ``python app.py`` with its default settings, one warm-up visitor (the
     opening examples computed), then each class in ``counts`` opening the page at once (fresh sessions),
     and the three-client check. CPU seconds and resident memory of the server process beside each."""
@@ -419,12 +445,15 @@ def bench_load(counts: tuple[int, ...] = (40, 64), *, log=print) -> dict[str, An
     with served_app() as server:
         warm = classroom(server.url, 1, tag="warm-up")
         out["warm_up"] = warm
-        for n in counts:
+        classes = [(str(n), n, "") for n in counts]
+        if link_class:
+            classes.append((f"{link_class} via a link", link_class, CLASS_LINK))
+        for key, n, query in classes:
             rss, cpu = server.rss_bytes(), server.cpu_seconds()
-            room = classroom(server.url, n, timeout=300, tag=f"class-{n}")
+            room = classroom(server.url, n, timeout=300, tag=f"class-{key.replace(' ', '-')}", query=query)
             room["server_cpu_seconds"] = server.cpu_seconds() - cpu
             room["rss_before"], room["rss_after"] = rss, server.rss_bytes()
-            out["classes"][str(n)] = room
+            out["classes"][key] = room
             log(f"load: {describe(room)}; server CPU {room['server_cpu_seconds']:.1f} s, RSS "
                 f"{rss / 2**20:.0f} -> {room['rss_after'] / 2**20:.0f} MiB")
         out["three_clients"] = attention_beside_measurements(server.url)

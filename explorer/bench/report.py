@@ -124,17 +124,20 @@ def _load_lines(load: dict[str, Any]) -> list[str]:
     if "skipped" in load or not load.get("classes"):
         return lines + [f"Skipped: {load.get('skipped', 'not measured')}.", ""]
     lines += ["`python app.py` with its default settings in its own process, clients on loopback "
-              "(explorer/bench/load.py): each session gets the page, fires every page-load event (and the events "
-              "chained after them), then asks the Attention tab a prompt no other session sent. One warm-up "
-              "visitor first (the opening examples computed once).", "",
-              "| sessions | events per page | page ready p50 / p95 / max (s) | attention after it p50 / p95 / max (s) "
-              "| refused | failed | server CPU (s) | server RSS before → after |", "|---|---|---|---|---|---|---|---|"]
+              "(explorer/bench/load.py): each session gets the page (its opening examples inside, computed once at "
+              "start-up), fires the events the page sends on opening (none without a link; with a link, its "
+              "tab's link trigger and that tab's view), then asks the Attention tab a prompt no other session "
+              "sent. One warm-up visitor first.", "",
+              "| sessions | events on opening | page | page ready p50 / p95 / max (s) | attention after it p50 / p95 / max (s) "
+              "| refused | failed | server CPU (s) | server RSS before → after |", "|---|---|---|---|---|---|---|---|---|"]
 
     def q(d):
         return "—" if d["p50"] is None else f"{d['p50']:.2f} / {d['p95']:.2f} / {d['max']:.2f}"
 
     for n, r in load["classes"].items():
-        lines.append(f"| {n} | {r['events_per_page']} | {q(r['page_ready_seconds'])} | {q(r['attention_seconds'])} | "
+        name = f"{n} at `?{r['query']}`" if r.get("query") else n
+        lines.append(f"| {name} | {r['events_per_page']} | {r.get('page_bytes', 0) / 2**10:.0f} KiB | "
+                     f"{q(r['page_ready_seconds'])} | {q(r['attention_seconds'])} | "
                      f"{r['refused']} | {r['failed']} | {r.get('server_cpu_seconds', 0):.1f} | "
                      f"{r['rss_before'] / 2**20:.0f} → {r['rss_after'] / 2**20:.0f} MiB |")
     three = load.get("three_clients") or {}

@@ -1,0 +1,101 @@
+"""Every tab's opening example arrives inside the page (explorer/opening.py): computed once at start-up by the code
+shown, equal to what the same event answers when called now, and a page opened without a link sends no event.
+A link runs its own tab's trigger and view only."""
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+
+import pytest
+
+from explorer.bench import load as room
+
+
+@pytest.fixture(scope="module")
+def config(app_url):
+    with urllib.request.urlopen(app_url + "config", timeout=30) as r:
+        return json.load(r)
+
+
+def _components(config):
+    return {c["id"]: c for c in config["components"]}
+
+
+# What may differ between the start-up answer and the same event now: a measured time, and whether the forward
+# pass was run or reused from the (now warm) cache. Everything else must be equal.
+_TIMED = re.compile(r"\d[\d,.]*\s?(ms|s|µs)\b|reused the forward already run|one forward with every hook")
+
+
+def _untimed(value):
+    return _TIMED.sub("#", value) if isinstance(value, str) else value
+
+
+def _dep(config, api_name):
+    return next(d for d in config["dependencies"] if d.get("api_name") == api_name)
+
+
+def test_a_page_without_a_link_sends_no_event_to_the_server(config):
+    assert room.page_plan(config).first == []
+    assert room.page_plan(config, "present=1&__theme=dark").first == []
+    loads = [d for d in config["dependencies"] if any(t[1] == "load" for t in d["targets"])]
+    assert loads and all(not d["backend_fn"] for d in loads)  # only the page's own JS runs on load
+
+
+def test_a_link_runs_its_tabs_trigger_then_that_tabs_view_only(config):
+    plan = room.page_plan(config, "tab=attention&layer=1&head=2")
+    assert [plan.api_names[f] for f in plan.first] == ["read_link_attention"]
+    chained = [plan.api_names[f] for f, _ in plan.followers[plan.first[0]]]
+    assert chained == ["attention_example"]
+    assert plan.events == 3  # the link, the view, the view's naive-vs-fused follow-up
+    unknown = room.page_plan(config, "tab=nope&layer=1")
+    assert [unknown.api_names[f] for f in unknown.first] == ["read_link"]
+    assert not unknown.followers.get(unknown.first[0])
+
+
+@pytest.mark.parametrize("api_name", ["attention_example", "walkthrough_example", "rope_example",
+                                      "encoder_decoder_example", "model_card", "kv_calculator_example",
+                                      "memory_budget"])
+def test_each_opening_example_in_the_page_equals_the_events_answer_now(config, client, api_name):
+    """The page's initial values of the event's outputs are what the event answers now from the page's own
+    input values (plots: the same figure JSON; texts and tables: the same value, but for measured times)."""
+    components = _components(config)
+    dep = _dep(config, api_name)
+    inputs = [components[i]["props"].get("value") for i in dep["inputs"] if components[i]["type"] != "state"]
+    answer = client.predict(*inputs, api_name="/" + api_name)
+    answer = list(answer) if isinstance(answer, (tuple, list)) and len(dep["outputs"]) > 1 else [answer]
+    outputs = [i for i in dep["outputs"] if components[i]["type"] != "state"]
+    assert len(answer) == len(outputs)
+    compared = 0
+    for i, got in zip(outputs, answer):
+        c = components[i]
+        page = c["props"].get("value")
+        if c["type"] == "plot":
+            assert page and page.get("plot"), f"{api_name}: plot {i} has no opening figure in the page"
+            assert json.loads(page["plot"]) == json.loads(got["plot"]), f"{api_name}: plot {i}"
+            compared += 1
+        elif c["type"] in ("markdown", "textbox", "dataframe", "highlightedtext", "json", "label", "html"):
+            if isinstance(got, dict) and "__type__" in got:
+                got = got.get("value")
+            assert _untimed(page) == _untimed(got), f"{api_name}: {c['type']} {i}"
+            compared += 1
+    assert compared, f"{api_name}: nothing compared"
+
+
+def test_the_page_is_sent_gzipped_to_a_browser_that_accepts_it_and_reads_the_same(app_url):
+    import httpx
+
+    plain = httpx.get(app_url, headers={"Accept-Encoding": "identity"}, timeout=60)
+    zipped = httpx.get(app_url, headers={"Accept-Encoding": "gzip, deflate"}, timeout=60)
+    again = httpx.get(app_url, headers={"Accept-Encoding": "identity"}, timeout=60)
+    assert plain.status_code == zipped.status_code == again.status_code == 200
+    assert zipped.headers.get("content-encoding") == "gzip" and "content-encoding" not in again.headers
+    assert int(zipped.headers["content-length"]) < len(plain.content) / 3
+    assert zipped.content == plain.content == again.content  # httpx un-gzips: the same page
+
+
+def test_the_page_says_its_opening_examples_were_computed_at_start_up(config):
+    about = next(c for c in config["components"] if c.get("props", {}).get("elem_id") == "glossary")
+    label = about["props"]["label"]
+    assert re.search(r"each tab opens on an example computed at start-up \(\d\d:\d\d UTC\)", label), label
+    assert "what you change is computed now" in label
