@@ -22,7 +22,6 @@ from .attention import Attention
 from .block import PreNormBlock
 from .kv_cache import KVCache
 from .layers import RMSNorm, SwiGLU
-from .rope import apply_rope
 
 FAST_DECODE = "_fast_decode"  # the attribute optimize_for_decode sets on a decoder it prepared
 
@@ -123,6 +122,24 @@ def _rms_norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
     return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)  # (B, C): one kernel instead of six
 
 
+def rope_matrix(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """(D, D) R with ``x @ R == apply_rope(x, cos, sin)`` for vectors ``x`` (..., D) at one position (``cos``,
+    ``sin``: (1, D), that position's row of the tables).
+
+    ``apply_rope`` computes ``x * cos + rotate_half(x) * sin``: output ``j < D/2`` is ``x[j] cos[j] - x[j + D/2]
+    sin[j]``, output ``j >= D/2`` is ``x[j] cos[j] + x[j - D/2] sin[j]``. R holds those coefficients (two per
+    column, zeros elsewhere), so one small matmul does the rotation that takes ``apply_rope`` six kernels. Each
+    output is the same two products (the zeros add exact zeros), so the result agrees up to the order of the
+    additions."""
+    c, s = cos[0], sin[0]
+    half = c.shape[0] // 2
+    i = torch.arange(half)
+    R = torch.diag(c)
+    R[i + half, i] = -s[:half]  # into j < D/2: -x[j + D/2] sin[j]
+    R[i, i + half] = s[half:]   # into j >= D/2: +x[j - D/2] sin[j]
+    return R
+
+
 def decode_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor | None:
     """One new token (B, 1) at position ``pos`` through the decoder as flat tensor operations; next-token
     logits (B, V), or None when ``can_decode_fast(model)`` is False (the caller then runs the model).
@@ -138,15 +155,14 @@ def decode_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int)
         return None  # let the model say what is wrong
     B = token.shape[0]
     H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
-    cos, sin = model.rope_cos[pos:pos + 1], model.rope_sin[pos:pos + 1]  # (1, D) each
+    R = rope_matrix(model.rope_cos[pos:pos + 1], model.rope_sin[pos:pos + 1])  # (D, D), shared by every layer
     x = F.embedding(token[:, 0], model.embed_tokens.weight)  # (B, C)
     for layer, block in enumerate(model.blocks):
         attn, mlp = block.attn, block.mlp
         h = _rms_norm(x, block.input_layernorm)
-        q = F.linear(h, attn.q_proj.weight).view(B, H, 1, D)  # (B, H*D) -> (B, H, 1, D)
-        k = F.linear(h, attn.k_proj.weight).view(B, Hkv, 1, D)  # (B, Hkv*D) -> (B, Hkv, 1, D)
+        q = (F.linear(h, attn.q_proj.weight).view(B * H, D) @ R).view(B, H, 1, D)  # RoPE'd, (B, H, 1, D)
+        k = (F.linear(h, attn.k_proj.weight).view(B * Hkv, D) @ R).view(B, Hkv, 1, D)  # (B, Hkv, 1, D)
         v = F.linear(h, attn.v_proj.weight).view(B, Hkv, 1, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = cache.update(layer, pos, k, v)  # (B, Hkv, pos + 1, D) each
         z = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)  # (B, H, 1, D), no mask: one query
         x = torch.addmm(x, z.reshape(B, H * D), attn.o_proj.weight.t())  # x + o_proj(z), (B, C)

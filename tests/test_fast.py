@@ -135,3 +135,17 @@ def test_lora_int8_bf16_and_other_attention_implementations_take_the_modules_pat
         assert not can_decode_fast(copy.deepcopy(fast).set_attn_impl(impl))
     assert can_decode_fast(copy.deepcopy(fast)) and can_decode_fast(copy.deepcopy(fast).to(torch.float32))
     assert decode_step(fast, prompt[:, :2], fast.new_cache(1, 8), 0) is None  # two tokens: the model's forward
+
+
+@pytest.mark.parametrize("head_dim", [8, 32, 64])
+def test_the_rope_matrix_rotates_as_apply_rope_does(head_dim):
+    from models.fast import rope_matrix
+    from models.rope import apply_rope, rope_tables
+
+    cos, sin = rope_tables(64, head_dim, 10000.0)
+    x = torch.randn(3, 5, 1, head_dim)
+    for pos in (0, 1, 7, 63):
+        c, s = cos[pos:pos + 1], sin[pos:pos + 1]
+        R = rope_matrix(c, s)
+        assert R.shape == (head_dim, head_dim) and int((R != 0).sum()) <= 2 * head_dim  # two coefficients a column
+        torch.testing.assert_close(x @ R, apply_rope(x, c, s), atol=1e-6, rtol=1e-6)
