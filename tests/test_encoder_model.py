@@ -184,3 +184,19 @@ def test_quick_encoder_run_writes_a_folder_the_app_reads(quick_encoder):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (enc / "README.md").read_text() == card
+
+
+def test_training_rows_begin_anywhere_in_the_story_stream_in_order():
+    s = E.EncoderSettings(steps=6, batch=3, seq_len=8)
+    rows = torch.arange((s.steps * s.batch + 1) * s.seq_len).view(-1, s.seq_len)   # token = its index
+    stream = rows.flatten()
+    g = torch.Generator().manual_seed(0)
+    steps = [E.step_rows(stream, k, s, g) for k in range(s.steps)]
+    starts = [int(x[0, 0]) for x in steps]
+    assert all(x.shape == (s.batch, s.seq_len) for x in steps)
+    assert len({st % s.seq_len for st in starts}) > 1                # not always a row's start
+    for k, (st, x) in enumerate(zip(starts, steps)):
+        assert k * s.batch * s.seq_len <= st < (k * s.batch + 1) * s.seq_len   # step k's block
+        assert torch.equal(x.flatten(), torch.arange(st, st + x.numel()))      # read in order
+    s.random_offsets = False                                         # without the shift:
+    assert torch.equal(E.step_rows(stream, 2, s, g), rows[6:9])      # the rows as they are
