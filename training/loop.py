@@ -84,8 +84,8 @@ class TrainSettings:
     warmup: int = 50
     weight_decay: float = 0.1
     # Weight decay on the query and key projections (for experiments: it caps how large q·k can
-    # grow, so how sharp a positional head can get). Measured here: with 0.0 instead of 0.1 the
-    # best previous-token head reached 0.69 (probe seed 123), not 0.74.
+    # grow, so how sharp a positional head can get). Measured here, best previous-token head on
+    # the seed-123 probe: 0.69 after 1000 steps with 0.0, 0.74 after 1800 steps with 0.1.
     qk_weight_decay: float = 0.1
     grad_clip: float = 1.0
     # evaluation
