@@ -117,3 +117,13 @@ def test_random_spans_come_back_after_a_gap_of_other_words():
 
 def test_special_tokens_include_the_mask_for_the_encoder():
     assert corpus.SPECIAL_TOKENS == ("<pad>", "<s>", "</s>", "<unk>", "<mask>")
+
+
+def test_a_gift_is_also_given_as_the_colour_thing_to_a_name():
+    # The encoder's fill-in-the-blank example masks the colour in "Tom gave the red ball to Anna.":
+    # that sentence shape must occur in the stories (not only "gave the list to").
+    text = " ".join(stories(0, 500))
+    colours = "|".join(corpus.COLORS)
+    found = re.findall(rf"gave the ({colours}) \w+ to [A-Z]\w+\.", text)
+    assert len(found) >= 20
+    assert len(set(found)) >= 5

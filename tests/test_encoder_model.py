@@ -184,3 +184,21 @@ def test_quick_encoder_run_writes_a_folder_the_app_reads(quick_encoder):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (enc / "README.md").read_text() == card
+
+
+def test_training_rows_begin_anywhere_in_the_story_stream_in_order_each_after_bos():
+    s = E.EncoderSettings(steps=6, batch=3, seq_len=8)
+    rows = torch.arange((s.steps * s.batch + 1) * s.seq_len).view(-1, s.seq_len) + 10   # token = index + 10
+    stream = rows.flatten()
+    g = torch.Generator().manual_seed(0)
+    steps = [E.step_rows(stream, k, s, g, bos_id=1) for k in range(s.steps)]
+    assert all(x.shape == (s.batch, s.seq_len) and bool((x[:, 0] == 1).all()) for x in steps)  # <s> first
+    starts = [int(x[0, 1]) - 10 for x in steps]
+    assert len({st % s.seq_len for st in starts}) > 1                # not always a row's start
+    for k, (st, x) in enumerate(zip(starts, steps)):
+        assert k * s.batch * s.seq_len <= st < (k * s.batch + 1) * s.seq_len   # step k's block
+        assert torch.equal(x[:, 1:].flatten(), torch.arange(st, st + x[:, 1:].numel()) + 10)   # in order
+    short = E.step_rows(stream, 0, s, g, bos_id=1, length=4)         # the short rows: <s> + 3 tokens each
+    assert short.shape == (6, 4) and bool((short[:, 0] == 1).all())
+    s.random_offsets = False                                         # without the shift: from the block's start
+    assert torch.equal(E.step_rows(stream, 2, s, g, bos_id=1)[:, 1:].flatten(), stream[48:48 + 21])

@@ -257,3 +257,35 @@ def test_span_loss_counts_only_the_marked_targets():
     torch.testing.assert_close(T.next_token_loss(FixedLogits(logits), rows, marked), expected)
     everything = torch.nn.functional.cross_entropy(logits[0], rows[0, 1:])
     torch.testing.assert_close(T.next_token_loss(FixedLogits(logits), rows), everything)
+
+
+def test_late_steps_trade_span_rows_for_story_rows_and_read_no_row_twice():
+    s = T.TrainSettings(steps=20, batch=4, span_batch=4, late_from=0.5, late_batch=6,
+                        late_span_batch=2, story_background=0.5)
+    assert T.rows_at(9, s) == (4, 4) and T.rows_at(10, s) == (6, 2)
+    n_story, n_background = T.story_rows_needed(s)
+    assert (n_story, n_background) == (10 * 4 + 10 * 6, 10 * 2 + 10 * 1)
+    total = n_story + n_background
+    seen = []
+    for step in range(s.steps):
+        story, under = T.story_slices(step, s, total)
+        assert story.stop - story.start == T.rows_at(step, s)[0]
+        assert under.stop - under.start == T.n_story_background(T.rows_at(step, s)[1], s)
+        seen += list(range(total))[story] + list(range(total))[under]
+    assert sorted(seen) == list(range(total))          # every row once, none twice
+
+
+def test_query_and_key_projections_get_their_own_weight_decay():
+    s = T.TrainSettings.quick()
+    s.qk_weight_decay, s.weight_decay = 0.0, 0.1
+    from tokenizers import Tokenizer, models as tm
+
+    tok = Tokenizer(tm.WordLevel({"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "x": 4}, unk_token="<unk>"))
+    model = T.build_model(s, tok, 16)
+    opt = T.make_optimizer(model, s)
+    decay_of = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        want = (0.0 if p.dim() < 2 else 0.0 if name.endswith(("q_proj.weight", "k_proj.weight"))
+                else 0.1)
+        assert decay_of[id(p)] == want, name
+    assert len(decay_of) == len(list(model.parameters()))

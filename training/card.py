@@ -56,6 +56,24 @@ def pool_sentence(s: dict, vocab_size: int) -> str:
             f"to the whole vocabulary (special tokens excepted) by {s['pool_grow'][1]:.0%}.")
 
 
+def late_sentence(s: dict) -> str:
+    """The switch to more story rows late in training, when the settings have one."""
+    if "late_from" not in s or (s["late_batch"], s["late_span_batch"]) == (s["batch"], s["span_batch"]):
+        return "."
+    return (f"; from {s['late_from']:.0%} of training on (induction works at every span by then) "
+            f"{s['late_batch']} story rows and {s['late_span_batch']} repeated-span rows: the same "
+            "tokens per step, more of them stories, which is what the held-out loss needs.")
+
+
+def decay_words(s: dict) -> str:
+    qk = s.get("qk_weight_decay", s["weight_decay"])
+    if qk == s["weight_decay"]:
+        return f"{s['weight_decay']} on matrices"
+    return (f"{s['weight_decay']} on matrices except the query and key projections, which get "
+            f"{qk:g}: decay on them caps how large q·k can grow, so how sharp a positional head such "
+            "as the previous-token head (RoPE offset 1) can get")
+
+
 def results(summary: dict) -> str:
     picked = summary["picked"]
     p, pl, ph = best(picked["previous_token"])
@@ -105,13 +123,13 @@ as the last target) and starts at a story's `<s>`; stories follow one another (`
 the row is full.
 
 **Repeated spans.** Every training step has two batches: {s['batch']} story rows and
-{s['span_batch']} repeated-span rows, both {s['seq_len']} tokens long. In a repeated-span row,
+{s['span_batch']} repeated-span rows, both {s['seq_len']} tokens long{late_sentence(s)} In a repeated-span row,
 spans of {s['span'][0]}-{s['span'][1]} distinct random token ids (half the draws uniform in
 length, half log-uniform) are each written twice, with 0-{s['max_gap']} tokens between the two
 copies and 0-{s['max_lead']} tokens before each pair, over story text in
 {s['story_background']:.0%} of the rows and over random tokens from the whole vocabulary in the
 rest. The loss is the mean of
-the two batches' losses, and the repeated-span batch's loss counts only the tokens of the second
+the two batches' losses (weighted by their rows), and the repeated-span batch's loss counts only the tokens of the second
 copies: the first copies and the filler are random and cannot be predicted, and their ln(V) nats
 would drown the copying signal (a run that counted them grew no induction head in 1200 steps).
 For the first {s['short_until']:.0%} of training the same tokens come as
@@ -149,11 +167,11 @@ of every text, as Llama does), `</s>` 2, `<unk>` 3, `<mask>` 4 (used by the enco
 | weights file | {size / 1e6:.1f} MB (fp32 safetensors) |
 
 ## Training
-AdamW (β = 0.9, 0.95; weight decay {s['weight_decay']} on matrices), learning rate {s['lr']:g}
+AdamW (β = 0.9, 0.95; weight decay {decay_words(s)}), learning rate {s['lr']:g}
 after {s['warmup']} warmup steps, cosine down to {s['min_lr']:g}, gradient clipping at
-{s['grad_clip']}, {summary['steps_run']} steps of {s['batch']} story rows plus
-{s['span_batch']} repeated-span rows of {s['seq_len']} tokens
-({summary['steps_run'] * s['batch'] * s['seq_len']:,} story tokens in all), seed {s['seed']}.
+{s['grad_clip']}, {summary['steps_run']} steps of story rows and repeated-span rows of
+{s['seq_len']} tokens as above
+({summary.get('story_tokens', summary['steps_run'] * s['batch'] * s['seq_len']):,} story tokens in all), seed {s['seed']}.
 Training took **{summary['train_minutes']:.1f} minutes** ({summary['total_minutes']:.1f} minutes
 with the tokenizer, data and evaluation) on {machine_line(summary['machine'])}, CPU, fp32, SDPA
 attention. The cores were shared with other work, so times vary from run to run. The loop stops

@@ -265,7 +265,11 @@ class _Story:
         r, h, f = self.rng, self.hero, self.friend
         feeling = r.choice(["sad", "tired", "worried", "scared"])
         self.say(f"{f.name} was {feeling} because {f.they} had lost {f.their} {r.choice(THINGS)}.",
-                 f"{h.name} gave {f.them} the {self.color} {self.thing}.",
+                 # Both orders of the gift, so "gave the <colour> <thing> to <name>" is written
+                 # too: the encoder's fill-in-the-blank example ("Tom gave the red ball to Anna.")
+                 # must have been seen as a sentence shape, not only "gave the list to".
+                 f"{h.name} gave {f.them} the {self.color} {self.thing}." if r.random() < 0.5
+                 else f"{h.name} gave the {self.color} {self.thing} to {f.name}.",
                  f"{f.name} smiled and said thank you to {h.name}.",
                  f"now {f.name} was {r.choice(['happy', 'glad'])} too.")
 

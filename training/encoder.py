@@ -53,7 +53,7 @@ class EncoderSettings:
     seq_len: int = 256
     mask_rate: float = 0.15
     held_out_stories: int = 64
-    steps: int = 800
+    steps: int = 1500
     batch: int = 32
     lr: float = 3e-3
     min_lr: float = 1e-4
@@ -65,9 +65,16 @@ class EncoderSettings:
     # that predict a hidden word carry 1/T of it; on short rows the model learns to look at them
     # much sooner (measured here: 0.23 masked-token accuracy after 400 steps on 256-token rows).
     short_len: int = 64
-    short_until: float = 0.4
+    short_until: float = 0.3
+    # Each step's rows begin at a random point of the story stream instead of at a story's <s>.
+    # Rows that always start a story let the encoder guess by position: every story opens "Once
+    # upon a time, there was a <trait> <kind> named" or "<Name> was a <trait> <kind> who", so at
+    # positions 3-6 it said "king, prince" whatever the words beside the blank (measured on the
+    # encoder trained that way: "Tom gave the [MASK] ball to Anna." -> king, prince, man, boy, time;
+    # "Tom gave the red [MASK] to Anna." -> there, his).
+    random_offsets: bool = True
     eval_every: int = 50
-    max_minutes: float = 25.0
+    max_minutes: float = 38.0
     tokenizer_from: str = DECODER_OUT
 
     @classmethod
@@ -148,6 +155,24 @@ def held_out(hf_tok, s: EncoderSettings) -> HeldOut:
     return HeldOut(stories, seqs, choose_positions(seqs, hf_tok.all_special_ids, s.mask_rate))
 
 
+def step_rows(stream: torch.Tensor, step: int, s: EncoderSettings, g: torch.Generator, bos_id: int,
+              length: int | None = None) -> torch.Tensor:
+    """The rows that ``step`` trains on: ``batch * seq_len / length`` rows of ``length`` tokens
+    (default ``seq_len``), each ``<s>`` followed by ``length - 1`` tokens of ``stream`` (the story
+    rows laid end to end; one row longer than ``steps * batch`` rows), read in order from step
+    ``k``'s block of ``batch * seq_len`` tokens, shifted by a random 0..seq_len-1 tokens when
+    ``random_offsets``. A row thus begins anywhere in a story, but always with ``<s>``, as BERT's
+    rows always begin with [CLS]: every query has the same first key to rest on. (Measured here:
+    rows that began mid-story with no ``<s>`` first reached 0.32 held-out top-1 after 600 steps.)
+    (rows, length)"""
+    T = length or s.seq_len
+    n = s.batch * s.seq_len // T
+    shift = int(torch.randint(0, s.seq_len, (), generator=g)) if s.random_offsets else 0
+    start = step * s.batch * s.seq_len + shift
+    body = stream[start:start + n * (T - 1)].view(n, T - 1)          # (n * (T-1),) -> (n, T-1)
+    return torch.cat([torch.full((n, 1), bos_id, dtype=body.dtype), body], dim=1)   # (n, T)
+
+
 def train_one_step(model, opt, x: torch.Tensor, mask_id: int, s: EncoderSettings, lr: float,
                    g: torch.Generator) -> float:
     for group in opt.param_groups:
@@ -164,9 +189,12 @@ def train_one_step(model, opt, x: torch.Tensor, mask_id: int, s: EncoderSettings
 
 
 def run_mlm(model, train_rows: torch.Tensor, ho: HeldOut, mask_id: int, s: EncoderSettings,
-            t_start: float, log):
+            t_start: float, log, hf_tok):
     """The optimisation. Returns (history, best entry, best state, steps run, minutes)."""
     g = torch.Generator().manual_seed(s.seed)
+    g_offsets = torch.Generator().manual_seed(s.seed + 1)
+    stream = train_rows.flatten()
+    bos_id = model.config.bos_token_id
     opt = make_optimizer(model, s)
     history, best_entry, best_state = [], None, None
     loss_ema = Ema()
@@ -174,9 +202,8 @@ def run_mlm(model, train_rows: torch.Tensor, ho: HeldOut, mask_id: int, s: Encod
     step = 0
     for step in range(s.steps):
         lr = lr_at(step, s)
-        x = train_rows[step * s.batch:(step + 1) * s.batch]
-        if step < s.short_until * s.steps:
-            x = x.reshape(-1, s.short_len)  # (B, T) -> (B * T / short_len, short_len)
+        short = step < s.short_until * s.steps
+        x = step_rows(stream, step, s, g_offsets, bos_id, s.short_len if short else None)
         loss_ema.update(train_one_step(model, opt, x, mask_id, s, lr, g))
         show_progress(step, s.steps, f"step {step + 1}/{s.steps} masked-token loss "
                       f"{loss_ema.value:.3f} lr {lr:.2e} {(time.time() - t_train) / 60:.1f} min")
@@ -184,9 +211,11 @@ def run_mlm(model, train_rows: torch.Tensor, ho: HeldOut, mask_id: int, s: Encod
         if (step + 1) % s.eval_every == 0 or step == s.steps - 1 or over_time:
             acc = masked_accuracy(model, ho.sequences, ho.chosen, mask_id)
             entry = {"step": step + 1, "minutes": (time.time() - t_train) / 60,
-                     "train_loss": loss_ema.value, "held_out_accuracy": acc}
+                     "train_loss": loss_ema.value, "held_out_accuracy": acc,
+                     "colour_probe": [w for w, _ in colour_probe(model, hf_tok)["top"]]}
             history.append(entry)
-            log(f"  eval step {step + 1}: held-out masked-token top-1 {acc:.3f}")
+            log(f"  eval step {step + 1}: held-out masked-token top-1 {acc:.3f}; top 5 for "
+                f"'Tom gave the [MASK] ball to Anna.': {', '.join(entry['colour_probe'])}")
             if best_entry is None or acc > best_entry["held_out_accuracy"]:
                 best_entry, best_state = entry, copy.deepcopy(model.state_dict())
         if over_time:
@@ -221,14 +250,15 @@ def train_encoder(s: EncoderSettings, out: str, log=print) -> dict:
         raise ValueError(f"the tokenizer in {s.tokenizer_from} has no <mask> token: retrain the "
                          "decoder (python -m training) first.")
     # Rows of exactly seq_len tokens: no shifted target here, the targets are the rows themselves.
-    train_rows = story_rows(tok, s.seed, s.steps * s.batch, s.seq_len - 1)
+    # One row more than the steps read, for the last step's shift (see step_rows).
+    train_rows = story_rows(tok, s.seed, s.steps * s.batch + 1, s.seq_len - 1)
     ho = held_out(hf_tok, s)
     model = build_encoder(s, tok)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"encoder: {n_params:,} parameters; {len(train_rows)} story rows of {s.seq_len} tokens; "
         f"{len(ho.stories)} held-out stories")
     history, picked, state, steps_run, minutes = run_mlm(model, train_rows, ho, mask_id, s,
-                                                         t_start, log)
+                                                         t_start, log, hf_tok)
     model.load_state_dict(state)
     model.eval()
     save_encoder(model, out)
@@ -295,6 +325,20 @@ def compare_decoder(folder: str, decoder_from: str = DECODER_OUT) -> dict:
     return summary
 
 
+def offsets_paragraph(s: dict) -> str:
+    if not s.get("random_offsets"):
+        return ""
+    return f"""
+The rows are cut from the stories laid end to end, each step's block shifted by a random 0 to
+{s['seq_len'] - 1} tokens, so a row begins anywhere in a story, not at its `<s>`. Rows that always
+begin a story let the encoder guess by position: every story opens with "Once upon a time, there
+was a <trait> <kind> named" or "<Name> was a <trait> <kind> who", and an encoder trained on such
+rows (held-out top-1 0.618) filled "Tom gave the [MASK] ball to Anna." with king, prince, man, boy,
+time and "Tom gave the red [MASK] to Anna." with there, his: the words of a story's opening at
+those positions, whatever stood beside the blank.
+"""
+
+
 def write_card(summary: dict, out: str) -> None:
     from .card import machine_line
 
@@ -303,7 +347,8 @@ def write_card(summary: dict, out: str) -> None:
         cfg = json.load(fh)
     size = os.path.getsize(os.path.join(out, "model.safetensors"))
     hist = "\n".join(f"| {e['step']} | {e['minutes']:.1f} | {e['train_loss']:.3f} | "
-                     f"{e['held_out_accuracy']:.3f} |" for e in summary["history"])
+                     f"{e['held_out_accuracy']:.3f} | {', '.join(e.get('colour_probe', ['–']))} |"
+                     for e in summary["history"])
     dec = h["decoder_next_token_accuracy"]
     dec_line = ("" if dec is None else
                 f"\n- The default decoder's **next-token** top-1 at the same positions (it reads "
@@ -328,7 +373,7 @@ In every training row 15 % of the word positions are chosen (special tokens neve
 80 % are replaced by `<mask>`, 10 % by a random word and 10 % left as they are. The loss is the
 cross-entropy of the original token at the chosen positions only. The output head is tied to the
 token embedding (logits = hidden · Eᵀ + b), so it adds only a bias of {cfg['vocab_size']} numbers.
-
+{offsets_paragraph(s)}
 ## Shapes
 | | |
 |---|---|
@@ -351,8 +396,8 @@ The cores were shared with other work, so times vary from run to run. Every {s['
 the held-out accuracy was measured; the shipped weights are the best evaluation: step
 {summary['picked']['step']}.
 
-| step | minutes | masked-token loss (train, EMA) | held-out masked-token top-1 |
-|---:|---:|---:|---:|
+| step | minutes | masked-token loss (train, EMA) | held-out masked-token top-1 | top 5 for "Tom gave the [MASK] ball to Anna." |
+|---:|---:|---:|---:|:---|
 {hist}
 
 ## Results (shipped weights)
