@@ -97,13 +97,6 @@ def test_masked_token_accuracy_on_held_out_stories(encoder, tok):
     assert abs(log["held_out"]["encoder_accuracy"] - acc) < 0.05   # another 15 %, same skill
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 target not met by the shipped encoder: its top 5 for "
-                   "'Tom gave the [MASK] ball' are king, prince, man, boy, time. It guesses by position: "
-                   "every training row starts at a story's <s>, and stories open 'Once upon a time, "
-                   "there was a <trait> <kind>' or '<Name> was a <trait> <kind>', so near the start it "
-                   "says a <kind> ('Tom gave the red [MASK] to Anna.' -> there, his; 'Tom gave the red "
-                   "ball to Anna.' with 'gave' masked -> Once, upon); 'Tom gave her the [MASK] ball.' "
-                   "does get colours. The corpus never writes 'gave the <colour> <thing> to <name>'.")
 def test_a_colour_fills_the_colour_blank(encoder, tok):
     ids = tok("Tom gave the red ball to Anna.")["input_ids"]
     pos = ids.index(tok.convert_tokens_to_ids("▁red"))

@@ -330,7 +330,9 @@ def offsets_paragraph(s: dict) -> str:
         return ""
     return f"""
 The rows are cut from the stories laid end to end, each step's block shifted by a random 0 to
-{s['seq_len'] - 1} tokens, so a row begins anywhere in a story, not at its `<s>`. Rows that always
+{s['seq_len'] - 1} tokens, so a row begins anywhere in a story; each row then gets `<s>` in front
+(as BERT's rows begin with [CLS]), so every query has the same first key to rest on (rows that
+began mid-story with no `<s>` first reached 0.32 held-out top-1 after 600 steps). Rows that always
 begin a story let the encoder guess by position: every story opens with "Once upon a time, there
 was a <trait> <kind> named" or "<Name> was a <trait> <kind> who", and an encoder trained on such
 rows (held-out top-1 0.618) filled "Tom gave the [MASK] ball to Anna." with king, prince, man, boy,
