@@ -12,7 +12,7 @@ if importlib.util.find_spec("spaces"):  # Hugging Face ZeroGPU: its package must
 
 import gradio as gr
 
-from explorer import glossary, links, serving, session
+from explorer import glossary, links, middleware, serving, session
 from explorer.panels.attention import build_attention
 from explorer.panels.encoder_decoder import build_encoder_decoder
 from explorer.panels.generation import build_generation
@@ -153,14 +153,14 @@ PROJECTOR_JS = "(on) => { document.body.classList.toggle('projector', !!on); win
 
 # Concurrency per event, the queue's size and each session's share of it are set in explorer/serving.py.
 QUEUE = {"default_concurrency_limit": 1, "max_size": serving.QUEUE_MAX_SIZE}
-MAX_UPLOAD = "1mb"  # per file; no component takes files, so explorer/serving.py refuses every upload request
+MAX_UPLOAD = "1mb"  # per file; no component takes files, so explorer/middleware.py refuses every upload request
 
 
 def launch_kwargs() -> dict:
     """Theme and CSS (Gradio 6 takes them in launch()). System fonts only: nothing is fetched from a CDN."""
     theme = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"],
                            font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
-    return {"theme": theme, "css": CSS, "max_file_size": MAX_UPLOAD, "app_kwargs": serving.app_kwargs()}
+    return {"theme": theme, "css": CSS, "max_file_size": MAX_UPLOAD, "app_kwargs": middleware.app_kwargs()}
 
 
 def build_demo() -> gr.Blocks:

@@ -1251,20 +1251,20 @@ def test_with_a_component_that_takes_files_one_request_is_bounded_in_all(monkeyp
     from starlette.routing import Route
     from starlette.testclient import TestClient
 
-    from explorer import serving
+    from explorer import middleware
 
     async def upload(request):
         return PlainTextResponse(f"read {len(await request.body())} bytes")
 
     app = Starlette(routes=[Route("/gradio_api/upload", upload, methods=["POST"])],
-                    middleware=[Middleware(serving.UploadLimit)])
-    monkeypatch.setattr(serving, "ACCEPTS_FILES", True)
-    monkeypatch.setattr(serving, "UPLOAD_REQUEST_BYTES", 10_000)
+                    middleware=[Middleware(middleware.UploadLimit)])
+    monkeypatch.setattr(middleware, "ACCEPTS_FILES", True)
+    monkeypatch.setattr(middleware, "UPLOAD_REQUEST_BYTES", 10_000)
     with TestClient(app) as client:
         assert client.post("/gradio_api/upload", content=b"z" * 5_000).text == "read 5000 bytes"
         refused = client.post("/gradio_api/upload", content=b"z" * 20_000)
         assert refused.status_code == 413 and "at most" in refused.text
-    monkeypatch.setattr(serving, "ACCEPTS_FILES", False)
+    monkeypatch.setattr(middleware, "ACCEPTS_FILES", False)
     with TestClient(app) as client:
         assert client.post("/gradio_api/upload", content=b"z").status_code == 403
 
@@ -1284,17 +1284,17 @@ def test_the_sweep_drops_results_nobody_used_but_keeps_the_opening_examples(monk
     import time as clock
 
     from explorer.cache import ResultCache
-    from explorer import serving
+    from explorer import sweeper
 
     cache = ResultCache(2**20)
     cache.put(("opening", "attention", 1, ()), "shared")
     cache.put(("attention.forward", 1, (5, 6)), "one prompt")
     cache.put(("attention.forward", 1, (7, 8)), "another")
-    assert cache.drop_unused(60, keep=serving._is_opening) == 0  # all used just now
+    assert cache.drop_unused(60, keep=sweeper._is_opening) == 0  # all used just now
     later = clock.monotonic() + 120
     monkeypatch.setattr("explorer.cache.time.monotonic", lambda: later)
     assert cache.get(("attention.forward", 1, (7, 8))) == "another"  # read again "now"
-    assert cache.drop_unused(60, keep=serving._is_opening) == 1
+    assert cache.drop_unused(60, keep=sweeper._is_opening) == 1
     assert cache.get(("opening", "attention", 1, ())) == "shared"
     assert cache.get(("attention.forward", 1, (5, 6))) is None
     assert cache.stats()["entries"] == 2

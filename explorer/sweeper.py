@@ -1,0 +1,157 @@
+"""Sessions that left are forgotten: a daemon (``start_sweeper``, started by ``explorer.serving.apply``) runs
+``sweep_once`` every quarter of ``EXPLORER_SESSION_IDLE_MINUTES``, freeing idle visitors' own models, what Gradio
+keeps for sessions idle that long and the results nobody used meanwhile (the opening examples stay). A visitor
+whose model was freed is told so on their next action, even when their Gradio session was dropped meanwhile.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+from collections import OrderedDict
+
+import gradio as gr
+
+
+def _state_dicts(session_state):
+    """(state component id, value) for each dict a Gradio session's state holds (our session states are dicts)."""
+    for key, value in list(getattr(session_state, "state_data", {}).items()):
+        if isinstance(value, dict):
+            yield key, value
+
+
+def _holds_own_model(session_state) -> bool:
+    """Whether a Gradio session's state holds a visitor's own model, or a notice that it was freed."""
+    from explorer.private_models import EVICTED_KEY
+
+    return any(value.get("model") is not None or value.get(EVICTED_KEY) for _, value in _state_dicts(session_state))
+
+
+#: session hash -> (state component id, the sentence): sessions dropped while their owner had not yet been told
+#: that their own model was freed. Bounded; a visitor returning after more sessions than this is not told.
+RETURNING: "OrderedDict[str, tuple[int, str]]" = OrderedDict()
+MAX_RETURNING = 10_000
+
+
+def _notice_of(session_state) -> tuple[int, str] | None:
+    from explorer.private_models import EVICTED_KEY
+
+    return next(((key, value[EVICTED_KEY]) for key, value in _state_dicts(session_state) if value.get(EVICTED_KEY)),
+                None)
+
+
+def tell_returning_visitor(demo: gr.Blocks, session_hash: str) -> None:
+    """A session dropped while its owner had a notice waiting comes back: its fresh state carries the notice,
+    so the next action answers with it (``session.get_model``), as it would have before the drop."""
+    from explorer.private_models import EVICTED_KEY
+
+    entry = RETURNING.pop(session_hash, None)
+    holder = getattr(demo, "state_holder", None)
+    if entry is None or holder is None:
+        return
+    key, sentence = entry
+    with contextlib.suppress(KeyError, TypeError):
+        value = holder[session_hash][key]  # a fresh copy of the state's default value
+        if isinstance(value, dict):
+            value[EVICTED_KEY] = sentence
+
+
+def forget_idle_sessions(demo: gr.Blocks, idle_seconds: float, now: float | None = None) -> int:
+    """Drop what Gradio keeps for each session idle longer than ``idle_seconds`` (its per-session copy of every
+    component's configuration and its ``gr.State`` values): Gradio keeps an API client's session until 10,000
+    sessions exist and a closed tab's for an hour. A session still holding its own model, or the notice that it
+    was freed, is kept four times as long; dropped with a notice waiting, the notice is kept (a sentence) and
+    given to the session's fresh state when it comes back. How many were dropped."""
+    import datetime
+
+    holder = getattr(demo, "state_holder", None)
+    queue = getattr(demo, "_queue", None)
+    if holder is None or queue is None:
+        return 0
+    now_dt = datetime.datetime.now() if now is None else datetime.datetime.fromtimestamp(now)
+    dropped = 0
+    for session_hash, last in list(holder.time_last_used.items()):
+        idle = (now_dt - last).total_seconds()
+        if idle <= idle_seconds or queue.pending_event_ids_session.get(session_hash):
+            continue
+        session_state = holder.session_data.get(session_hash)
+        if session_state is not None and idle <= 4 * idle_seconds and _holds_own_model(session_state):
+            continue
+        notice = _notice_of(session_state) if session_state is not None else None
+        if notice is not None:  # told on its next action all the same
+            RETURNING[session_hash] = notice
+            while len(RETURNING) > MAX_RETURNING:
+                RETURNING.popitem(last=False)
+        holder.delete_state(session_hash)  # Gradio's own clean-up of the State values (their delete callbacks)
+        with holder.lock:
+            holder.session_data.pop(session_hash, None)
+            holder.time_last_used.pop(session_hash, None)
+        queue.pending_event_ids_session.pop(session_hash, None)
+        with contextlib.suppress(KeyError):
+            del queue.pending_messages_per_session[session_hash]
+        dropped += 1
+    return dropped
+
+
+def limit_heap_arenas(arenas: int = 2) -> None:
+    """Have the threads that serve requests share ``arenas`` glibc heaps instead of one each (glibc's default
+    allows 8 per core): memory a finished request freed is then reused by the next one on another thread and
+    goes back to the system when idle, instead of lingering in dozens of half-empty heaps. Set before the server
+    starts its threads; ``MALLOC_ARENA_MAX`` in the environment wins."""
+    import ctypes
+
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(-8, arenas)  # M_ARENA_MAX
+
+
+def _give_back_memory() -> None:
+    """Collect, and hand freed heap pages back to the system (glibc keeps them otherwise)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def sweep_once(demo: gr.Blocks) -> tuple[int, int]:
+    """Free idle visitors' own models, drop idle sessions and the results nobody used meanwhile (opening
+    examples excepted); (models freed, sessions dropped)."""
+    from explorer import private_models
+
+    from explorer.cache import results
+
+    freed = private_models.expire_idle()
+    dropped = forget_idle_sessions(demo, private_models.IDLE_SECONDS)
+    # results nobody asked for during the idle time go too; the opening examples stay for the next class
+    unused = results.drop_unused(private_models.IDLE_SECONDS, keep=_is_opening)
+    if freed or dropped or unused:
+        _give_back_memory()
+    return freed, dropped
+
+
+def _is_opening(key) -> bool:
+    return isinstance(key, tuple) and bool(key) and key[0] == "opening"
+
+
+def start_sweeper(demo: gr.Blocks) -> threading.Thread:
+    """A daemon thread that runs ``sweep_once`` every quarter of the idle time (1 s to 60 s)."""
+    from explorer import private_models
+
+    period = min(60.0, max(1.0, private_models.IDLE_SECONDS / 4))
+    ref = weakref.ref(demo)
+
+    def loop():
+        while (alive := ref()) is not None:
+            with contextlib.suppress(Exception):  # a sweep that fails is retried at the next period
+                sweep_once(alive)
+            del alive
+            time.sleep(period)
+
+    thread = threading.Thread(target=loop, name="explorer-session-sweeper", daemon=True)
+    thread.start()
+    return thread
