@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import pytest
 
 from explorer.bench import load as room
+from explorer.bench import page_client, server as app_server
 
 CLIENTS = 32
 OVERALL_SECONDS = 180
@@ -170,7 +171,7 @@ def server(served_model_dir, model_root):
     env = {"EXPLORER_DEFAULT_MODEL": str(served_model_dir), "EXPLORER_MODEL_ROOT": str(model_root),
            "EXPLORER_SESSION_IDLE_MINUTES": str(IDLE_MINUTES),
            "EXPLORER_PRIVATE_MODELS_BUDGET": str(default + 5 * tiny + tiny // 2), "EXPLORER_THREADS": "1"}
-    with room.served_app(env) as s:
+    with app_server.served_app(env) as s:
         yield s
 
 
@@ -209,12 +210,12 @@ def test_64_sessions_open_the_page_at_once_all_answered_and_memory_comes_back(se
     assert after - before <= 100 * MIB, f"RSS {before / MIB:.0f} -> {after / MIB:.0f} MiB"
 
 
-def _call(server, plan, session_hash: str, api_name: str, values: list, timeout: float = 120.0) -> room.Outcome:
+def _call(server, plan, session_hash: str, api_name: str, values: list, timeout: float = 120.0) -> page_client.Outcome:
     import httpx
 
     fn = plan.fn_of(api_name)
     with httpx.Client(timeout=60) as http:
-        return room.run_events(http, server.url, session_hash, plan, [fn], {fn: values},
+        return page_client.run_events(http, server.url, session_hash, plan, [fn], {fn: values},
                                time.monotonic() + timeout, follow=False, keep_outputs=True)
 
 
@@ -222,7 +223,7 @@ def test_throw_away_sessions_keep_memory_bounded_and_a_fine_tuned_model_survives
     """Client A fine-tunes its own copy; client B then opens 60 throw-away sessions, each loading the tiny local
     checkpoint (a private model) and tracing the memory lab (the call that once kept 9 MiB per session). RSS
     stays bounded; A's next action shows its adapter or says, in a sentence, that its model was freed."""
-    plan = room.fetch_plan(server.url)
+    plan = page_client.fetch_plan(server.url)
     alice = f"alice-{uuid.uuid4().hex[:8]}"
     tune = list(plan.values[plan.fn_of("lora_finetune")])
     tune[4], tune[6] = 3, 20  # 3 steps, at most 20 s

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from explorer.bench import load as room
+from explorer.bench.page_client import page_plan
 
 
 @pytest.fixture(scope="module")
@@ -36,19 +36,19 @@ def _dep(config, api_name):
 
 
 def test_a_page_without_a_link_sends_no_event_to_the_server(config):
-    assert room.page_plan(config).first == []
-    assert room.page_plan(config, "present=1&__theme=dark").first == []
+    assert page_plan(config).first == []
+    assert page_plan(config, "present=1&__theme=dark").first == []
     loads = [d for d in config["dependencies"] if any(t[1] == "load" for t in d["targets"])]
     assert loads and all(not d["backend_fn"] for d in loads)  # only the page's own JS runs on load
 
 
 def test_a_link_runs_its_tabs_trigger_then_that_tabs_view_only(config):
-    plan = room.page_plan(config, "tab=attention&layer=1&head=2")
+    plan = page_plan(config, "tab=attention&layer=1&head=2")
     assert [plan.api_names[f] for f in plan.first] == ["read_link_attention"]
     chained = [plan.api_names[f] for f, _ in plan.followers[plan.first[0]]]
     assert chained == ["attention_example"]
     assert plan.events == 3  # the link, the view, the view's naive-vs-fused follow-up
-    unknown = room.page_plan(config, "tab=nope&layer=1")
+    unknown = page_plan(config, "tab=nope&layer=1")
     assert [unknown.api_names[f] for f in unknown.first] == ["read_link"]
     assert not unknown.followers.get(unknown.first[0])
 

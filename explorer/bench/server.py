@@ -1,0 +1,101 @@
+"""``python app.py`` in a subprocess on a free loopback port, and what it costs (resident memory, CPU time), for the
+load benchmark and tests (``explorer.bench.load``). A subprocess, so that the clients' threads do not share the
+server's interpreter (and its GIL).
+
+    with served_app({"EXPLORER_SESSION_IDLE_MINUTES": "0.1"}) as server:
+        server.url, server.rss_bytes(), server.cpu_seconds()
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` (VmRSS from /proc), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/{pid}/status has no VmRSS line")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time process ``pid`` has used so far (from /proc), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def rss_bytes(self) -> int:
+        return rss_bytes(self.pid)
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+
+@contextlib.contextmanager
+def served_app(env: dict[str, str] | None = None, *, start_timeout: float = 180.0):
+    """``python app.py`` on a free loopback port, with ``env`` added to this process's environment; stopped
+    (terminated, then killed) on exit."""
+    import httpx
+
+    port = free_port()
+    log = Path(tempfile.mkstemp(prefix="explorer-app-", suffix=".log")[1])
+    full_env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_SERVER_NAME": "127.0.0.1",
+                "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    with open(log, "wb") as out:
+        process = subprocess.Popen([sys.executable, "app.py"], cwd=REPO, env=full_env, stdout=out,
+                                   stderr=subprocess.STDOUT)
+    server = Server(f"http://127.0.0.1:{port}/", process, log)
+    try:
+        deadline = time.monotonic() + start_timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"app.py exited with {process.returncode}:\n{server.log_tail()}")
+            try:
+                if httpx.get(server.url + "config", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"app.py did not answer within {start_timeout:.0f} s:\n{server.log_tail()}")
+            time.sleep(0.5)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=15)
+        log.unlink(missing_ok=True)
