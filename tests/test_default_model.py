@@ -124,7 +124,6 @@ def test_head_scores_previous_token_and_induction(ours, hf, tok):
     assert ind.max() >= 0.7, ind
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 target not met: best previous-token head 0.74 on this probe, target 0.8")
 def test_previous_token_head_meets_the_issue_target(hf, tok):
     x = repeated_random_tokens(hf.config.vocab_size, 32, 8, seed=123, bos_id=tok.bos_token_id)
     assert previous_token_score(_patterns_hf(hf, x)).max() >= 0.8

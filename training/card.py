@@ -51,7 +51,10 @@ def pool_sentence(s: dict, vocab_size: int) -> str:
     if s["pool_start"] >= vocab_size:
         return ("The spans' tokens are drawn from the whole vocabulary (special tokens excepted) "
                 "from the first step.")
-    return (f"The spans' tokens are drawn from the {s['pool_start']} most frequent story tokens for "
+    first = (f"{s['pool_start']} most frequent story tokens" if s.get("pool_order", "frequency") == "frequency"
+             else f"{s['pool_start']} tokens picked at random (common and rare alike; a seeded shuffle of the "
+                  "vocabulary)")
+    return (f"The spans' tokens are drawn from {first} for "
             f"the first {s['pool_grow'][0]:.0%} of training, then from a pool that grows linearly "
             f"to the whole vocabulary (special tokens excepted) by {s['pool_grow'][1]:.0%}.")
 
