@@ -149,3 +149,37 @@ def test_the_rope_matrix_rotates_as_apply_rope_does(head_dim):
         R = rope_matrix(c, s)
         assert R.shape == (head_dim, head_dim) and int((R != 0).sum()) <= 2 * head_dim  # two coefficients a column
         torch.testing.assert_close(x @ R, apply_rope(x, c, s), atol=1e-6, rtol=1e-6)
+
+
+def test_qkv_and_gate_up_lie_side_by_side_and_a_copy_is_laid_out_again():
+    from models.fast import fused, prepared_copy
+
+    plain, prepared = _pair(tiny())
+    attn, mlp = prepared.blocks[0].attn, prepared.blocks[0].mlp
+    qkv = fused(attn.q_proj, attn.k_proj, attn.v_proj)
+    assert qkv is not None and fused(mlp.gate_proj, mlp.up_proj) is not None
+    # the side-by-side matrix is the three weights' transposes, in order, and the weights kept their values
+    want = torch.cat([lin.weight.t() for lin in (attn.q_proj, attn.k_proj, attn.v_proj)], 1)
+    assert torch.equal(qkv, want)
+    assert torch.equal(attn.q_proj.weight, plain.blocks[0].attn.q_proj.weight)
+    # a deepcopy clones each parameter (contiguous): no longer side by side, and decode_step still agrees
+    copied = copy.deepcopy(prepared)
+    assert fused(copied.blocks[0].attn.q_proj, copied.blocks[0].attn.k_proj, copied.blocks[0].attn.v_proj) is None
+    prompt = torch.tensor([[1, 5, 9, 2]])
+    a = _step_by_step(copied, prompt, 4, fast=True)[1]
+    b = _step_by_step(prepared, prompt, 4, fast=True)[1]
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    again = prepared_copy(prepared)
+    assert fused(again.blocks[0].attn.q_proj, again.blocks[0].attn.k_proj, again.blocks[0].attn.v_proj) is not None
+    assert fused(plain.blocks[0].mlp.gate_proj, plain.blocks[0].mlp.up_proj) is None  # plain: never laid out
+    assert optimize_for_decode(again) is again and fused(again.blocks[0].mlp.gate_proj,
+                                                         again.blocks[0].mlp.up_proj) is not None
+
+
+def test_optimize_for_decode_leaves_int8_and_lora_layers_as_they_are():
+    plain, _ = _pair(tiny())
+    q = quantize_int8(copy.deepcopy(plain))[0]
+    assert optimize_for_decode(q) is q
+    lora = copy.deepcopy(plain)
+    attach_lora(lora, rank=2)
+    assert optimize_for_decode(lora) is lora

@@ -161,7 +161,8 @@ def test_the_guard_stops_a_run_whose_loss_climbs_and_says_so():
     assert last["stopped"] == "diverged" and len(records) < 60
     assert last["loss"] > ft.DIVERGE_RATIO * records[0]["loss"]
     assert all(r["stopped"] is None and r["loss"] <= ft.DIVERGE_RATIO * records[0]["loss"] for r in records[:-1])
-    assert ft.finetune(model, ids, steps=60, lr=ft.LR_RANGE[1], seq_len=127)["stopped"] == "diverged"
+    fresh_model, _ = _default_model_and_text()  # the run above has trained `model`'s adapter: start again
+    assert ft.finetune(fresh_model, ids, steps=60, lr=ft.LR_RANGE[1], seq_len=127)["stopped"] == "diverged"
 
 
 def test_a_non_finite_loss_stops_the_run_at_once():

@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from models import Decoder, Encoder, KVCache, ModelConfig, check_tokens, generate, optimize_for_decode
+from models.fast import fused, prepared_copy
 from models.attention import build_mask
 from models.generate import decode_one, prefill, sampling_probs
 from models.rope import apply_rope, rope_angles, rope_tables, sinusoidal_table
@@ -235,10 +236,17 @@ def test_the_decoder_keeps_plain_weights_and_optimize_for_decode_only_changes_me
     tokens = torch.randint(0, 61, (2, 10))
     with torch.no_grad():
         before, state = model(tokens), copy.deepcopy(model.state_dict())
+    shapes = [m.weight.shape for m in linears]
     assert optimize_for_decode(model) is model
+    assert [m.weight.shape for m in linears] == shapes
+    widths = {}  # each weight is a column slice of the (in, n) matrix it lies in: q|k|v, gate|up, or itself
+    for block in model.blocks:
+        for group in ((block.attn.q_proj, block.attn.k_proj, block.attn.v_proj),
+                      (block.mlp.gate_proj, block.mlp.up_proj)):
+            assert fused(*group) is not None
+            widths.update({id(m): sum(g.out_features for g in group) for m in group})
     for m in linears:
-        out, in_ = m.weight.shape
-        assert m.weight.stride() == (1, out) and m.weight.shape == (out, in_)
+        assert m.weight.stride() == (1, widths.get(id(m), m.out_features))
     assert model.lm_head.weight is model.embed_tokens.weight
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
     ptrs = [m.weight.data_ptr() for m in linears]
@@ -248,8 +256,11 @@ def test_the_decoder_keeps_plain_weights_and_optimize_for_decode_only_changes_me
         torch.testing.assert_close(model(tokens), before, atol=1e-5, rtol=1e-5)
     fresh = Decoder(tiny(tie_embeddings=True))
     optimize_for_decode(fresh).load_state_dict(state)
-    for kept in (fresh, copy.deepcopy(model), model.to(torch.float64)):  # loading, copying and casting keep it
-        assert all(m.weight.stride() == (1, m.weight.shape[0]) for m in kept.modules() if isinstance(m, nn.Linear))
+    assert all(fused(b.attn.q_proj, b.attn.k_proj, b.attn.v_proj) is not None for b in fresh.blocks)  # loading
+    # keeps all of it; copying and casting keep each weight's (in, out) order, prepared_copy the rest
+    for kept in (fresh, copy.deepcopy(model), prepared_copy(model), model.to(torch.float64)):
+        assert all(m.weight.stride()[0] == 1 for m in kept.modules() if isinstance(m, nn.Linear))
+    assert all(fused(b.mlp.gate_proj, b.mlp.up_proj) is not None for b in prepared_copy(model).blocks)
 
 
 def test_unknown_attention_impl_is_refused():

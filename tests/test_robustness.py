@@ -803,7 +803,7 @@ def test_visitors_own_models_are_capped_in_total(monkeypatch, root):
     monkeypatch.setattr(private_models, "_owners", {})
     monkeypatch.setattr(private_models, "PRIVATE_MODELS_BUDGET_BYTES", private_models.private_models_bytes() + 1)
     forbid(monkeypatch, checkpoints, "load_pretrained")
-    monkeypatch.setattr(session, "copy", types.SimpleNamespace(deepcopy=lambda m: pytest.fail("copied past the cap")))
+    monkeypatch.setattr(session, "prepared_copy", lambda m: pytest.fail("copied past the cap"))
     with pytest.raises(ValueError, match="visitors' own models already hold"):
         session.private_model(fresh())
     with pytest.raises(gr.Error, match="visitors' own models already hold"):
@@ -857,7 +857,7 @@ def test_another_sessions_model_and_adapter_leave_this_sessions_answers_unchange
     assert alice["model"] is not None and bob["model"] is None
     assert bobs_answers() == before
     load_model("default", alice, lambda *a, **k: None)
-    out = list(lora_finetune(2, 8, ["q_proj", "v_proj"], "Tom has a red ball. Anna has a red ball too.", 3, 5e-2,
+    out = list(lora_finetune(2, 8, ["q_proj", "v_proj"], "Tom has a red ball. Anna has a red ball too.", 3, 1e-2,
                              10, alice, lambda *a, **k: None))
     assert "done" in out[-1].status and alice["model"] is not None
     assert bobs_answers() == before

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from explorer import device as dev
+from models.fast import prepared_copy
 from models.generate import generate
 from models.layers import RMSNorm
 from models.quant import Int8Linear, quantize_int8
@@ -50,7 +51,7 @@ def convert(model: nn.Module, fmt: str) -> nn.Module:
     if fmt == "int8":
         out = quantize_int8(copy.deepcopy(model).float())[0]
     else:
-        out = copy.deepcopy(model).to(torch.float32 if fmt == "fp32" else torch.bfloat16)
+        out = prepared_copy(model).to(torch.float32 if fmt == "fp32" else torch.bfloat16)
     for p in out.parameters():
         p.requires_grad_(False)
     return out.eval()
