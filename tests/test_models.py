@@ -245,8 +245,13 @@ def test_the_decoder_keeps_plain_weights_and_optimize_for_decode_only_changes_me
                       (block.mlp.gate_proj, block.mlp.up_proj)):
             assert fused(*group) is not None
             widths.update({id(m): sum(g.out_features for g in group) for m in group})
-    for m in linears:
-        assert m.weight.stride() == (1, widths.get(id(m), m.out_features))
+    def laid_out(m):  # side by side, widening or square: (in, n) in memory; else (the down projection) kept
+        if id(m) in widths:
+            return m.weight.stride() == (1, widths[id(m)])
+        return m.weight.stride() == ((m.in_features, 1) if m.out_features < m.in_features else (1, m.out_features))
+
+    assert all(laid_out(m) for m in linears)
+    assert any(m.out_features < m.in_features for m in linears)  # the tiny model has a narrowing one
     assert model.lm_head.weight is model.embed_tokens.weight
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
     ptrs = [m.weight.data_ptr() for m in linears]
@@ -259,7 +264,8 @@ def test_the_decoder_keeps_plain_weights_and_optimize_for_decode_only_changes_me
     assert all(fused(b.attn.q_proj, b.attn.k_proj, b.attn.v_proj) is not None for b in fresh.blocks)  # loading
     # keeps all of it; copying and casting keep each weight's (in, out) order, prepared_copy the rest
     for kept in (fresh, copy.deepcopy(model), prepared_copy(model), model.to(torch.float64)):
-        assert all(m.weight.stride()[0] == 1 for m in kept.modules() if isinstance(m, nn.Linear))
+        assert all(m.weight.stride()[1 if m is b.mlp.down_proj else 0] == 1
+                   for b in kept.blocks for m in b.modules() if isinstance(m, nn.Linear))
     assert all(fused(b.mlp.gate_proj, b.mlp.up_proj) is not None for b in prepared_copy(model).blocks)
 
 

@@ -790,7 +790,6 @@ def test_visitors_own_models_are_capped_in_total(monkeypatch, root):
     """Private copies and loaded checkpoints of all sessions together stay under a cap: past it, the next copy or
     load is refused before it allocates; once a session's model is gone, there is room again."""
     import gc
-    import types
 
     shared, _ = session.load_default()
     one = private_models.model_bytes(shared)
