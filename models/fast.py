@@ -41,9 +41,10 @@ def optimize_for_decode(model: nn.Module) -> nn.Module:
     2-core AVX-512 CPU, fp32, the 49152 x 576 LM head took 3.9 ms in this layout and 6.6-7 ms in the usual
     one, and one cached decode step of the SmolLM2-135M shape (30 layers, random weights) about 31 ms
     against 38 ms (about 1.2x more tokens per second), while prompt-sized matmuls take the same time
-    either way. A narrowing matrix (out < in: SwiGLU's down projection, 1536 -> 576) is the exception and
-    keeps its (out, in) order: one token times it streamed at 15-18 GB/s against 12 GB/s in (in, out), and
-    a whole step took 4-12 % less time (three interleaved A/B runs, same machine). Side by side,
+    either way. A narrowing matrix (out < in: SwiGLU's down projection, 1536 -> 576; a key or value projection
+    not laid side by side, 576 -> 192) is the exception and keeps its (out, in) order: one token times it
+    streamed at 13-18 GB/s against 11-12 GB/s in (in, out) (7.3-7.8 against 5.5 for 576 -> 192), and a whole
+    step took 4-12 % less time (three interleaved A/B runs, same machine). Side by side,
     ``decode_step`` reads q, k and v with one matmul and gate and up with another (see ``fused``): 4 matmuls
     a layer instead of 7. Measure before relying on it elsewhere (another CPU, a GPU, another dtype): it is a
     layout choice, not an algorithm.
@@ -67,12 +68,13 @@ def optimize_for_decode(model: nn.Module) -> nn.Module:
                 for lin in group:
                     lin.weight.data = side_by_side[:, start:start + lin.out_features].t()  # (out, in) view
                     start += lin.out_features
-            seen.update(id(lin.weight) for lin in group if fused(*group) is not None)
+            if fused(*group) is not None:
+                seen.update(id(lin.weight) for lin in group)
     for module in model.modules():
         if isinstance(module, nn.Linear) and id(module.weight) not in seen:
             seen.add(id(module.weight))
             if module.out_features < module.in_features:
-                continue  # a narrowing matrix (SwiGLU's down projection) streams faster in (out, in) order
+                continue  # a narrowing matrix (the down projection) streams faster in (out, in) order
             w = module.weight.data  # (out, in)
             module.weight.data = w.t().contiguous().t()  # (out, in) -> (in, out) in memory -> viewed (out, in)
     if hasattr(model, "blocks") and hasattr(model, "lm_head"):  # a decoder
@@ -95,9 +97,12 @@ def fused(*linears: nn.Linear) -> torch.Tensor | None:
     return first.detach().as_strided((first.shape[1], total), (total, 1))  # (in, sum of outs)
 
 
-def prepared_copy(model: nn.Module) -> nn.Module:
-    """``copy.deepcopy(model)``, laid out again by ``optimize_for_decode`` when ``model`` was."""
+def prepared_copy(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+    """``copy.deepcopy(model)``, cast to ``dtype`` when given, then laid out again by ``optimize_for_decode`` when
+    ``model`` was (after the cast, which makes new tensors and so would undo the layout)."""
     out = copy.deepcopy(model)
+    if dtype is not None:
+        out = out.to(dtype)
     return optimize_for_decode(out) if model.__dict__.get(FAST_DECODE) else out
 
 

@@ -174,6 +174,11 @@ def test_qkv_and_gate_up_lie_side_by_side_and_a_copy_is_laid_out_again():
     assert fused(plain.blocks[0].mlp.gate_proj, plain.blocks[0].mlp.up_proj) is None  # plain: never laid out
     assert optimize_for_decode(again) is again and fused(again.blocks[0].mlp.gate_proj,
                                                          again.blocks[0].mlp.up_proj) is not None
+    cast = prepared_copy(prepared, torch.bfloat16)  # laid out after the cast, which alone would undo it
+    assert cast.blocks[0].attn.q_proj.weight.dtype == torch.bfloat16
+    assert fused(cast.blocks[0].attn.q_proj, cast.blocks[0].attn.k_proj, cast.blocks[0].attn.v_proj) is not None
+    assert torch.equal(cast.blocks[0].mlp.up_proj.weight, prepared.blocks[0].mlp.up_proj.weight.bfloat16())
+    assert prepared.blocks[0].attn.q_proj.weight.dtype == torch.float32  # the original untouched
 
 
 def test_optimize_for_decode_leaves_int8_and_lora_layers_as_they_are():

@@ -245,6 +245,7 @@ def test_the_decoder_keeps_plain_weights_and_optimize_for_decode_only_changes_me
                       (block.mlp.gate_proj, block.mlp.up_proj)):
             assert fused(*group) is not None
             widths.update({id(m): sum(g.out_features for g in group) for m in group})
+
     def laid_out(m):  # side by side, widening or square: (in, n) in memory; else (the down projection) kept
         if id(m) in widths:
             return m.weight.stride() == (1, widths[id(m)])

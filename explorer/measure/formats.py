@@ -51,7 +51,7 @@ def convert(model: nn.Module, fmt: str) -> nn.Module:
     if fmt == "int8":
         out = quantize_int8(copy.deepcopy(model).float())[0]
     else:
-        out = prepared_copy(model).to(torch.float32 if fmt == "fp32" else torch.bfloat16)
+        out = prepared_copy(model, torch.float32 if fmt == "fp32" else torch.bfloat16)
     for p in out.parameters():
         p.requires_grad_(False)
     return out.eval()
