@@ -188,3 +188,40 @@ def test_optimize_for_decode_leaves_int8_and_lora_layers_as_they_are():
     lora = copy.deepcopy(plain)
     attach_lora(lora, rank=2)
     assert optimize_for_decode(lora) is lora
+
+
+def test_numpy_matmul_is_the_same_product_on_the_same_memory():
+    from models.fast import numpy_matmul
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 24, generator=g)
+    w = torch.randn(40, 24, generator=g, requires_grad=True)  # (out, in), as nn.Linear holds it
+    for layout in (w.t(), w.detach().t().contiguous()):  # (in, out) viewed on (out, in) memory, and contiguous
+        y = numpy_matmul(x, layout)
+        torch.testing.assert_close(y, x @ layout.detach(), atol=1e-5, rtol=1e-5)
+        assert y.shape == (2, 40) and y.dtype == torch.float32
+    side = torch.randn(24, 60, generator=g)
+    assert numpy_matmul(x, side[:, 10:30]).data_ptr() != side.data_ptr()  # a column slice: read in place, new output
+    torch.testing.assert_close(numpy_matmul(x, side[:, 10:30]), x @ side[:, 10:30], atol=1e-5, rtol=1e-5)
+
+
+def test_the_numpy_step_agrees_with_torchs_and_puts_the_thread_count_back(monkeypatch):
+    import models.fast as fast
+
+    plain, prepared = _pair(tiny())
+    prompt = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(2))
+    threads = torch.get_num_threads()
+    runs, real = {}, fast._decode_step
+    for flag in (False, True):
+        monkeypatch.setattr(fast, "DECODE_WITH_NUMPY", flag)
+        seen = []
+        monkeypatch.setattr(fast, "_decode_step", lambda *a: seen.append((a[-1], torch.get_num_threads())) or real(*a))
+        runs[flag] = _step_by_step(prepared, prompt, 12, fast=True)
+        assert {m for m, _ in seen} == {fast.numpy_matmul if flag else torch.matmul}
+        assert {n for _, n in seen} == ({1} if flag else {threads})  # numpy's BLAS brings its own threads
+        assert torch.get_num_threads() == threads
+    assert torch.equal(runs[True][0], runs[False][0])
+    torch.testing.assert_close(runs[True][1], runs[False][1], atol=1e-5, rtol=1e-5)
+    ref_tokens, ref_logits, _ = _step_by_step(plain, prompt, 12, fast=False)
+    assert torch.equal(runs[True][0], ref_tokens)
+    torch.testing.assert_close(runs[True][1], ref_logits, atol=1e-5, rtol=1e-5)

@@ -19,7 +19,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# Transformer Explorer benchmark ({s['mode']})", "",
              f"{m['date']} · {m['cpu']} · {m['cores']} cores ({m['torch_threads']} torch threads) · "
              f"torch {m['torch']} · transformers {m.get('transformers', '—')} · device {m['device']}"
-             f"{' (' + m['gpu'] + ')' if m.get('gpu') else ''} · dtype {m['dtype']}", ""]
+             f"{' (' + m['gpu'] + ')' if m.get('gpu') else ''} · dtype {m['dtype']}"
+             f"{' · one-token products: ' + m['decode_blas'] if m.get('decode_blas') else ''}", ""]
     for note in report["notes"]:
         lines.append(f"- {note}")
     lines += ["", "## Targets", "", "| target | measured | result | from |", "|---|---|---|---|"]

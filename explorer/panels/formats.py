@@ -20,6 +20,7 @@ from explorer.figures import formats as figs
 from explorer.figures.common import provenance_text
 from explorer.locks import MEASURE_LOCK, model_lock
 from explorer.measure import formats as fm
+from models.fast import can_decode_fast, decode_blas
 from models.generate import generate
 
 from . import user_errors
@@ -194,7 +195,8 @@ def _measure(model, tokenizer, ids: list[int]) -> dict:
                   "sdpa_growth": flash["sdpa"][1] / max(flash["sdpa"][0], 1)},
         "lora": {k: lora[k] for k in ("trainable", "frozen", "trainable_fraction")},
         "fp32_tokens": measured["fp32"]["tokens"], "held_out_tokens": held.shape[1], "prompt_tokens": len(ids), "new_tokens": NEW_TOKENS,
-        "runtime": measure.runtime_info(fp32),
+        "runtime": measure.runtime_info(fp32), "decode_blas": decode_blas(prompt) if can_decode_fast(fp32)
+        else f"torch {torch.__version__}",
     }
     f32, i8 = numbers["formats"]["fp32"], numbers["formats"]["int8"]
     numbers["int8"] = {"size_reduction": 1 - i8["weight_bytes"] / f32["weight_bytes"],
@@ -225,8 +227,9 @@ def formats_view(prompt, state):
                       round(limit, 1), _pct(r["tokens_per_s"] / limit), f"{a['matching']} / {a['new_tokens']}",
                       f"{r['max_abs_logit_diff']:.2e}", round(r["held_out_loss"], 4),
                       {"int8pack_mm": "torch _weight_int8pack_mm (int8 read directly)",
-                       "dequantize": "dequantised on the fly (int8 → fp32, then matmul)"}.get(r["int8_kernel"],
-                                                                                            "dense " + name)])
+                       "dequantize": "dequantised on the fly (int8 → fp32, then matmul)"}.get(
+                          r["int8_kernel"], f"dense fp32, one-token products by {numbers['decode_blas']}"
+                          if name == "fp32" else "dense " + name)])
         points.append({"name": f"ours {name}", "bytes_per_token": b, "tokens_per_s": r["tokens_per_s"]})
     hf = numbers["transformers"]
     f32 = numbers["formats"]["fp32"]
