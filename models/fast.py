@@ -28,7 +28,7 @@ from .kv_cache import KVCache
 from .layers import RMSNorm, SwiGLU
 
 FAST_DECODE = "_fast_decode"  # the attribute optimize_for_decode sets on a decoder it prepared
-# decode_step's matrix products on the CPU through numpy's BLAS (see numpy_matmul); EXPLORER_DECODE_BLAS=torch keeps torch's
+# decode_step's products on the CPU through numpy's BLAS (see numpy_matmul); EXPLORER_DECODE_BLAS=torch keeps torch's
 DECODE_WITH_NUMPY = os.environ.get("EXPLORER_DECODE_BLAS", "numpy") != "torch"
 
 
@@ -119,10 +119,10 @@ def prepared_copy(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Modu
 # for each other on the busy cores; the rest is ~50 small kernels and ~16 module calls per layer (RMSNorm in six
 # kernels, RoPE, residual adds, hook-point checks). Every kernel that splits its work over threads pays that wait
 # on a shared machine, so fewer kernels is the lever: decode_step keeps the matmuls and the SDPA call and drops
-# the rest where it can (RMSNorm as torch's fused kernel, each residual add folded into its matmul with addmm, no
-# module calls) and q/k/v and gate/up each as one matmul where optimize_for_decode laid them side by side
-# (``fused``; 4 matmul calls a layer instead of 7). Measured and left out: one query's attention as two batched
-# matmuls and a softmax (three threaded kernels instead of one: slower on a busy machine).
+# the rest where it can (RMSNorm as torch's fused kernel, each residual add folded into its matmul: addmm, or on
+# the CPU an add in numpy; no module calls) and q/k/v and gate/up each as one matmul where optimize_for_decode laid
+# them side by side (``fused``; 4 matmul calls a layer instead of 7). Measured and left out: one query's attention
+# as two batched matmuls and a softmax (three threaded kernels instead of one: slower on a busy machine).
 
 
 def _check(model: nn.Module) -> tuple[bool, list]:
@@ -194,15 +194,25 @@ def rope_matrix(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return R
 
 
-def numpy_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x @ w`` for CPU fp32 tensors, computed by numpy's BLAS (the OpenBLAS its wheels ship) on the same memory.
+def torch_matmul(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ w``, or ``residual + x @ w`` as one kernel (addmm): ``decode_step``'s products off the CPU (or with
+    EXPLORER_DECODE_BLAS=torch)."""
+    return x @ w if residual is None else torch.addmm(residual, x, w)
+
+
+def numpy_matmul(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ w`` (plus ``residual`` when given, added in numpy) for CPU fp32 tensors, computed by numpy's BLAS (the
+    OpenBLAS its wheels ship) on the same memory.
 
     One token's vector times a weight matrix reads the whole matrix once for 2 flops a number: it runs at
     the speed the BLAS streams memory. On this project's 2-core AVX-512 CPU, one step's matrix products at the
     SmolLM2-135M shape (30 layers and the LM head, 538 MB of fp32 weights, all from DRAM) took 18-21 ms through
     numpy's OpenBLAS and 32-36 ms through torch's (MKL), in this layout or the other. Nothing is copied:
     ``Tensor.numpy()`` and ``torch.from_numpy`` share the memory."""
-    return torch.from_numpy(np.matmul(x.numpy(), w.detach().numpy()))
+    y = np.matmul(x.numpy(), w.detach().numpy())
+    if residual is not None:
+        y += residual.numpy()
+    return torch.from_numpy(y)
 
 
 def decode_blas(on: torch.Tensor) -> str:
@@ -234,7 +244,7 @@ def decode_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int)
     if token.dim() != 2 or token.shape[1] != 1 or not 0 <= pos < c.max_seq_len:
         return None  # let the model say what is wrong
     if not token.is_cpu or not DECODE_WITH_NUMPY:
-        return _decode_step(model, token, cache, pos, torch.matmul)
+        return _decode_step(model, token, cache, pos, torch_matmul)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -244,7 +254,8 @@ def decode_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int)
 
 
 def _decode_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int, matmul) -> torch.Tensor:
-    """``decode_step``'s body; ``matmul(x, w)`` is ``x @ w`` for (B, in) x (in, out)."""
+    """``decode_step``'s body; ``matmul(x, w, residual=None)`` is ``x @ w`` (+ ``residual``) for (B, in) x (in, out)
+    (``torch_matmul`` or ``numpy_matmul``)."""
     c = model.config
     B = token.shape[0]
     H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
@@ -263,12 +274,12 @@ def _decode_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int
         v = v.reshape(B, Hkv, 1, D)
         keys, values = cache.update(layer, pos, k, v)  # (B, Hkv, pos + 1, D) each
         z = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)  # (B, H, 1, D), no mask: one query
-        x = x + matmul(z.reshape(B, H * D), attn.o_proj.weight.t())  # x + o_proj(z), (B, C)
+        x = matmul(z.reshape(B, H * D), attn.o_proj.weight.t(), x)  # x + o_proj(z), (B, C)
         h = _rms_norm(x, block.post_attention_layernorm)
         gate_up = fused(mlp.gate_proj, mlp.up_proj)  # (C, 2 F) or None
         if gate_up is not None:
             gate, up = matmul(h, gate_up).chunk(2, dim=1)  # (B, F) each
         else:
             gate, up = matmul(h, mlp.gate_proj.weight.t()), matmul(h, mlp.up_proj.weight.t())
-        x = x + matmul(F.silu(gate).mul_(up), mlp.down_proj.weight.t())  # x + down(silu(gate) up)
+        x = matmul(F.silu(gate, inplace=True).mul_(up), mlp.down_proj.weight.t(), x)  # x + down(silu(gate) up)
     return matmul(_rms_norm(x, model.norm), model.lm_head.weight.t())  # (B, V)

@@ -191,7 +191,7 @@ def test_optimize_for_decode_leaves_int8_and_lora_layers_as_they_are():
 
 
 def test_numpy_matmul_is_the_same_product_on_the_same_memory():
-    from models.fast import numpy_matmul
+    from models.fast import numpy_matmul, torch_matmul
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 24, generator=g)
@@ -203,6 +203,10 @@ def test_numpy_matmul_is_the_same_product_on_the_same_memory():
     side = torch.randn(24, 60, generator=g)
     assert numpy_matmul(x, side[:, 10:30]).data_ptr() != side.data_ptr()  # a column slice: read in place, new output
     torch.testing.assert_close(numpy_matmul(x, side[:, 10:30]), x @ side[:, 10:30], atol=1e-5, rtol=1e-5)
+    residual = torch.randn(2, 40, generator=g)
+    for product in (numpy_matmul, torch_matmul):  # the residual add decode_step folds into each product
+        torch.testing.assert_close(product(x, w.detach().t(), residual), residual + x @ w.detach().t(),
+                                   atol=1e-5, rtol=1e-5)
 
 
 def test_the_numpy_step_agrees_with_torchs_and_puts_the_thread_count_back(monkeypatch):
@@ -217,7 +221,7 @@ def test_the_numpy_step_agrees_with_torchs_and_puts_the_thread_count_back(monkey
         seen = []
         monkeypatch.setattr(fast, "_decode_step", lambda *a: seen.append((a[-1], torch.get_num_threads())) or real(*a))
         runs[flag] = _step_by_step(prepared, prompt, 12, fast=True)
-        assert {m for m, _ in seen} == {fast.numpy_matmul if flag else torch.matmul}
+        assert {m for m, _ in seen} == {fast.numpy_matmul if flag else fast.torch_matmul}
         assert {n for _, n in seen} == ({1} if flag else {threads})  # numpy's BLAS brings its own threads
         assert torch.get_num_threads() == threads
     assert torch.equal(runs[True][0], runs[False][0])
