@@ -142,6 +142,13 @@ def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: b
     return "none"
 
 
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later): torch's CPU kernels take other paths
+    there (see ``explorer.measure.predict.cpu_repacks_bf16_kv``)."""
+    supported = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(supported and supported())
+
+
 def to_host(t: torch.Tensor) -> np.ndarray:
     """The figure boundary: one copy of a tensor to host memory as a float NumPy array (bf16 widened)."""
     t = t.detach()
