@@ -438,14 +438,15 @@ def test_endpoint_answers_with_the_computation(client, served):
 def test_step_prev_next_and_last_token(client, served):
     model, tokenizer = served
     ids, labels = session.encode(tokenizer, PROMPT, pw.MAX_TOKENS)
-    w = wt.walk(model, ids)  # the last token
+    with session.threads_for(model):  # the thread count the handler runs with: the same sums, to the bit
+        w = wt.walk(model, ids)  # the last token
     first = client.predict(PROMPT, None, 0, 0, api_name="/walkthrough")
     assert first[4]["value"] == len(ids) - 1
     top_index = wt.STEP_KEYS.index("top")
     f, md, slider = client.predict(PROMPT, None, 0, top_index, api_name="/walkthrough_step")
     bars = fig(f)["data"][0]
     np.testing.assert_array_equal(arr(bars["x"]).astype(np.float32), w.top_probs)
-    with torch.no_grad():
+    with torch.no_grad(), session.threads_for(model):  # the model's own forward, summed on the same threads
         probs = torch.softmax(model(torch.tensor([ids]))[0, -1].float(), -1)
     np.testing.assert_allclose(arr(bars["x"]), torch.topk(probs, wt.TOP_K).values.numpy(), rtol=1e-5)
     assert slider["value"] == top_index
