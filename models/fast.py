@@ -7,13 +7,18 @@ attended (the cache so far), V vocabulary.
 The models read like the tutorial (plain ``nn.Linear``, contiguous (out, in) weights, a hook point at every
 step). The app and the benchmark call ``optimize_for_decode`` once after loading. It changes memory order,
 never a weight's value, name or shape, and lets ``models.generate.decode_one`` take ``decode_step``: the same
-one-token computation written as a flat sequence of tensor operations. Outputs agree with the modules' up to
+one-token computation written as a flat sequence of array operations (on the CPU: the matrix products in torch
+or numpy's BLAS, everything between them in numpy on the same memory). Outputs agree with the modules' up to
 float rounding (the BLAS may add the products in another order).
 """
 from __future__ import annotations
 
 import copy
+import math
 import os
+import time
+import weakref
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -28,8 +33,9 @@ from .kv_cache import KVCache
 from .layers import RMSNorm, SwiGLU
 
 FAST_DECODE = "_fast_decode"  # the attribute optimize_for_decode sets on a decoder it prepared
-# decode_step's products on the CPU through numpy's BLAS (see numpy_matmul); EXPLORER_DECODE_BLAS=torch keeps torch's
-DECODE_WITH_NUMPY = os.environ.get("EXPLORER_DECODE_BLAS", "numpy") != "torch"
+# Which library computes the CPU step's one-token matrix products: "auto" (measured once per model shape, see
+# cpu_products), "torch" or "numpy". EXPLORER_DECODE_BLAS sets it for the process.
+DECODE_BLAS = os.environ.get("EXPLORER_DECODE_BLAS", "auto").strip().lower() or "auto"
 
 
 def optimize_for_decode(model: nn.Module) -> nn.Module:
@@ -112,25 +118,43 @@ def prepared_copy(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Modu
 
 # --- the one-token decode step ---------------------------------------------------------------------------------
 #
-# Profile of one cached decode step, SmolLM2-135M shape, fp32, random weights (torch.profiler, self time per step,
-# measured on this project's 2-core machine while other jobs loaded it to 4-16): on one thread, the 211 one-token
-# matmuls took 77 of 96 ms (81 %; about 25 ms on an idle machine, the floor of an eager step) and the 30 SDPA calls
-# 3 ms; on two threads, the same SDPA calls took 134-202 ms of a 290-330 ms step, as each call's two threads waited
-# for each other on the busy cores; the rest is ~50 small kernels and ~16 module calls per layer (RMSNorm in six
-# kernels, RoPE, residual adds, hook-point checks). Every kernel that splits its work over threads pays that wait
-# on a shared machine, so fewer kernels is the lever: decode_step keeps the matmuls and the SDPA call and drops
-# the rest where it can (RMSNorm as torch's fused kernel, each residual add folded into its matmul: addmm, or on
-# the CPU an add in numpy; no module calls) and q/k/v and gate/up each as one matmul where optimize_for_decode laid
-# them side by side (``fused``; 4 matmul calls a layer instead of 7). Measured and left out: one query's attention
-# as two batched matmuls and a softmax (three threaded kernels instead of one: slower on a busy machine).
+# Where a step's time goes, SmolLM2-135M shape, fp32, one token after 48 (Intel Xeon with AMX, 2 cores, 2 torch
+# threads; per-section perf_counter sums over 32 steps): the 211 matrix products take 18.2 of about 21 ms (every
+# weight read once at 29-33 GB/s, against 30 GB/s for torch.sum over 512 MiB on the same machine) and everything
+# else about 90 us a layer. Written as torch operations, that rest was 330 us a layer (30 ms a step): each small
+# kernel costs 5-10 us to dispatch, and after a product has streamed megabytes of weights through the caches,
+# each finds its code and data cold. So the CPU step below does only the products in torch (or numpy's BLAS, see
+# ``cpu_products``) and everything between them in numpy on the same memory: one token is a handful of vectors of
+# a few thousand numbers, and a numpy call on them costs about 1 us. Measured and left out: torch's fused
+# F.rms_norm and SDPA between the products (37 and 40 us a layer in the step against 19 and 30 in numpy), and the
+# GNU OpenMP threads told to sleep between products (OMP_WAIT_POLICY=PASSIVE: 39 ms a step, each wake-up costs more
+# than the product it serves).
 
 
-def _check(model: nn.Module) -> tuple[bool, list]:
-    """(whether ``model`` is exactly the tutorial's fp32 SDPA decoder with no hook attached, the (parent's
-    children, name, child) links that check relied on). LoRA adapters, int8 layers, another dtype or attention
-    implementation, or a hook on any module (or a global one) take the modules' own path."""
-    links: list = [(model._modules, name, m) for name, m in model._modules.items()]
-    links += [(model.blocks._modules, name, m) for name, m in model.blocks._modules.items()]
+# Bumped whenever a module, parameter or buffer is registered anywhere in the process (PyTorch's global
+# registration hooks: ``setattr`` of a module or parameter, ``add_module``, LoRA or int8 swapping a layer). With
+# ``RemovableHandle.next_id`` (every hook registration takes a new id) it tells whether a model's structure or hooks
+# may have changed since ``can_decode_fast`` last looked, without walking its ~1,000 modules at every step.
+_REGISTRATIONS = [0]
+
+
+def _count_registration(*_) -> None:
+    _REGISTRATIONS[0] += 1
+
+
+_module.register_module_module_registration_hook(_count_registration)
+_module.register_module_parameter_registration_hook(_count_registration)
+_module.register_module_buffer_registration_hook(_count_registration)
+
+
+def _structure_version(model: nn.Module) -> tuple[int, int, int]:
+    return RemovableHandle.next_id, _REGISTRATIONS[0], len(model.blocks._modules)  # deleting a block registers nothing
+
+
+def _check(model: nn.Module) -> bool:
+    """Whether ``model`` is exactly the tutorial's fp32 SDPA decoder with no hook attached. LoRA adapters, int8
+    layers, another dtype or attention implementation, or a hook on any module (or a global one) take the
+    modules' own path."""
     modules = [model, *model._modules.values(), *model.norm._modules.values()]
     ok = model.lm_head.weight.dtype == torch.float32
     for block in model.blocks:
@@ -141,14 +165,13 @@ def _check(model: nn.Module) -> tuple[bool, list]:
             and attn.use_rope
         modules.append(block)
         for owner in (block, attn, mlp, parts["input_layernorm"], parts["post_attention_layernorm"]):
-            links += [(owner._modules, name, m) for name, m in owner._modules.items()]
             modules += owner._modules.values()
         linears = [attn._modules[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + [
             mlp._modules[n] for n in ("gate_proj", "up_proj", "down_proj")] if ok else []
         ok = ok and all(type(lin) is nn.Linear and lin.bias is None and lin.weight.dtype == torch.float32
                         for lin in linears)
     hooked = any(m._forward_hooks or m._forward_pre_hooks for m in modules)
-    return ok and not hooked, links
+    return ok and not hooked
 
 
 def can_decode_fast(model: nn.Module) -> bool:
@@ -157,25 +180,260 @@ def can_decode_fast(model: nn.Module) -> bool:
     hook attached anywhere.
 
     The full check reads ~1,000 modules (about 1 ms, 3 % of a step): a "yes" is kept on the model and reused
-    while no hook has been registered anywhere since (every registration takes a new ``RemovableHandle`` id)
-    and no module has been swapped for another (the links it read still hold); dtype and attention
-    implementation, which change no module, are read at every step.
+    while no hook, module, parameter or buffer has been registered anywhere since (``_structure_version``);
+    dtype and attention implementation, which register nothing, are read at every step.
     """
     if not model.__dict__.get(FAST_DECODE) or _module._global_forward_hooks or _module._global_forward_pre_hooks:
         return False
+    version = _structure_version(model)
     kept = model.__dict__.get("_fast_check")
-    if kept is None or kept[0] != RemovableHandle.next_id or not kept[1] \
-            or not all(d.get(n) is m for d, n, m in kept[2]):  # a "no" is never reused: a hook may have gone
-        kept = (RemovableHandle.next_id, *_check(model))
+    if kept is None or kept[0] != version or not kept[1]:  # a "no" is never reused: a hook may have gone
+        kept = (version, _check(model))
         model.__dict__["_fast_check"] = kept
     return kept[1] and model.lm_head.weight.dtype == torch.float32 and all(
         block._modules["attn"].impl == "sdpa" for block in model.blocks)  # set_attn_impl swaps no module
 
 
-def _rms_norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)  # (B, C): one kernel instead of six
+def decode_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor | None:
+    """One new token (B, 1) at position ``pos`` through the decoder as flat array operations; next-token
+    logits (B, V), or None when ``can_decode_fast(model)`` is False (the caller then runs the model).
+
+    The same computation as ``Decoder.forward(token, start_pos=pos, cache=cache, last_only=True)``, the same
+    cache writes, the modules' own weights read in place. One token on the CPU (the app's and the benchmark's
+    case) takes ``_cpu_step``: the products in torch or numpy's BLAS, the rest in numpy; a batch, or a model on
+    a GPU, takes ``_torch_step``: the same sequence as torch operations.
+    """
+    if not can_decode_fast(model):
+        return None
+    c = model.config
+    if token.dim() != 2 or token.shape[1] != 1 or not 0 <= pos < c.max_seq_len:
+        return None  # let the model say what is wrong
+    if token.shape[0] == 1 and token.is_cpu and cache.k[0].is_cpu and cache.k[0].dtype == torch.float32 \
+            and cache.k[0].shape[0] == 1 and pos < cache.max_len:
+        token_id = int(token[0, 0])
+        plan = _plan(model)
+        if plan is not None and 0 <= token_id < c.vocab_size:
+            return _run_cpu_step(plan, token_id, cache, pos, cpu_products(model, plan))
+    return _torch_step(model, token, cache, pos)
 
 
+# --- on the CPU, one token: products in torch (or numpy's BLAS), everything else in numpy ---------------------
+class _Layer(NamedTuple):
+    """One block as ``_cpu_step`` reads it: views of the modules' own memory, nothing copied. Each matrix is
+    (out, in) as ``nn.Linear`` holds it; ``qkv`` and ``gate_up`` are one matrix when ``optimize_for_decode`` laid
+    the projections side by side (else the separate ones, in order)."""
+    norm1: np.ndarray  # (C,) input_layernorm.weight
+    eps1: float
+    qkv: tuple[torch.Tensor, ...]  # ((H + 2 Hkv) D, C), or q (H D, C), k (Hkv D, C), v (Hkv D, C)
+    o: torch.Tensor  # (C, H D)
+    norm2: np.ndarray  # (C,) post_attention_layernorm.weight
+    eps2: float
+    gate_up: tuple[torch.Tensor, ...]  # (2 F, C), or gate (F, C), up (F, C)
+    down: torch.Tensor  # (C, F)
+
+
+class _Plan(NamedTuple):
+    layers: list[_Layer]
+    norm: np.ndarray  # (C,) the final norm's weight
+    eps: float
+    lm_head: torch.Tensor  # (V, C)
+    embed: np.ndarray  # (V, C)
+    cos: np.ndarray  # (T_max, D) RoPE tables
+    sin: np.ndarray
+    heads: tuple[int, int, int]  # H, Hkv, D
+    version: tuple  # the model's _structure_version when it was made
+    viewed: list[torch.Tensor]  # every parameter and buffer viewed above ...
+    pointers: list[int]  # ... and where its memory was
+
+
+_PLANS: "weakref.WeakKeyDictionary[nn.Module, _Plan]" = weakref.WeakKeyDictionary()  # dies with its model
+
+
+def _plan(model: nn.Module) -> _Plan | None:
+    """The model's weights as ``_cpu_step`` reads them, kept beside the model (not on it: a deepcopy would copy
+    the views' memory) and made again when any tensor it views was replaced (a new parameter, new storage from
+    ``.to()`` or a reassigned ``.data``); values changed in place (``load_state_dict``, LoRA's merge) are seen
+    through the views. None for a model whose weights are not on the CPU."""
+    kept = _PLANS.get(model)
+    version = _structure_version(model)
+    if kept is not None and kept.version == version and list(map(torch.Tensor.data_ptr, kept.viewed)) == kept.pointers:
+        return kept
+    if not model.lm_head.weight.is_cpu:
+        return None
+    viewed: list[torch.Tensor] = []
+
+    def view(owner: nn.Module, name: str = "weight", *, buffer: bool = False) -> torch.Tensor:
+        t = (owner._buffers if buffer else owner._parameters)[name]
+        viewed.append(t)
+        return t.detach()
+
+    layers = []
+    for block in model.blocks:
+        attn, mlp = block.attn, block.mlp
+        qkv = fused(attn.q_proj, attn.k_proj, attn.v_proj)  # (C, (H + 2 Hkv) D) or None
+        gate_up = fused(mlp.gate_proj, mlp.up_proj)  # (C, 2 F) or None
+        qkv_views = tuple(view(lin) for lin in (attn.q_proj, attn.k_proj, attn.v_proj))
+        gate_up_views = tuple(view(lin) for lin in (mlp.gate_proj, mlp.up_proj))
+        layers.append(_Layer(
+            view(block.input_layernorm).numpy(), block.input_layernorm.eps,
+            qkv_views if qkv is None else (qkv.t(),), view(attn.o_proj),
+            view(block.post_attention_layernorm).numpy(), block.post_attention_layernorm.eps,
+            gate_up_views if gate_up is None else (gate_up.t(),), view(mlp.down_proj)))
+    c = model.config
+    plan = _Plan(layers, view(model.norm).numpy(), model.norm.eps, view(model.lm_head), view(model.embed_tokens).numpy(),
+                 view(model, "rope_cos", buffer=True).numpy(), view(model, "rope_sin", buffer=True).numpy(),
+                 (c.n_heads, c.n_kv_heads, c.head_dim), version, viewed, [t.data_ptr() for t in viewed])
+    _PLANS[model] = plan
+    return plan
+
+
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm of one token's vector (C,): x / sqrt(mean(x²) + eps) * weight, the mean from one dot product."""
+    h = x * weight
+    h *= 1.0 / math.sqrt(float(x @ x) / x.shape[0] + eps)
+    return h
+
+
+def rope_matrix_np(cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """``rope_matrix`` for numpy rows ``cos``, ``sin`` (D,): R (D, D) with ``x @ R == apply_rope(x, cos, sin)``."""
+    half = cos.shape[0] // 2
+    i = np.arange(half)
+    R = np.diag(cos)
+    R[i + half, i] = -sin[:half]  # into j < D/2: -x[j + D/2] sin[j]
+    R[i, i + half] = sin[half:]  # into j >= D/2: +x[j - D/2] sin[j]
+    return R
+
+
+class Products(NamedTuple):
+    """One library's one-token products for ``_cpu_step``: ``mv(w, h)`` is ``w @ h`` for a (out, in) matrix
+    ``w`` (a torch view) and a numpy vector ``h`` (in,), a new numpy vector (out,); ``mv_add(x, w, h)`` adds
+    ``w @ h`` into ``x`` in place (the residual stream)."""
+    name: str
+    mv: Callable[[torch.Tensor, np.ndarray], np.ndarray]
+    mv_add: Callable[[np.ndarray, torch.Tensor, np.ndarray], None]
+
+
+def _torch_mv_add(x: np.ndarray, w: torch.Tensor, h: np.ndarray) -> None:
+    torch.from_numpy(x).addmv_(w, torch.from_numpy(h))  # one kernel: x + w @ h, written into x
+
+
+def _numpy_mv_add(x: np.ndarray, w: torch.Tensor, h: np.ndarray) -> None:
+    x += w.numpy() @ h
+
+
+TORCH_PRODUCTS = Products("torch", lambda w, h: torch.mv(w, torch.from_numpy(h)).numpy(), _torch_mv_add)
+NUMPY_PRODUCTS = Products("numpy", lambda w, h: w.numpy() @ h, _numpy_mv_add)  # the same memory, no copy
+PRODUCTS = {p.name: p for p in (TORCH_PRODUCTS, NUMPY_PRODUCTS)}
+
+
+def _mv_all(mv, ws: tuple[torch.Tensor, ...], h: np.ndarray) -> np.ndarray:
+    return mv(ws[0], h) if len(ws) == 1 else np.concatenate([mv(w, h) for w in ws])
+
+
+def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Products) -> torch.Tensor:
+    """``decode_step`` for one token on the CPU; logits (1, V). Vectors are numpy arrays on the memory torch
+    reads and writes: the residual stream ``x`` (C,) is updated in place by the o and down products."""
+    mv, mv_add = products.mv, products.mv_add
+    H, Hkv, D = plan.heads
+    g = H // Hkv  # query heads per key/value head: query head h reads key/value head h // g
+    d_ff = plan.layers[0].down.shape[1]  # F
+    R = rope_matrix_np(plan.cos[pos], plan.sin[pos])  # (D, D), shared by every layer
+    Rq = R * (1.0 / math.sqrt(D))  # the queries' rotation with the attention's 1/sqrt(D) folded in
+    x = plan.embed[token_id].copy()  # (C,)
+    cached = [(k.numpy()[0], v.numpy()[0]) for k, v in zip(cache.k, cache.v)]  # (Hkv, S_max, D) each, per layer
+    with np.errstate(over="ignore"):  # exp(-gate) is inf for gate < -88: SiLU's limit there, 0, comes out exact
+        for (norm1, eps1, qkv_w, o_w, norm2, eps2, gate_up_w, down_w), (keys, values) in zip(plan.layers, cached):
+            qkv = _mv_all(mv, qkv_w, _rms_norm(x, norm1, eps1))  # ((H + 2 Hkv) D,)
+            keys[:, pos] = qkv[H * D:(H + Hkv) * D].reshape(Hkv, D) @ R  # the cache write, RoPE'd
+            values[:, pos] = qkv[(H + Hkv) * D:].reshape(Hkv, D)
+            q = qkv[:H * D].reshape(Hkv, g, D) @ Rq  # (Hkv, g, D), RoPE'd and scaled
+            w = q @ keys[:, :pos + 1].swapaxes(1, 2)  # (Hkv, g, S) scores; one query sees every cached key
+            w -= w.max(-1, keepdims=True)
+            np.exp(w, out=w)
+            w /= w.sum(-1, keepdims=True)  # softmax over the S keys
+            mv_add(x, o_w, (w @ values[:, :pos + 1]).reshape(H * D))  # x += o_proj(attention output)
+            gate_up = _mv_all(mv, gate_up_w, _rms_norm(x, norm2, eps2))  # (2 F,)
+            gate, up = gate_up[:d_ff], gate_up[d_ff:]  # (F,) each
+            a = np.negative(gate)
+            np.exp(a, out=a)
+            a += 1
+            np.divide(gate, a, out=a)  # silu(gate) = gate / (1 + exp(-gate))
+            a *= up
+            mv_add(x, down_w, a)  # x += down_proj(silu(gate) * up)
+    cache.length = pos + 1
+    return torch.from_numpy(mv(plan.lm_head, _rms_norm(x, plan.norm, plan.eps)))[None]  # (1, V)
+
+
+def _run_cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Products) -> torch.Tensor:
+    """``_cpu_step``; with numpy's products, torch on one intra-op thread meanwhile (put back afterwards):
+    OpenBLAS brings its own threads, and torch's beside them wait for cores (measured on a 2-core AMD EPYC when
+    the step's small operations were torch's: 2.3 tokens/s against 31-38)."""
+    if products is TORCH_PRODUCTS:
+        return _cpu_step(plan, token_id, cache, pos, products)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _cpu_step(plan, token_id, cache, pos, products)
+    finally:
+        torch.set_num_threads(threads)
+
+
+# The library each model shape's products ran faster with, measured here (see cpu_products); a few entries.
+_CHOSEN: dict[tuple, Products] = {}
+_CHOSEN_MAX = 64
+
+
+def cpu_products(model: nn.Module, plan: _Plan | None = None) -> Products:
+    """The library that computes ``model``'s one-token products on the CPU: EXPLORER_DECODE_BLAS's ("torch" or
+    "numpy") when set, else whichever ran the model's step faster when it was first measured in this process
+    (``_measure_products``: 8 steps on a scratch cache, once per model shape).
+
+    Which wins is a fact of the machine, not of the code: the one-token product streams a weight at the speed
+    its BLAS reads memory. At the SmolLM2-135M shape, a whole step's products took 18-21 ms through numpy's
+    OpenBLAS and 32-36 ms through torch's MKL on a 2-core AMD EPYC, and 19.8 against 17.7 ms on a 2-core Intel
+    Xeon; for the shipped 1M model the per-call cost decides (numpy's is lower)."""
+    if DECODE_BLAS in PRODUCTS:
+        return PRODUCTS[DECODE_BLAS]
+    c = model.config
+    key = (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff, c.vocab_size)
+    chosen = _CHOSEN.get(key)
+    if chosen is None:
+        chosen = _measure_products(plan if plan is not None else _plan(model))
+        if len(_CHOSEN) >= _CHOSEN_MAX:
+            _CHOSEN.pop(next(iter(_CHOSEN)))
+        _CHOSEN[key] = chosen
+    return chosen
+
+
+def _measure_products(plan: _Plan) -> Products:
+    """The library whose step on ``plan`` (one token, a scratch cache) took less time: one warm-up and the median
+    of three steps each, torch's first. Not interleaved: OpenBLAS's threads keep spinning for a while after a
+    product (on the order of 0.1 s), and a torch step run meanwhile measured 4x slower than alone."""
+    H, Hkv, D = plan.heads
+    scratch = KVCache(len(plan.layers), 1, Hkv, 1, D)
+    seconds = {}
+    with torch.inference_mode():
+        for products in (TORCH_PRODUCTS, NUMPY_PRODUCTS):
+            runs = []
+            for _ in range(4):
+                t = time.perf_counter()
+                _run_cpu_step(plan, 0, scratch, 0, products)
+                runs.append(time.perf_counter() - t)
+            seconds[products.name] = sorted(runs[1:])[1]
+    return PRODUCTS[min(seconds, key=seconds.get)]
+
+
+def decode_blas(model: nn.Module) -> str:
+    """Which library computes ``model``'s one-token decode products (for the provenance of a speed)."""
+    if not model.lm_head.weight.is_cpu or not can_decode_fast(model):
+        return f"torch {torch.__version__}"
+    if cpu_products(model) is TORCH_PRODUCTS:
+        return f"torch {torch.__version__}" + (" (MKL)" if torch.backends.mkl.is_available() else "")
+    blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+    return f"numpy {np.__version__} ({blas.get('name', 'its BLAS')} {blas.get('version', '')})".replace(" )", ")")
+
+
+# --- anywhere else (a batch, a GPU): the same step as torch operations ------------------------------------------
 def rope_matrix(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """(D, D) R with ``x @ R == apply_rope(x, cos, sin)`` for vectors ``x`` (..., D) at one position (``cos``,
     ``sin``: (1, D), that position's row of the tables).
@@ -194,68 +452,9 @@ def rope_matrix(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return R
 
 
-def torch_matmul(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ w``, or ``residual + x @ w`` as one kernel (addmm): ``decode_step``'s products off the CPU (or with
-    EXPLORER_DECODE_BLAS=torch)."""
-    return x @ w if residual is None else torch.addmm(residual, x, w)
-
-
-def numpy_matmul(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ w`` (plus ``residual`` when given, added in numpy) for CPU fp32 tensors, computed by numpy's BLAS (the
-    OpenBLAS its wheels ship) on the same memory.
-
-    One token's vector times a weight matrix reads the whole matrix once for 2 flops a number: it runs at
-    the speed the BLAS streams memory. On this project's 2-core AVX-512 CPU, one step's matrix products at the
-    SmolLM2-135M shape (30 layers and the LM head, 538 MB of fp32 weights, all from DRAM) took 18-21 ms through
-    numpy's OpenBLAS and 32-36 ms through torch's (MKL), in this layout or the other. Nothing is copied:
-    ``Tensor.numpy()`` and ``torch.from_numpy`` share the memory."""
-    y = np.matmul(x.numpy(), w.detach().numpy())
-    if residual is not None:
-        y += residual.numpy()
-    return torch.from_numpy(y)
-
-
-def decode_blas(on: torch.Tensor) -> str:
-    """Which library computes ``decode_step``'s matrix products for tensors where ``on`` is (a weight, a token),
-    for the provenance of a speed."""
-    if not on.is_cpu or not DECODE_WITH_NUMPY:
-        return f"torch {torch.__version__}"
-    blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
-    return f"numpy {np.__version__} ({blas.get('name', 'its BLAS')} {blas.get('version', '')})".replace(" )", ")")
-
-
-def decode_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor | None:
-    """One new token (B, 1) at position ``pos`` through the decoder as flat tensor operations; next-token
-    logits (B, V), or None when ``can_decode_fast(model)`` is False (the caller then runs the model).
-
-    The same computation as ``Decoder.forward(token, start_pos=pos, cache=cache, last_only=True)``, the same
-    cache writes (``KVCache.update``), the modules' own weights read in place, the same attention kernel (SDPA;
-    one query sees every cached key, so there is no mask).
-
-    On the CPU the matrix products go through ``numpy_matmul`` (``DECODE_WITH_NUMPY``), and this thread's torch
-    operations run on one intra-op thread for the step, then the count is put back: OpenBLAS brings its own
-    threads, and while they wait for the next product (spinning) torch's threads wait for cores. Measured at the
-    SmolLM2-135M shape on 2 cores: 2.3 tokens/s with torch on 2 threads beside them, 31-38 on 1, 21-27 for the
-    step through torch alone.
-    """
-    if not can_decode_fast(model):
-        return None
-    c = model.config
-    if token.dim() != 2 or token.shape[1] != 1 or not 0 <= pos < c.max_seq_len:
-        return None  # let the model say what is wrong
-    if not token.is_cpu or not DECODE_WITH_NUMPY:
-        return _decode_step(model, token, cache, pos, torch_matmul)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _decode_step(model, token, cache, pos, numpy_matmul)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _decode_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int, matmul) -> torch.Tensor:
-    """``decode_step``'s body; ``matmul(x, w, residual=None)`` is ``x @ w`` (+ ``residual``) for (B, in) x (in, out)
-    (``torch_matmul`` or ``numpy_matmul``)."""
+def _torch_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor:
+    """``decode_step`` as torch operations, for any batch on any device: RMSNorm as torch's fused kernel, each
+    residual add folded into its product (addmm), q/k/v and gate/up each one product where laid side by side."""
     c = model.config
     B = token.shape[0]
     H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
@@ -263,23 +462,27 @@ def _decode_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int
     x = F.embedding(token[:, 0], model.embed_tokens.weight)  # (B, C)
     for layer, block in enumerate(model.blocks):
         attn, mlp = block.attn, block.mlp
-        h = _rms_norm(x, block.input_layernorm)
+        h = _torch_rms_norm(x, block.input_layernorm)
         qkv = fused(attn.q_proj, attn.k_proj, attn.v_proj)  # (C, (H + 2 Hkv) D) or None
         if qkv is not None:
-            q, k, v = matmul(h, qkv).split([H * D, Hkv * D, Hkv * D], dim=1)
+            q, k, v = (h @ qkv).split([H * D, Hkv * D, Hkv * D], dim=1)
         else:
-            q, k, v = (matmul(h, lin.weight.t()) for lin in (attn.q_proj, attn.k_proj, attn.v_proj))
+            q, k, v = (h @ lin.weight.t() for lin in (attn.q_proj, attn.k_proj, attn.v_proj))
         q = (q.reshape(B * H, D) @ R).view(B, H, 1, D)  # RoPE'd, (B, H, 1, D)
         k = (k.reshape(B * Hkv, D) @ R).view(B, Hkv, 1, D)  # (B, Hkv, 1, D)
         v = v.reshape(B, Hkv, 1, D)
         keys, values = cache.update(layer, pos, k, v)  # (B, Hkv, pos + 1, D) each
         z = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)  # (B, H, 1, D), no mask: one query
-        x = matmul(z.reshape(B, H * D), attn.o_proj.weight.t(), x)  # x + o_proj(z), (B, C)
-        h = _rms_norm(x, block.post_attention_layernorm)
+        x = torch.addmm(x, z.reshape(B, H * D), attn.o_proj.weight.t())  # x + o_proj(z), (B, C)
+        h = _torch_rms_norm(x, block.post_attention_layernorm)
         gate_up = fused(mlp.gate_proj, mlp.up_proj)  # (C, 2 F) or None
         if gate_up is not None:
-            gate, up = matmul(h, gate_up).chunk(2, dim=1)  # (B, F) each
+            gate, up = (h @ gate_up).chunk(2, dim=1)  # (B, F) each
         else:
-            gate, up = matmul(h, mlp.gate_proj.weight.t()), matmul(h, mlp.up_proj.weight.t())
-        x = matmul(F.silu(gate, inplace=True).mul_(up), mlp.down_proj.weight.t(), x)  # x + down(silu(gate) up)
-    return matmul(_rms_norm(x, model.norm), model.lm_head.weight.t())  # (B, V)
+            gate, up = h @ mlp.gate_proj.weight.t(), h @ mlp.up_proj.weight.t()
+        x = torch.addmm(x, F.silu(gate, inplace=True).mul_(up), mlp.down_proj.weight.t())  # x + down(silu(gate) up)
+    return _torch_rms_norm(x, model.norm) @ model.lm_head.weight.t()  # (B, V)
+
+
+def _torch_rms_norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)  # (B, C): one kernel instead of six

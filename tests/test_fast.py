@@ -5,6 +5,7 @@ rounding at every step, identical greedy tokens, the same KV cache contents; and
 something (a hook, LoRA, int8, bf16, another attention implementation)."""
 import copy
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -47,12 +48,13 @@ def _step_by_step(model, prompt, n, *, fast: bool):
     return torch.cat(tokens, 1), torch.stack(steps), cache
 
 
+@pytest.mark.parametrize("batch", [1, 2], ids=["one-token-cpu-step", "batch-torch-step"])
 @pytest.mark.parametrize("kw", [dict(), dict(n_kv_heads=6, tie_embeddings=False), dict(n_kv_heads=1)],
-                            ids=["gqa-tied", "mha-untied", "mqa"])
-def test_decode_step_matches_the_modules_forward(kw):
+                         ids=["gqa-tied", "mha-untied", "mqa"])
+def test_decode_step_matches_the_modules_forward(kw, batch):
     plain, fast = _pair(tiny(**kw))
     assert can_decode_fast(fast) and not can_decode_fast(plain)
-    prompt = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(1))
+    prompt = torch.randint(0, 97, (batch, 7), generator=torch.Generator().manual_seed(1))
     ref_tokens, ref_logits, ref_cache = _step_by_step(plain, prompt, 20, fast=False)
     tokens, logits, cache = _step_by_step(fast, prompt, 20, fast=True)
     assert torch.equal(tokens, ref_tokens)
@@ -190,42 +192,119 @@ def test_optimize_for_decode_leaves_int8_and_lora_layers_as_they_are():
     assert optimize_for_decode(lora) is lora
 
 
-def test_numpy_matmul_is_the_same_product_on_the_same_memory():
-    from models.fast import numpy_matmul, torch_matmul
+def test_each_librarys_products_are_the_same_products_on_the_same_memory():
+    from models.fast import NUMPY_PRODUCTS, TORCH_PRODUCTS
 
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(2, 24, generator=g)
+    h = torch.randn(24, generator=g).numpy()
     w = torch.randn(40, 24, generator=g, requires_grad=True)  # (out, in), as nn.Linear holds it
-    for layout in (w.t(), w.detach().t().contiguous()):  # (in, out) viewed on (out, in) memory, and contiguous
-        y = numpy_matmul(x, layout)
-        torch.testing.assert_close(y, x @ layout.detach(), atol=1e-5, rtol=1e-5)
-        assert y.shape == (2, 40) and y.dtype == torch.float32
-    side = torch.randn(24, 60, generator=g)
-    assert numpy_matmul(x, side[:, 10:30]).data_ptr() != side.data_ptr()  # a column slice: read in place, new output
-    torch.testing.assert_close(numpy_matmul(x, side[:, 10:30]), x @ side[:, 10:30], atol=1e-5, rtol=1e-5)
-    residual = torch.randn(2, 40, generator=g)
-    for product in (numpy_matmul, torch_matmul):  # the residual add decode_step folds into each product
-        torch.testing.assert_close(product(x, w.detach().t(), residual), residual + x @ w.detach().t(),
-                                   atol=1e-5, rtol=1e-5)
+    want = (w.detach().double() @ torch.from_numpy(h).double()).float()  # float64 reference
+    for layout in (w.detach(), w.detach().t().contiguous().t()):  # (out, in) memory, and (in, out) memory viewed
+        for products in (TORCH_PRODUCTS, NUMPY_PRODUCTS):
+            y = products.mv(layout, h)
+            assert isinstance(y, np.ndarray) and y.shape == (40,) and y.dtype == np.float32
+            torch.testing.assert_close(torch.from_numpy(y), want, atol=1e-5, rtol=1e-5)
+            x = torch.randn(40, generator=g).numpy()
+            before, address = x.copy(), x.ctypes.data
+            assert products.mv_add(x, layout, h) is None
+            assert x.ctypes.data == address  # the residual stream is updated in place
+            torch.testing.assert_close(torch.from_numpy(x), torch.from_numpy(before) + want, atol=1e-5, rtol=1e-5)
+    side = torch.randn(60, 24, generator=g)
+    for products in (TORCH_PRODUCTS, NUMPY_PRODUCTS):  # a slice of a side-by-side matrix, read in place
+        torch.testing.assert_close(torch.from_numpy(products.mv(side[10:30], h)),
+                                   side[10:30] @ torch.from_numpy(h), atol=1e-5, rtol=1e-5)
 
 
-def test_the_numpy_step_agrees_with_torchs_and_puts_the_thread_count_back(monkeypatch):
+@pytest.mark.parametrize("library", ["torch", "numpy"])
+def test_the_cpu_step_agrees_with_the_modules_with_either_library_and_puts_the_thread_count_back(monkeypatch,
+                                                                                                  library):
     import models.fast as fast
 
     plain, prepared = _pair(tiny())
-    prompt = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(2))
+    prompt = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(2))
+    monkeypatch.setattr(fast, "DECODE_BLAS", library)
     threads = torch.get_num_threads()
-    runs, real = {}, fast._decode_step
-    for flag in (False, True):
-        monkeypatch.setattr(fast, "DECODE_WITH_NUMPY", flag)
-        seen = []
-        monkeypatch.setattr(fast, "_decode_step", lambda *a: seen.append((a[-1], torch.get_num_threads())) or real(*a))
-        runs[flag] = _step_by_step(prepared, prompt, 12, fast=True)
-        assert {m for m, _ in seen} == {fast.numpy_matmul if flag else fast.torch_matmul}
-        assert {n for _, n in seen} == ({1} if flag else {threads})  # numpy's BLAS brings its own threads
-        assert torch.get_num_threads() == threads
-    assert torch.equal(runs[True][0], runs[False][0])
-    torch.testing.assert_close(runs[True][1], runs[False][1], atol=1e-5, rtol=1e-5)
-    ref_tokens, ref_logits, _ = _step_by_step(plain, prompt, 12, fast=False)
-    assert torch.equal(runs[True][0], ref_tokens)
-    torch.testing.assert_close(runs[True][1], ref_logits, atol=1e-5, rtol=1e-5)
+    seen, real = [], fast._cpu_step
+    monkeypatch.setattr(fast, "_cpu_step", lambda *a: seen.append((a[-1].name, torch.get_num_threads())) or real(*a))
+    tokens, logits, cache = _step_by_step(prepared, prompt, 12, fast=True)
+    assert {name for name, _ in seen} == {library} and len(seen) == 12
+    assert {n for _, n in seen} == ({1} if library == "numpy" else {threads})  # OpenBLAS brings its own threads
+    assert torch.get_num_threads() == threads
+    ref_tokens, ref_logits, ref_cache = _step_by_step(plain, prompt, 12, fast=False)
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
+    for layer in range(plain.config.n_layers):
+        torch.testing.assert_close(cache.k[layer], ref_cache.k[layer], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(cache.v[layer], ref_cache.v[layer], atol=1e-5, rtol=1e-5)
+    assert cache.length == ref_cache.length
+    assert fast.decode_blas(prepared).startswith(library)
+
+
+def test_the_library_is_measured_once_per_model_shape(monkeypatch):
+    import models.fast as fast
+
+    monkeypatch.setattr(fast, "DECODE_BLAS", "auto")
+    monkeypatch.setattr(fast, "_CHOSEN", {})
+    calls = []
+    real = fast._measure_products
+    monkeypatch.setattr(fast, "_measure_products", lambda plan: calls.append(plan) or real(plan))
+    _, a = _pair(tiny())
+    _, b = _pair(tiny(), seed=1)  # the same shape
+    _, c = _pair(tiny(n_layers=2))
+    chosen = fast.cpu_products(a)
+    assert chosen in (fast.TORCH_PRODUCTS, fast.NUMPY_PRODUCTS)
+    assert fast.cpu_products(b) is chosen and fast.cpu_products(a) is chosen
+    fast.cpu_products(c)
+    assert len(calls) == 2
+    monkeypatch.setattr(fast, "DECODE_BLAS", "numpy")  # EXPLORER_DECODE_BLAS decides without measuring
+    assert fast.cpu_products(a) is fast.NUMPY_PRODUCTS and len(calls) == 2
+
+
+def test_the_cpu_steps_views_follow_the_weights():
+    """The CPU step reads the modules' memory through views kept beside the model: values changed in place are
+    seen at once, replaced storage (``.data =``, a new parameter) makes the views again, a deepcopy gets its own."""
+    import models.fast as fast
+
+    plain, prepared = _pair(tiny())
+    prompt = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(4))
+
+    def agree():
+        a = _step_by_step(prepared, prompt, 3, fast=True)[1]
+        b = _step_by_step(plain, prompt, 3, fast=False)[1]
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+    other = spread(Decoder(plain.config), norms=True)  # built first: building registers modules, which redoes a plan
+    agree()
+    plan = fast._plan(prepared)
+    assert fast._plan(prepared) is plan  # kept while nothing changed
+    plain.load_state_dict(other.state_dict())
+    prepared.load_state_dict(other.state_dict())  # copy_ into the same memory: the views see it
+    assert fast._plan(prepared) is plan
+    agree()
+    with torch.no_grad():
+        for model in (plain, prepared):
+            model.blocks[1].mlp.down_proj.weight.data = model.blocks[1].mlp.down_proj.weight.data * 1.5
+            model.blocks[0].input_layernorm.weight = nn.Parameter(model.blocks[0].input_layernorm.weight * -2)
+    assert fast._plan(prepared) is not plan
+    agree()
+    copied = copy.deepcopy(prepared)
+    assert copied not in fast._PLANS  # views are not copied with the model
+    torch.testing.assert_close(_step_by_step(copied, prompt, 3, fast=True)[1],
+                               _step_by_step(plain, prompt, 3, fast=False)[1], atol=1e-5, rtol=1e-5)
+
+
+def test_a_swapped_or_removed_module_is_seen_without_walking_the_model():
+    import models.fast as fast
+
+    _, prepared = _pair(tiny())
+    assert can_decode_fast(prepared)
+    with torch.no_grad():
+        old = prepared.blocks[2].attn.o_proj
+        prepared.blocks[2].attn.o_proj = nn.Linear(old.in_features, old.out_features, bias=True)
+    assert not can_decode_fast(prepared)  # a bias the flat step would skip
+    prepared.blocks[2].attn.o_proj = old
+    assert can_decode_fast(prepared)
+    del prepared.blocks[2]
+    prepared.config.n_layers = 2  # keep the model consistent: two blocks now
+    assert can_decode_fast(prepared)
+    assert len(fast._plan(prepared).layers) == 2

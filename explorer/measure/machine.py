@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from explorer import device as dev
-from models.fast import decode_blas
 
 from .units import as_dtype
 
@@ -52,7 +51,6 @@ def machine_info(device: str | torch.device | None = None, dtype: torch.dtype | 
     info = {"cpu": cpu_model(), "cores": cpu_cores(), "torch_threads": torch.get_num_threads(),
             "torch": run["torch"], "python": platform.python_version(), "device": run["device"],
             "dtype": run["dtype"], "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-    info["decode_blas"] = decode_blas(torch.empty(0, device=dev.resolve(device)))  # the one-token products' library
     if hasattr(os, "getloadavg"):  # other processes on the same cores move every time measured here
         info["load_average_1min"] = round(os.getloadavg()[0], 2)
     try:

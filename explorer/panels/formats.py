@@ -20,7 +20,7 @@ from explorer.figures import formats as figs
 from explorer.figures.common import provenance_text
 from explorer.locks import MEASURE_LOCK, model_lock
 from explorer.measure import formats as fm
-from models.fast import can_decode_fast, decode_blas
+from models.fast import decode_blas
 from models.generate import generate
 
 from . import user_errors
@@ -195,8 +195,7 @@ def _measure(model, tokenizer, ids: list[int]) -> dict:
                   "sdpa_growth": flash["sdpa"][1] / max(flash["sdpa"][0], 1)},
         "lora": {k: lora[k] for k in ("trainable", "frozen", "trainable_fraction")},
         "fp32_tokens": measured["fp32"]["tokens"], "held_out_tokens": held.shape[1], "prompt_tokens": len(ids), "new_tokens": NEW_TOKENS,
-        "runtime": measure.runtime_info(fp32), "decode_blas": decode_blas(prompt) if can_decode_fast(fp32)
-        else f"torch {torch.__version__}",
+        "runtime": measure.runtime_info(fp32), "decode_blas": decode_blas(fp32),
     }
     f32, i8 = numbers["formats"]["fp32"], numbers["formats"]["int8"]
     numbers["int8"] = {"size_reduction": 1 - i8["weight_bytes"] / f32["weight_bytes"],
