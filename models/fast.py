@@ -119,16 +119,19 @@ def prepared_copy(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Modu
 # --- the one-token decode step ---------------------------------------------------------------------------------
 #
 # Where a step's time goes, SmolLM2-135M shape, fp32, one token after 48 (Intel Xeon with AMX, 2 cores, 2 torch
-# threads; per-section perf_counter sums over 32 steps): the 211 matrix products take 18.2 of about 21 ms (every
-# weight read once at 29-33 GB/s, against 30 GB/s for torch.sum over 512 MiB on the same machine) and everything
-# else about 90 us a layer. Written as torch operations, that rest was 330 us a layer (30 ms a step): each small
-# kernel costs 5-10 us to dispatch, and after a product has streamed megabytes of weights through the caches,
-# each finds its code and data cold. So the CPU step below does only the products in torch (or numpy's BLAS, see
-# ``cpu_products``) and everything between them in numpy on the same memory: one token is a handful of vectors of
-# a few thousand numbers, and a numpy call on them costs about 1 us. Measured and left out: torch's fused
-# F.rms_norm and SDPA between the products (37 and 40 us a layer in the step against 19 and 30 in numpy), and the
-# GNU OpenMP threads told to sleep between products (OMP_WAIT_POLICY=PASSIVE: 39 ms a step, each wake-up costs more
-# than the product it serves).
+# threads; perf_counter sums per section over 32 steps): the 211 matrix products take 18.2 of about 21 ms (every
+# weight read once at 29-33 GB/s, against 28-32 GB/s for torch.sum over 512 MiB on the same machine) and everything
+# else about 90 us a layer. Written as torch operations, that rest was 330 us a layer (30 ms a step). A small torch
+# kernel costs 5-10 us to dispatch, a numpy call on a vector of a few thousand numbers about 1 us; but after a
+# product has streamed megabytes of weights through the caches, every call finds its code and data cold (the same
+# numpy calls took 3-10x longer between products than in a loop of their own), so fewer calls is the lever: the
+# CPU step below runs only the products in torch (or numpy's BLAS, see ``cpu_products``) and everything between
+# them in numpy on the same memory, writes each result into a buffer made once per step, lets RMSNorm's one scale
+# per token ride on the next product (BLAS's alpha) and the attention's 1/sqrt(D) on the queries' rotation.
+# Measured and left out: torch's fused F.rms_norm and SDPA between the products (37 and 40 us a layer in the step
+# against 19 and 30 in numpy); the GNU OpenMP threads told to sleep between products (OMP_WAIT_POLICY=PASSIVE:
+# 39 ms a step, each wake-up costs more than the product it serves); transparent huge pages for the weights
+# (THP_MEM_ALLOC_ENABLE=1: the same 30 GB/s).
 
 
 # Bumped whenever a module, parameter or buffer is registered anywhere in the process (PyTorch's global
@@ -287,13 +290,6 @@ def _plan(model: nn.Module) -> _Plan | None:
     return plan
 
 
-def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """RMSNorm of one token's vector (C,): x / sqrt(mean(x²) + eps) * weight, the mean from one dot product."""
-    h = x * weight
-    h *= 1.0 / math.sqrt(float(x @ x) / x.shape[0] + eps)
-    return h
-
-
 def rope_matrix_np(cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """``rope_matrix`` for numpy rows ``cos``, ``sin`` (D,): R (D, D) with ``x @ R == apply_rope(x, cos, sin)``."""
     half = cos.shape[0] // 2
@@ -304,64 +300,105 @@ def rope_matrix_np(cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return R
 
 
+class Vec(NamedTuple):
+    """One vector as numpy sees it (``a``) and as torch sees it (``t``): the same memory, so a numpy operation
+    and a torch product can take turns writing it without a conversion between them."""
+    a: np.ndarray
+    t: torch.Tensor
+
+    @staticmethod
+    def empty(n: int) -> "Vec":
+        a = np.empty(n, dtype=np.float32)
+        return Vec(a, torch.from_numpy(a))
+
+    def part(self, start: int, stop: int) -> "Vec":
+        return Vec(self.a[start:stop], self.t[start:stop])
+
+
 class Products(NamedTuple):
-    """One library's one-token products for ``_cpu_step``: ``mv(w, h)`` is ``w @ h`` for a (out, in) matrix
-    ``w`` (a torch view) and a numpy vector ``h`` (in,), a new numpy vector (out,); ``mv_add(x, w, h)`` adds
-    ``w @ h`` into ``x`` in place (the residual stream)."""
+    """One library's one-token products for ``_cpu_step``. ``mv(w, h, out, scale)`` writes ``scale * (w @ h)``
+    into ``out``, for a (out, in) matrix ``w`` (a torch view of a weight) and vectors ``h`` (in,), ``out``
+    (out,); ``mv_add(x, w, h)`` adds ``w @ h`` into ``x`` (the residual stream)."""
     name: str
-    mv: Callable[[torch.Tensor, np.ndarray], np.ndarray]
-    mv_add: Callable[[np.ndarray, torch.Tensor, np.ndarray], None]
+    mv: Callable[[torch.Tensor, Vec, Vec, float], None]
+    mv_add: Callable[[Vec, torch.Tensor, Vec], None]
 
 
-def _torch_mv_add(x: np.ndarray, w: torch.Tensor, h: np.ndarray) -> None:
-    torch.from_numpy(x).addmv_(w, torch.from_numpy(h))  # one kernel: x + w @ h, written into x
+def _torch_mv(w: torch.Tensor, h: Vec, out: Vec, scale: float = 1.0) -> None:
+    torch.addmv(out.t, w, h.t, beta=0, alpha=scale, out=out.t)  # beta=0: out's old contents are never read
 
 
-def _numpy_mv_add(x: np.ndarray, w: torch.Tensor, h: np.ndarray) -> None:
-    x += w.numpy() @ h
+def _torch_mv_add(x: Vec, w: torch.Tensor, h: Vec) -> None:
+    x.t.addmv_(w, h.t)  # one kernel: x + w @ h, written into x
 
 
-TORCH_PRODUCTS = Products("torch", lambda w, h: torch.mv(w, torch.from_numpy(h)).numpy(), _torch_mv_add)
-NUMPY_PRODUCTS = Products("numpy", lambda w, h: w.numpy() @ h, _numpy_mv_add)  # the same memory, no copy
+def _numpy_mv(w: torch.Tensor, h: Vec, out: Vec, scale: float = 1.0) -> None:
+    np.matmul(w.numpy(), h.a, out=out.a)  # the weight's own memory, no copy
+    if scale != 1.0:
+        np.multiply(out.a, scale, out=out.a)
+
+
+def _numpy_mv_add(x: Vec, w: torch.Tensor, h: Vec) -> None:
+    np.add(x.a, w.numpy() @ h.a, out=x.a)
+
+
+TORCH_PRODUCTS = Products("torch", _torch_mv, _torch_mv_add)
+NUMPY_PRODUCTS = Products("numpy", _numpy_mv, _numpy_mv_add)
 PRODUCTS = {p.name: p for p in (TORCH_PRODUCTS, NUMPY_PRODUCTS)}
 
 
-def _mv_all(mv, ws: tuple[torch.Tensor, ...], h: np.ndarray) -> np.ndarray:
-    return mv(ws[0], h) if len(ws) == 1 else np.concatenate([mv(w, h) for w in ws])
+def _normed_mv(mv, ws: tuple[torch.Tensor, ...], x: Vec, weight: np.ndarray, eps: float, h: Vec, out: Vec) -> None:
+    """``out = W @ rms_norm(x)`` for the matrices ``ws`` stacked (one side-by-side matrix, or several writing
+    consecutive parts of ``out``). RMSNorm's 1 / sqrt(mean(x²) + eps) is one number per token, so it is passed
+    to the product as its scale (BLAS's alpha) instead of costing an operation of its own; ``h`` receives
+    x * weight."""
+    np.multiply(x.a, weight, out=h.a)
+    scale = 1.0 / math.sqrt(float(x.a @ x.a) / x.a.shape[0] + eps)
+    start = 0
+    for w in ws:
+        mv(w, h, out.part(start, start + w.shape[0]), scale)
+        start += w.shape[0]
 
 
 def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Products) -> torch.Tensor:
-    """``decode_step`` for one token on the CPU; logits (1, V). Vectors are numpy arrays on the memory torch
-    reads and writes: the residual stream ``x`` (C,) is updated in place by the o and down products."""
+    """``decode_step`` for one token on the CPU; logits (1, V). Every vector is a ``Vec``, numpy and torch views
+    of one buffer made for this step: numpy computes between the products, torch (or numpy's BLAS) the
+    products, and the residual stream ``x`` (C,) is updated in place by the o and down products."""
     mv, mv_add = products.mv, products.mv_add
     H, Hkv, D = plan.heads
     g = H // Hkv  # query heads per key/value head: query head h reads key/value head h // g
-    d_ff = plan.layers[0].down.shape[1]  # F
+    C, d_ff = plan.norm.shape[0], plan.layers[0].down.shape[1]
     R = rope_matrix_np(plan.cos[pos], plan.sin[pos])  # (D, D), shared by every layer
     Rq = R * (1.0 / math.sqrt(D))  # the queries' rotation with the attention's 1/sqrt(D) folded in
-    x = plan.embed[token_id].copy()  # (C,)
+    x, h, qkv, z = Vec.empty(C), Vec.empty(C), Vec.empty((H + 2 * Hkv) * D), Vec.empty(H * D)
+    gate_up, a = Vec.empty(2 * d_ff), Vec.empty(d_ff)
+    x.a[:] = plan.embed[token_id]
+    q_part, k_part, v_part = qkv.a[:H * D], qkv.a[H * D:(H + Hkv) * D], qkv.a[(H + Hkv) * D:]
+    gate, up, act = gate_up.a[:d_ff], gate_up.a[d_ff:], a.a  # (F,) each
     cached = [(k.numpy()[0], v.numpy()[0]) for k, v in zip(cache.k, cache.v)]  # (Hkv, S_max, D) each, per layer
     with np.errstate(over="ignore"):  # exp(-gate) is inf for gate < -88: SiLU's limit there, 0, comes out exact
         for (norm1, eps1, qkv_w, o_w, norm2, eps2, gate_up_w, down_w), (keys, values) in zip(plan.layers, cached):
-            qkv = _mv_all(mv, qkv_w, _rms_norm(x, norm1, eps1))  # ((H + 2 Hkv) D,)
-            keys[:, pos] = qkv[H * D:(H + Hkv) * D].reshape(Hkv, D) @ R  # the cache write, RoPE'd
-            values[:, pos] = qkv[(H + Hkv) * D:].reshape(Hkv, D)
-            q = qkv[:H * D].reshape(Hkv, g, D) @ Rq  # (Hkv, g, D), RoPE'd and scaled
+            _normed_mv(mv, qkv_w, x, norm1, eps1, h, qkv)  # q, k, v side by side: ((H + 2 Hkv) D,)
+            keys[:, pos] = k_part.reshape(Hkv, D) @ R  # the cache write, RoPE'd
+            values[:, pos] = v_part.reshape(Hkv, D)
+            q = q_part.reshape(Hkv, g, D) @ Rq  # (Hkv, g, D), RoPE'd and scaled
             w = q @ keys[:, :pos + 1].swapaxes(1, 2)  # (Hkv, g, S) scores; one query sees every cached key
             w -= w.max(-1, keepdims=True)
             np.exp(w, out=w)
             w /= w.sum(-1, keepdims=True)  # softmax over the S keys
-            mv_add(x, o_w, (w @ values[:, :pos + 1]).reshape(H * D))  # x += o_proj(attention output)
-            gate_up = _mv_all(mv, gate_up_w, _rms_norm(x, norm2, eps2))  # (2 F,)
-            gate, up = gate_up[:d_ff], gate_up[d_ff:]  # (F,) each
-            a = np.negative(gate)
-            np.exp(a, out=a)
-            a += 1
-            np.divide(gate, a, out=a)  # silu(gate) = gate / (1 + exp(-gate))
-            a *= up
+            np.matmul(w, values[:, :pos + 1], out=z.a.reshape(Hkv, g, D))  # attention output, heads side by side
+            mv_add(x, o_w, z)  # x += o_proj(z)
+            _normed_mv(mv, gate_up_w, x, norm2, eps2, h, gate_up)  # gate and up side by side: (2 F,)
+            np.negative(gate, out=act)
+            np.exp(act, out=act)
+            act += 1
+            np.divide(gate, act, out=act)  # silu(gate) = gate / (1 + exp(-gate))
+            act *= up
             mv_add(x, down_w, a)  # x += down_proj(silu(gate) * up)
     cache.length = pos + 1
-    return torch.from_numpy(mv(plan.lm_head, _rms_norm(x, plan.norm, plan.eps)))[None]  # (1, V)
+    logits = Vec.empty(plan.lm_head.shape[0])
+    _normed_mv(mv, (plan.lm_head,), x, plan.norm, plan.eps, h, logits)
+    return logits.t[None]  # (1, V)
 
 
 def _run_cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Products) -> torch.Tensor:

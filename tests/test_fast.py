@@ -193,26 +193,32 @@ def test_optimize_for_decode_leaves_int8_and_lora_layers_as_they_are():
 
 
 def test_each_librarys_products_are_the_same_products_on_the_same_memory():
-    from models.fast import NUMPY_PRODUCTS, TORCH_PRODUCTS
+    from models.fast import NUMPY_PRODUCTS, TORCH_PRODUCTS, Vec
 
     g = torch.Generator().manual_seed(3)
-    h = torch.randn(24, generator=g).numpy()
+    h = Vec.empty(24)
+    h.t.copy_(torch.randn(24, generator=g))
     w = torch.randn(40, 24, generator=g, requires_grad=True)  # (out, in), as nn.Linear holds it
-    want = (w.detach().double() @ torch.from_numpy(h).double()).float()  # float64 reference
+    want = (w.detach().double() @ h.t.double()).float()  # float64 reference
     for layout in (w.detach(), w.detach().t().contiguous().t()):  # (out, in) memory, and (in, out) memory viewed
         for products in (TORCH_PRODUCTS, NUMPY_PRODUCTS):
-            y = products.mv(layout, h)
-            assert isinstance(y, np.ndarray) and y.shape == (40,) and y.dtype == np.float32
-            torch.testing.assert_close(torch.from_numpy(y), want, atol=1e-5, rtol=1e-5)
-            x = torch.randn(40, generator=g).numpy()
-            before, address = x.copy(), x.ctypes.data
+            out = Vec.empty(40)
+            out.a[:] = np.nan  # never read: the product overwrites it
+            products.mv(layout, h, out, 1.0)
+            torch.testing.assert_close(out.t, want, atol=1e-5, rtol=1e-5)
+            products.mv(layout, h, out, -0.5)  # the scale RMSNorm passes in
+            torch.testing.assert_close(out.t, -0.5 * want, atol=1e-5, rtol=1e-5)
+            x = Vec.empty(40)
+            x.t.copy_(torch.randn(40, generator=g))
+            before = x.t.clone()
             assert products.mv_add(x, layout, h) is None
-            assert x.ctypes.data == address  # the residual stream is updated in place
-            torch.testing.assert_close(torch.from_numpy(x), torch.from_numpy(before) + want, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(x.t, before + want, atol=1e-5, rtol=1e-5)  # the residual, in place
+            assert np.shares_memory(x.a, x.t.numpy())
     side = torch.randn(60, 24, generator=g)
-    for products in (TORCH_PRODUCTS, NUMPY_PRODUCTS):  # a slice of a side-by-side matrix, read in place
-        torch.testing.assert_close(torch.from_numpy(products.mv(side[10:30], h)),
-                                   side[10:30] @ torch.from_numpy(h), atol=1e-5, rtol=1e-5)
+    for products in (TORCH_PRODUCTS, NUMPY_PRODUCTS):  # a slice of a side-by-side matrix, read in place; a slice of out
+        out = Vec.empty(50)
+        products.mv(side[10:30], h, out.part(5, 25), 2.0)
+        torch.testing.assert_close(out.t[5:25], 2.0 * (side[10:30] @ h.t), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("library", ["torch", "numpy"])
