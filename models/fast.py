@@ -33,7 +33,7 @@ from .kv_cache import KVCache
 from .layers import RMSNorm, SwiGLU
 
 FAST_DECODE = "_fast_decode"  # the attribute optimize_for_decode sets on a decoder it prepared
-# Which library computes the CPU step's one-token matrix products: "auto" (measured once per model shape, see
+# Which library computes the CPU step's one-token matrix products: "auto" (measured once per model shape and thread count, see
 # cpu_products), "torch" or "numpy". EXPLORER_DECODE_BLAS sets it for the process.
 DECODE_BLAS = os.environ.get("EXPLORER_DECODE_BLAS", "auto").strip().lower() or "auto"
 
@@ -423,7 +423,7 @@ _CHOSEN_MAX = 64
 def cpu_products(model: nn.Module, plan: _Plan | None = None) -> Products:
     """The library that computes ``model``'s one-token products on the CPU: EXPLORER_DECODE_BLAS's ("torch" or
     "numpy") when set, else whichever ran the model's step faster when it was first measured in this process
-    (``_measure_products``: 8 steps on a scratch cache, once per model shape).
+    (``_measure_products``: 8 steps on a scratch cache, once per model shape and torch thread count).
 
     Which wins is a fact of the machine, not of the code: the one-token product streams a weight at the speed
     its BLAS reads memory. At the SmolLM2-135M shape, a whole step's products took 18-21 ms through numpy's
@@ -432,7 +432,7 @@ def cpu_products(model: nn.Module, plan: _Plan | None = None) -> Products:
     if DECODE_BLAS in PRODUCTS:
         return PRODUCTS[DECODE_BLAS]
     c = model.config
-    key = (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff, c.vocab_size)
+    key = (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff, c.vocab_size, torch.get_num_threads())
     chosen = _CHOSEN.get(key)
     if chosen is None:
         chosen = _measure_products(plan if plan is not None else _plan(model))
