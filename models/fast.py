@@ -33,8 +33,8 @@ from .kv_cache import KVCache
 from .layers import RMSNorm, SwiGLU
 
 FAST_DECODE = "_fast_decode"  # the attribute optimize_for_decode sets on a decoder it prepared
-# Which library computes the CPU step's one-token matrix products: "auto" (measured once per model shape and thread count, see
-# cpu_products), "torch" or "numpy". EXPLORER_DECODE_BLAS sets it for the process.
+# Which library computes the CPU step's one-token matrix products: "auto" (measured once per model shape and thread
+# count, see cpu_products), "torch" or "numpy". EXPLORER_DECODE_BLAS sets it for the process.
 DECODE_BLAS = os.environ.get("EXPLORER_DECODE_BLAS", "auto").strip().lower() or "auto"
 
 
