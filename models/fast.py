@@ -283,7 +283,8 @@ def _plan(model: nn.Module) -> _Plan | None:
             view(block.post_attention_layernorm).numpy(), block.post_attention_layernorm.eps,
             gate_up_views if gate_up is None else (gate_up.t(),), view(mlp.down_proj)))
     c = model.config
-    plan = _Plan(layers, view(model.norm).numpy(), model.norm.eps, view(model.lm_head), view(model.embed_tokens).numpy(),
+    plan = _Plan(layers, view(model.norm).numpy(), model.norm.eps, view(model.lm_head),
+                 view(model.embed_tokens).numpy(),
                  view(model, "rope_cos", buffer=True).numpy(), view(model, "rope_sin", buffer=True).numpy(),
                  (c.n_heads, c.n_kv_heads, c.head_dim), version, viewed, [t.data_ptr() for t in viewed])
     _PLANS[model] = plan
