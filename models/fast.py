@@ -348,23 +348,31 @@ NUMPY_PRODUCTS = Products("numpy", _numpy_mv, _numpy_mv_add)
 PRODUCTS = {p.name: p for p in (TORCH_PRODUCTS, NUMPY_PRODUCTS)}
 
 
-def _normed_mv(mv, ws: tuple[torch.Tensor, ...], x: Vec, weight: np.ndarray, eps: float, h: Vec, out: Vec) -> None:
-    """``out = W @ rms_norm(x)`` for the matrices ``ws`` stacked (one side-by-side matrix, or several writing
-    consecutive parts of ``out``). RMSNorm's 1 / sqrt(mean(x²) + eps) is one number per token, so it is passed
-    to the product as its scale (BLAS's alpha) instead of costing an operation of its own; ``h`` receives
-    x * weight."""
+def _normed_mv(mv, ws: tuple[torch.Tensor, ...], outs: tuple[Vec, ...], x: Vec, weight: np.ndarray, eps: float,
+               h: Vec) -> None:
+    """``out = w @ rms_norm(x)`` for each matrix ``w`` of ``ws`` and its ``out`` (one side-by-side matrix, or
+    several writing consecutive parts of one buffer). RMSNorm's 1 / sqrt(mean(x²) + eps) is one number per token,
+    so it goes to the product as its scale (BLAS's alpha) instead of costing an operation of its own; ``h``
+    receives x * weight."""
     np.multiply(x.a, weight, out=h.a)
     scale = 1.0 / math.sqrt(float(x.a @ x.a) / x.a.shape[0] + eps)
-    start = 0
-    for w in ws:
-        mv(w, h, out.part(start, start + w.shape[0]), scale)
-        start += w.shape[0]
+    for w, out in zip(ws, outs):
+        mv(w, h, out, scale)
+
+
+def _parts(buffer: Vec, ws: tuple[torch.Tensor, ...]) -> tuple[Vec, ...]:
+    """Where each matrix of ``ws`` writes in ``buffer``: the whole of it for one matrix, else consecutive parts."""
+    if len(ws) == 1:
+        return (buffer,)
+    stops = np.cumsum([w.shape[0] for w in ws]).tolist()
+    return tuple(buffer.part(stop - w.shape[0], stop) for w, stop in zip(ws, stops))
 
 
 def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Products) -> torch.Tensor:
     """``decode_step`` for one token on the CPU; logits (1, V). Every vector is a ``Vec``, numpy and torch views
     of one buffer made for this step: numpy computes between the products, torch (or numpy's BLAS) the
-    products, and the residual stream ``x`` (C,) is updated in place by the o and down products."""
+    products, and the residual stream ``x`` (C,) is updated in place by the o and down products. Every view the
+    layers use is cut before the first product: the loop between products is as few calls as it can be."""
     mv, mv_add = products.mv, products.mv_add
     H, Hkv, D = plan.heads
     g = H // Hkv  # query heads per key/value head: query head h reads key/value head h // g
@@ -372,24 +380,32 @@ def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Pr
     R = rope_matrix_np(plan.cos[pos], plan.sin[pos])  # (D, D), shared by every layer
     Rq = R * (1.0 / math.sqrt(D))  # the queries' rotation with the attention's 1/sqrt(D) folded in
     x, h, qkv, z = Vec.empty(C), Vec.empty(C), Vec.empty((H + 2 * Hkv) * D), Vec.empty(H * D)
-    gate_up, a = Vec.empty(2 * d_ff), Vec.empty(d_ff)
+    gate_up, act = Vec.empty(2 * d_ff), np.empty(d_ff, dtype=np.float32)
+    a = Vec(act, torch.from_numpy(act))
     x.a[:] = plan.embed[token_id]
-    q_part, k_part, v_part = qkv.a[:H * D], qkv.a[H * D:(H + Hkv) * D], qkv.a[(H + Hkv) * D:]
-    gate, up, act = gate_up.a[:d_ff], gate_up.a[d_ff:], a.a  # (F,) each
-    cached = [(k.numpy()[0], v.numpy()[0]) for k, v in zip(cache.k, cache.v)]  # (Hkv, S_max, D) each, per layer
+    q_new = qkv.a[:H * D].reshape(Hkv, g, D)  # this token's query, key and value, heads apart
+    k_new = qkv.a[H * D:(H + Hkv) * D].reshape(Hkv, D)
+    v_new = qkv.a[(H + Hkv) * D:].reshape(Hkv, D)
+    z_heads = z.a.reshape(Hkv, g, D)
+    gate, up = gate_up.a[:d_ff], gate_up.a[d_ff:]  # (F,) each
+    views = []  # per layer: where the new key and value go, the keys (transposed) and values attended
+    for layer, k, v in zip(plan.layers, cache.k, cache.v):
+        keys, values = k.numpy()[0], v.numpy()[0]  # (Hkv, S_max, D) each
+        views.append((keys[:, pos], values[:, pos], keys[:, :pos + 1].swapaxes(1, 2), values[:, :pos + 1],
+                      _parts(qkv, layer.qkv), _parts(gate_up, layer.gate_up)))
     with np.errstate(over="ignore"):  # exp(-gate) is inf for gate < -88: SiLU's limit there, 0, comes out exact
-        for (norm1, eps1, qkv_w, o_w, norm2, eps2, gate_up_w, down_w), (keys, values) in zip(plan.layers, cached):
-            _normed_mv(mv, qkv_w, x, norm1, eps1, h, qkv)  # q, k, v side by side: ((H + 2 Hkv) D,)
-            keys[:, pos] = k_part.reshape(Hkv, D) @ R  # the cache write, RoPE'd
-            values[:, pos] = v_part.reshape(Hkv, D)
-            q = q_part.reshape(Hkv, g, D) @ Rq  # (Hkv, g, D), RoPE'd and scaled
-            w = q @ keys[:, :pos + 1].swapaxes(1, 2)  # (Hkv, g, S) scores; one query sees every cached key
+        for (norm1, eps1, qkv_w, o_w, norm2, eps2, gate_up_w, down_w), (k_at, v_at, keys_t, values, qkv_out,
+                                                                         gate_up_out) in zip(plan.layers, views):
+            _normed_mv(mv, qkv_w, qkv_out, x, norm1, eps1, h)  # q, k, v side by side: ((H + 2 Hkv) D,)
+            np.matmul(k_new, R, out=k_at)  # the cache write: the key RoPE'd, (Hkv, D)
+            np.copyto(v_at, v_new)
+            w = (q_new @ Rq) @ keys_t  # (Hkv, g, S) scores of the RoPE'd, scaled query against every cached key
             w -= w.max(-1, keepdims=True)
             np.exp(w, out=w)
             w /= w.sum(-1, keepdims=True)  # softmax over the S keys
-            np.matmul(w, values[:, :pos + 1], out=z.a.reshape(Hkv, g, D))  # attention output, heads side by side
+            np.matmul(w, values, out=z_heads)  # attention output (Hkv, g, D): the heads side by side in z
             mv_add(x, o_w, z)  # x += o_proj(z)
-            _normed_mv(mv, gate_up_w, x, norm2, eps2, h, gate_up)  # gate and up side by side: (2 F,)
+            _normed_mv(mv, gate_up_w, gate_up_out, x, norm2, eps2, h)  # gate and up side by side: (2 F,)
             np.negative(gate, out=act)
             np.exp(act, out=act)
             act += 1
@@ -398,7 +414,7 @@ def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Pr
             mv_add(x, down_w, a)  # x += down_proj(silu(gate) * up)
     cache.length = pos + 1
     logits = Vec.empty(plan.lm_head.shape[0])
-    _normed_mv(mv, (plan.lm_head,), x, plan.norm, plan.eps, h, logits)
+    _normed_mv(mv, (plan.lm_head,), (logits,), x, plan.norm, plan.eps, h)
     return logits.t[None]  # (1, V)
 
 
