@@ -63,5 +63,5 @@ def render_formats(f: dict[str, Any]) -> list[str]:
         lines.append(f"| {name} | {r['bytes_per_token'] / 1e6:.1f} | {r['tokens_per_s']:.1f} | "
                      f"{r['limit_tokens_per_s']:.1f} | {r['fraction_of_limit']:.0%} | {r['int8_kernel'] or '—'} |")
     if "ours_fp32_over_transformers" in f:
-        lines += ["", f"Ours fp32 / transformers fp32 decode speed: {f['ours_fp32_over_transformers']:.2f}x."]
+        lines += ["", f"Ours fp32 / transformers fp32 decode speed: {f['ours_fp32_over_transformers']:.3f}x."]
     return lines + [""]

@@ -84,10 +84,10 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
     m: dict[str, tuple[float, str]] = {}
     vs = report.get("vs_transformers") or {}
     for T, p in (vs.get("prefill") or {}).items():
-        m[f"prefill_{T}"] = (p["ours_over_transformers"], f"{p['ours_over_transformers']:.2f}")
+        m[f"prefill_{T}"] = (p["ours_over_transformers"], f"{p['ours_over_transformers']:.3f}")
     d = vs.get("decode")
     if d:
-        m["decode_speed"] = (d["ours_over_transformers"], f"{d['ours_over_transformers']:.2f}x ({d['ours_tokens_per_s']:.1f} "
+        m["decode_speed"] = (d["ours_over_transformers"], f"{d['ours_over_transformers']:.3f}x ({d['ours_tokens_per_s']:.1f} "
                                                           f"vs {d['transformers_tokens_per_s']:.1f} tok/s)")
     f = report.get("formats")
     if f:
@@ -96,12 +96,12 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
                                        f"({ours['tokens_per_s']:.1f} of {ours['limit_tokens_per_s']:.1f} tok/s)")
         if "ours_fp32_over_transformers" in f:
             r = f["ours_fp32_over_transformers"]
-            m["formats_fp32_over_transformers"] = (r, f"{r:.2f}x ({ours['tokens_per_s']:.1f} vs "
+            m["formats_fp32_over_transformers"] = (r, f"{r:.3f}x ({ours['tokens_per_s']:.1f} vs "
                                                       f"{f['rows']['transformers fp32']['tokens_per_s']:.1f} tok/s)")
     c = report.get("cache")
     if c:
         same = bool(c["tokens_identical"])
-        m["cache_speedup"] = (c["speedup"], f"{c['speedup']:.1f}x, tokens {'identical' if same else 'DIFFERENT'}")
+        m["cache_speedup"] = (c["speedup"], f"{c['speedup']:.2f}x, tokens {'identical' if same else 'DIFFERENT'}")
         m["cache_tokens_identical"] = (float(same), "identical" if same else "DIFFERENT")
     gen = report.get("generation")
     if gen:
