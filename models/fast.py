@@ -124,7 +124,7 @@ def prepared_copy(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Modu
 # else about 90 us a layer. Written as torch operations, that rest was 330 us a layer (30 ms a step). A small torch
 # kernel costs 5-10 us to dispatch, a numpy call on a vector of a few thousand numbers about 1 us; but after a
 # product has streamed megabytes of weights through the caches, every call finds its code and data cold (the same
-# numpy calls took 3-10x longer between products than in a loop of their own), so fewer calls is the lever: the
+# numpy calls took 3-6x longer between products than in a loop of their own), so fewer calls is the lever: the
 # CPU step below runs only the products in torch (or numpy's BLAS, see ``cpu_products``) and everything between
 # them in numpy on the same memory, writes each result into a buffer made once per step, lets RMSNorm's one scale
 # per token ride on the next product (BLAS's alpha) and the attention's 1/sqrt(D) on the queries' rotation.
