@@ -220,6 +220,24 @@ def decode_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int)
     return _torch_step(model, token, cache, pos)
 
 
+def rope_matrix(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """(D, D) R with ``x @ R == apply_rope(x, cos, sin)`` for vectors ``x`` (..., D) at one position (``cos``,
+    ``sin``: (1, D), that position's row of the tables).
+
+    ``apply_rope`` computes ``x * cos + rotate_half(x) * sin``: output ``j < D/2`` is ``x[j] cos[j] - x[j + D/2]
+    sin[j]``, output ``j >= D/2`` is ``x[j] cos[j] + x[j - D/2] sin[j]``. R holds those coefficients (two per
+    column, zeros elsewhere), so one small matmul does the rotation that takes ``apply_rope`` six kernels. Each
+    output is the same two products (the zeros add exact zeros), so the result agrees up to the order of the
+    additions."""
+    c, s = cos[0], sin[0]
+    half = c.shape[0] // 2
+    i = torch.arange(half)
+    R = torch.diag(c)
+    R[i + half, i] = -s[:half]  # into j < D/2: -x[j + D/2] sin[j]
+    R[i, i + half] = s[half:]   # into j >= D/2: +x[j - D/2] sin[j]
+    return R
+
+
 # --- on the CPU, one token: products in torch (or numpy's BLAS), everything else in numpy ---------------------
 class _Layer(NamedTuple):
     """One block as ``_cpu_step`` reads it: views of the modules' own memory, nothing copied. Each matrix is
@@ -241,8 +259,8 @@ class _Plan(NamedTuple):
     eps: float
     lm_head: torch.Tensor  # (V, C)
     embed: np.ndarray  # (V, C)
-    cos: np.ndarray  # (T_max, D) RoPE tables
-    sin: np.ndarray
+    cos: torch.Tensor  # (T_max, D) RoPE tables
+    sin: torch.Tensor
     heads: tuple[int, int, int]  # H, Hkv, D
     version: tuple  # the model's _structure_version when it was made
     viewed: list[torch.Tensor]  # every parameter and buffer viewed above ...
@@ -285,20 +303,10 @@ def _plan(model: nn.Module) -> _Plan | None:
     c = model.config
     plan = _Plan(layers, view(model.norm).numpy(), model.norm.eps, view(model.lm_head),
                  view(model.embed_tokens).numpy(),
-                 view(model, "rope_cos", buffer=True).numpy(), view(model, "rope_sin", buffer=True).numpy(),
+                 view(model, "rope_cos", buffer=True), view(model, "rope_sin", buffer=True),
                  (c.n_heads, c.n_kv_heads, c.head_dim), version, viewed, [t.data_ptr() for t in viewed])
     _PLANS[model] = plan
     return plan
-
-
-def rope_matrix_np(cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """``rope_matrix`` for numpy rows ``cos``, ``sin`` (D,): R (D, D) with ``x @ R == apply_rope(x, cos, sin)``."""
-    half = cos.shape[0] // 2
-    i = np.arange(half)
-    R = np.diag(cos)
-    R[i + half, i] = -sin[:half]  # into j < D/2: -x[j + D/2] sin[j]
-    R[i, i + half] = sin[half:]  # into j >= D/2: +x[j - D/2] sin[j]
-    return R
 
 
 class Vec(NamedTuple):
@@ -377,7 +385,7 @@ def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Pr
     H, Hkv, D = plan.heads
     g = H // Hkv  # query heads per key/value head: query head h reads key/value head h // g
     C, d_ff = plan.norm.shape[0], plan.layers[0].down.shape[1]
-    R = rope_matrix_np(plan.cos[pos], plan.sin[pos])  # (D, D), shared by every layer
+    R = rope_matrix(plan.cos[pos:pos + 1], plan.sin[pos:pos + 1]).numpy()  # (D, D), shared by every layer
     Rq = R * (1.0 / math.sqrt(D))  # the queries' rotation with the attention's 1/sqrt(D) folded in
     x, h, qkv, z = Vec.empty(C), Vec.empty(C), Vec.empty((H + 2 * Hkv) * D), Vec.empty(H * D)
     gate_up, act = Vec.empty(2 * d_ff), np.empty(d_ff, dtype=np.float32)
@@ -488,24 +496,6 @@ def decode_blas(model: nn.Module) -> str:
 
 
 # --- anywhere else (a batch, a GPU): the same step as torch operations ------------------------------------------
-def rope_matrix(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """(D, D) R with ``x @ R == apply_rope(x, cos, sin)`` for vectors ``x`` (..., D) at one position (``cos``,
-    ``sin``: (1, D), that position's row of the tables).
-
-    ``apply_rope`` computes ``x * cos + rotate_half(x) * sin``: output ``j < D/2`` is ``x[j] cos[j] - x[j + D/2]
-    sin[j]``, output ``j >= D/2`` is ``x[j] cos[j] + x[j - D/2] sin[j]``. R holds those coefficients (two per
-    column, zeros elsewhere), so one small matmul does the rotation that takes ``apply_rope`` six kernels. Each
-    output is the same two products (the zeros add exact zeros), so the result agrees up to the order of the
-    additions."""
-    c, s = cos[0], sin[0]
-    half = c.shape[0] // 2
-    i = torch.arange(half)
-    R = torch.diag(c)
-    R[i + half, i] = -s[:half]  # into j < D/2: -x[j + D/2] sin[j]
-    R[i, i + half] = s[half:]   # into j >= D/2: +x[j - D/2] sin[j]
-    return R
-
-
 def _torch_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor:
     """``decode_step`` as torch operations, for any batch on any device: RMSNorm as torch's fused kernel, each
     residual add folded into its product (addmm), q/k/v and gate/up each one product where laid side by side."""
