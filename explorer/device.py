@@ -144,7 +144,7 @@ def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: b
 
 def cpu_has_amx() -> bool:
     """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later): torch's CPU kernels take other paths
-    there (see ``explorer.measure.predict.cpu_repacks_bf16_kv``)."""
+    there (see ``explorer.measure.predict.predict_sdpa_bytes``)."""
     supported = getattr(torch.cpu, "_is_amx_tile_supported", None)
     return bool(supported and supported())
 

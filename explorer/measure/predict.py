@@ -99,21 +99,16 @@ def sdpa_cpu_split_sizes(seq_len: int) -> tuple[int, int]:
     return min(q_split, seq_len), min(512, seq_len)
 
 
-def cpu_repacks_bf16_kv() -> bool:
-    """Whether this CPU's flash kernel repacks bf16 keys and values first: measured with torch 2.13 on an Intel
-    Xeon with AMX (profiler allocation events), not on a 2-core AMD EPYC without it."""
-    return dev.cpu_has_amx()
-
-
 def predict_sdpa_bytes(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: int | None = None,
                        batch: int = 1, dtype: torch.dtype | str = torch.float32, causal: bool = True,
                        device: str | torch.device | None = None, threads: int | None = None) -> int:
     """Peak bytes of the fused kernel: the (B, H, T, D) output, the (B, H, T) log-sum-exp and, on CPU,
     one fp32 scratch block per thread (q_split × kv_split scores, running max/sum, q_split × D output).
 
-    bf16 on a CPU with AMX (``cpu_repacks_bf16_kv``), from 64 keys on: a bf16 copy of K and of V (B, Hkv, S, D)
-    laid out for the AMX kernel, and one (kv_split × D) bf16 block per thread beside it (fitted to the allocation
-    events at T = 64 ... 2048, D = 16 ... 128, 2 to 8 heads, GQA and batch 2; within 1 % at odd T)."""
+    bf16 on a CPU with AMX (``explorer.device.cpu_has_amx``), from 64 keys on: a bf16 copy of K and of V
+    (B, Hkv, S, D) laid out for the AMX kernel, and one (kv_split × D) bf16 block per thread beside it (fitted to
+    torch 2.13's allocation events on an Intel Xeon at T = 64 ... 2048, D = 16 ... 128, 2 to 8 heads, GQA and
+    batch 2; within 1 % at odd T; not seen on a 2-core AMD EPYC without AMX)."""
     hkv = _check_sizes(seq_len, n_heads, head_dim, n_kv_heads, batch)
     e = element_size(dtype)
     out = batch * n_heads * seq_len * head_dim * e
@@ -126,7 +121,7 @@ def predict_sdpa_bytes(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads:
     if e != 4:  # reduced-precision inputs get a second copy of the score block in their own dtype
         per_thread += qs * ks * e
     repacked = 0
-    if units.as_dtype(dtype) == torch.bfloat16 and seq_len >= 64 and cpu_repacks_bf16_kv():
+    if units.as_dtype(dtype) == torch.bfloat16 and seq_len >= 64 and dev.cpu_has_amx():
         repacked = 2 * batch * hkv * seq_len * head_dim * e
         per_thread += ks * head_dim * e
     return out + lse + threads * per_thread + repacked
