@@ -14,7 +14,9 @@ Reading order (each file uses only the ones above it, except that attention take
     lora.py        low-rank adapters and their off / on / merged modes
     quant.py       weight-only int8
     loading.py     transformers checkpoints (safetensors) in and out
-    fast.py        opt-in speed choices kept out of the code above (optimize_for_decode)
+    fast.py        opt-in speed choices kept out of the code above: the weight layout (optimize_for_decode)
+    fast_cpu.py    the one-token decode step on the CPU (products in torch or numpy's BLAS, the rest in numpy)
+    fast_decode.py decode_step: which one-token path runs (the CPU step, the torch step, or the modules)
 
 Notation in every shape comment: B batch, T positions (queries), S keys, H query heads, Hkv key/value
 heads, D head dim, C model dim, V vocabulary.

@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 import torch
 
 from .decoder import check_tokens
-from .fast import decode_step
+from .fast_decode import decode_step
 from .kv_cache import KVCache
 
 
@@ -70,7 +70,7 @@ def prefill(model, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
 def decode_one(model, token: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor:
     """One new token (B, 1) at position ``pos``; next-token logits (B, V).
 
-    A model prepared by ``models.fast.optimize_for_decode`` takes ``models.fast.decode_step`` (the same
+    A model prepared by ``models.fast.optimize_for_decode`` takes ``models.fast_decode.decode_step`` (the same
     computation without the module calls) whenever no hook is attached; otherwise, the model itself."""
     logits = decode_step(model, token, cache, pos)
     if logits is not None:

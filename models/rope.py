@@ -75,6 +75,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
 
 
+def rope_matrix(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """(D, D) R with ``x @ R == apply_rope(x, cos, sin)`` for vectors ``x`` (..., D) at one position (``cos``,
+    ``sin``: (1, D), that position's row of the tables).
+
+    ``apply_rope`` computes ``x * cos + rotate_half(x) * sin``: output ``j < D/2`` is ``x[j] cos[j] - x[j + D/2]
+    sin[j]``, output ``j >= D/2`` is ``x[j] cos[j] + x[j - D/2] sin[j]``. R holds those coefficients (two per
+    column, zeros elsewhere), so one small matmul does the rotation that takes ``apply_rope`` six kernels. Each
+    output is the same two products (the zeros add exact zeros), so the result agrees up to the order of the
+    additions."""
+    c, s = cos[0], sin[0]
+    half = c.shape[0] // 2
+    i = torch.arange(half)
+    R = torch.diag(c)
+    R[i + half, i] = -s[:half]  # into j < D/2: -x[j + D/2] sin[j]
+    R[i, i + half] = s[half:]   # into j >= D/2: +x[j - D/2] sin[j]
+    return R
+
+
 def sinusoidal_table(seq_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
     """The encoder's absolute positions ("Attention Is All You Need"). Shape (T, C), fp32.
 

@@ -1,4 +1,4 @@
-"""models.fast.decode_step: the one-token path ``decode_one`` takes for a model prepared by ``optimize_for_decode``.
+"""models.fast_decode.decode_step: the one-token path ``decode_one`` takes for a model prepared by ``optimize_for_decode``.
 
 Checked against the modules' own forward (the teaching code, independent of the flat step): logits within float
 rounding at every step, identical greedy tokens, the same KV cache contents; and never taken where it would skip
@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from models import Decoder, generate, optimize_for_decode
-from models.fast import FAST_DECODE, can_decode_fast, decode_step
+from models.fast import FAST_DECODE
+from models.fast_decode import can_decode_fast, decode_blas, decode_step
 from models.generate import decode_one, prefill
 from models.lora import attach_lora
 from models.quant import quantize_int8
@@ -141,7 +142,7 @@ def test_lora_int8_bf16_and_other_attention_implementations_take_the_modules_pat
 
 @pytest.mark.parametrize("head_dim", [8, 32, 64])
 def test_the_rope_matrix_rotates_as_apply_rope_does(head_dim):
-    from models.fast import rope_matrix
+    from models.rope import rope_matrix
     from models.rope import apply_rope, rope_tables
 
     cos, sin = rope_tables(64, head_dim, 10000.0)
@@ -193,7 +194,7 @@ def test_optimize_for_decode_leaves_int8_and_lora_layers_as_they_are():
 
 
 def test_each_librarys_products_are_the_same_products_on_the_same_memory():
-    from models.fast import NUMPY_PRODUCTS, TORCH_PRODUCTS, Vec
+    from models.fast_cpu import NUMPY_PRODUCTS, TORCH_PRODUCTS, Vec
 
     g = torch.Generator().manual_seed(3)
     h = Vec.empty(24)
@@ -224,14 +225,14 @@ def test_each_librarys_products_are_the_same_products_on_the_same_memory():
 @pytest.mark.parametrize("library", ["torch", "numpy"])
 def test_the_cpu_step_agrees_with_the_modules_with_either_library_and_puts_the_thread_count_back(monkeypatch,
                                                                                                   library):
-    import models.fast as fast
+    import models.fast_cpu as fast_cpu
 
     plain, prepared = _pair(tiny())
     prompt = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(2))
-    monkeypatch.setattr(fast, "DECODE_BLAS", library)
+    monkeypatch.setattr(fast_cpu, "DECODE_BLAS", library)
     threads = torch.get_num_threads()
-    seen, real = [], fast._cpu_step
-    monkeypatch.setattr(fast, "_cpu_step", lambda *a: seen.append((a[-1].name, torch.get_num_threads())) or real(*a))
+    seen, real = [], fast_cpu._cpu_step
+    monkeypatch.setattr(fast_cpu, "_cpu_step", lambda *a: seen.append((a[-1].name, torch.get_num_threads())) or real(*a))
     tokens, logits, cache = _step_by_step(prepared, prompt, 12, fast=True)
     assert {name for name, _ in seen} == {library} and len(seen) == 12
     assert {n for _, n in seen} == ({1} if library == "numpy" else {threads})  # OpenBLAS brings its own threads
@@ -243,33 +244,33 @@ def test_the_cpu_step_agrees_with_the_modules_with_either_library_and_puts_the_t
         torch.testing.assert_close(cache.k[layer], ref_cache.k[layer], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(cache.v[layer], ref_cache.v[layer], atol=1e-5, rtol=1e-5)
     assert cache.length == ref_cache.length
-    assert fast.decode_blas(prepared).startswith(library)
+    assert decode_blas(prepared).startswith(library)
 
 
 def test_the_library_is_measured_once_per_model_shape(monkeypatch):
-    import models.fast as fast
+    import models.fast_cpu as fast_cpu
 
-    monkeypatch.setattr(fast, "DECODE_BLAS", "auto")
-    monkeypatch.setattr(fast, "_CHOSEN", {})
+    monkeypatch.setattr(fast_cpu, "DECODE_BLAS", "auto")
+    monkeypatch.setattr(fast_cpu, "_CHOSEN", {})
     calls = []
-    real = fast._measure_products
-    monkeypatch.setattr(fast, "_measure_products", lambda plan: calls.append(plan) or real(plan))
+    real = fast_cpu._measure_products
+    monkeypatch.setattr(fast_cpu, "_measure_products", lambda plan: calls.append(plan) or real(plan))
     _, a = _pair(tiny())
     _, b = _pair(tiny(), seed=1)  # the same shape
     _, c = _pair(tiny(n_layers=2))
-    chosen = fast.cpu_products(a)
-    assert chosen in (fast.TORCH_PRODUCTS, fast.NUMPY_PRODUCTS)
-    assert fast.cpu_products(b) is chosen and fast.cpu_products(a) is chosen
-    fast.cpu_products(c)
+    chosen = fast_cpu.cpu_products(a)
+    assert chosen in (fast_cpu.TORCH_PRODUCTS, fast_cpu.NUMPY_PRODUCTS)
+    assert fast_cpu.cpu_products(b) is chosen and fast_cpu.cpu_products(a) is chosen
+    fast_cpu.cpu_products(c)
     assert len(calls) == 2
-    monkeypatch.setattr(fast, "DECODE_BLAS", "numpy")  # EXPLORER_DECODE_BLAS decides without measuring
-    assert fast.cpu_products(a) is fast.NUMPY_PRODUCTS and len(calls) == 2
+    monkeypatch.setattr(fast_cpu, "DECODE_BLAS", "numpy")  # EXPLORER_DECODE_BLAS decides without measuring
+    assert fast_cpu.cpu_products(a) is fast_cpu.NUMPY_PRODUCTS and len(calls) == 2
 
 
 def test_the_cpu_steps_views_follow_the_weights():
     """The CPU step reads the modules' memory through views kept beside the model: values changed in place are
     seen at once, replaced storage (``.data =``, a new parameter) makes the views again, a deepcopy gets its own."""
-    import models.fast as fast
+    import models.fast_cpu as fast_cpu
 
     plain, prepared = _pair(tiny())
     prompt = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(4))
@@ -281,26 +282,26 @@ def test_the_cpu_steps_views_follow_the_weights():
 
     other = spread(Decoder(plain.config), norms=True)  # built first: building registers modules, which redoes a plan
     agree()
-    plan = fast._plan(prepared)
-    assert fast._plan(prepared) is plan  # kept while nothing changed
+    plan = fast_cpu.weights_plan(prepared)
+    assert fast_cpu.weights_plan(prepared) is plan  # kept while nothing changed
     plain.load_state_dict(other.state_dict())
     prepared.load_state_dict(other.state_dict())  # copy_ into the same memory: the views see it
-    assert fast._plan(prepared) is plan
+    assert fast_cpu.weights_plan(prepared) is plan
     agree()
     with torch.no_grad():
         for model in (plain, prepared):
             model.blocks[1].mlp.down_proj.weight.data = model.blocks[1].mlp.down_proj.weight.data * 1.5
             model.blocks[0].input_layernorm.weight = nn.Parameter(model.blocks[0].input_layernorm.weight * -2)
-    assert fast._plan(prepared) is not plan
+    assert fast_cpu.weights_plan(prepared) is not plan
     agree()
     copied = copy.deepcopy(prepared)
-    assert copied not in fast._PLANS  # views are not copied with the model
+    assert copied not in fast_cpu._PLANS  # views are not copied with the model
     torch.testing.assert_close(_step_by_step(copied, prompt, 3, fast=True)[1],
                                _step_by_step(plain, prompt, 3, fast=False)[1], atol=1e-5, rtol=1e-5)
 
 
 def test_a_swapped_or_removed_module_is_seen_without_walking_the_model():
-    import models.fast as fast
+    import models.fast_cpu as fast_cpu
 
     _, prepared = _pair(tiny())
     assert can_decode_fast(prepared)
@@ -313,4 +314,4 @@ def test_a_swapped_or_removed_module_is_seen_without_walking_the_model():
     del prepared.blocks[2]
     prepared.config.n_layers = 2  # keep the model consistent: two blocks now
     assert can_decode_fast(prepared)
-    assert len(fast._plan(prepared).layers) == 2
+    assert len(fast_cpu.weights_plan(prepared).layers) == 2

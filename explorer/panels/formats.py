@@ -20,7 +20,7 @@ from explorer.figures import formats as figs
 from explorer.figures.common import provenance_text
 from explorer.locks import MEASURE_LOCK, model_lock
 from explorer.measure import formats as fm
-from models.fast import decode_blas
+from models.fast_decode import decode_blas
 from models.generate import generate
 
 from . import user_errors

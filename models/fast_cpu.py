@@ -1,0 +1,286 @@
+"""The one-token decode step on the CPU: the matrix products in torch (or numpy's BLAS), everything between them
+in numpy on the same memory. ``models.fast_decode.decode_step`` sends one token here when the model and its
+cache are on the CPU.
+
+Notation: C model dim, H query heads, Hkv key/value heads, g = H / Hkv query heads per KV head, D head dim,
+F feed-forward dim, S positions attended (the cache so far), V vocabulary.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+import weakref
+from typing import Callable, NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from .fast import fused, structure_version
+from .kv_cache import KVCache
+from .rope import rope_matrix
+
+# Which library computes the CPU step's one-token matrix products: "auto" (measured once per model shape and thread
+# count, see cpu_products), "torch" or "numpy". EXPLORER_DECODE_BLAS sets it for the process.
+DECODE_BLAS = os.environ.get("EXPLORER_DECODE_BLAS", "auto").strip().lower() or "auto"
+
+# Where a step's time goes, SmolLM2-135M shape, fp32, one token after 48 (Intel Xeon with AMX, 2 cores, 2 torch
+# threads; perf_counter sums per section over 32 steps): the 211 matrix products take 18.2 of about 21 ms (every
+# weight read once at 29-33 GB/s, against 28-32 GB/s for torch.sum over 512 MiB on the same machine) and everything
+# else about 90 us a layer. Written as torch operations, that rest was 330 us a layer (30 ms a step). A small torch
+# kernel costs 5-10 us to dispatch, a numpy call on a vector of a few thousand numbers about 1 us; but after a
+# product has streamed megabytes of weights through the caches, every call finds its code and data cold (the same
+# numpy calls took 3-6x longer between products than in a loop of their own), so fewer calls is the lever: the
+# CPU step below runs only the products in torch (or numpy's BLAS, see ``cpu_products``) and everything between
+# them in numpy on the same memory, writes each result into a buffer made once per step, lets RMSNorm's one scale
+# per token ride on the next product (BLAS's alpha) and the attention's 1/sqrt(D) on the queries' rotation.
+# Measured and left out: torch's fused F.rms_norm and SDPA between the products (37 and 40 us a layer in the step
+# against 19 and 30 in numpy); the GNU OpenMP threads told to sleep between products (OMP_WAIT_POLICY=PASSIVE:
+# 39 ms a step, each wake-up costs more than the product it serves); transparent huge pages for the weights
+# (THP_MEM_ALLOC_ENABLE=1: the same 30 GB/s).
+
+
+class _Layer(NamedTuple):
+    """One block as ``_cpu_step`` reads it: views of the modules' own memory, nothing copied. Each matrix is
+    (out, in) as ``nn.Linear`` holds it; ``qkv`` and ``gate_up`` are one matrix when ``optimize_for_decode`` laid
+    the projections side by side (else the separate ones, in order)."""
+    norm1: np.ndarray  # (C,) input_layernorm.weight
+    eps1: float
+    qkv: tuple[torch.Tensor, ...]  # ((H + 2 Hkv) D, C), or q (H D, C), k (Hkv D, C), v (Hkv D, C)
+    o: torch.Tensor  # (C, H D)
+    norm2: np.ndarray  # (C,) post_attention_layernorm.weight
+    eps2: float
+    gate_up: tuple[torch.Tensor, ...]  # (2 F, C), or gate (F, C), up (F, C)
+    down: torch.Tensor  # (C, F)
+
+
+class _Plan(NamedTuple):
+    layers: list[_Layer]
+    norm: np.ndarray  # (C,) the final norm's weight
+    eps: float
+    lm_head: torch.Tensor  # (V, C)
+    embed: np.ndarray  # (V, C)
+    cos: torch.Tensor  # (T_max, D) RoPE tables
+    sin: torch.Tensor
+    heads: tuple[int, int, int]  # H, Hkv, D
+    version: tuple  # the model's structure_version when it was made
+    viewed: list[torch.Tensor]  # every parameter and buffer viewed above ...
+    pointers: list[int]  # ... and where its memory was
+
+
+_PLANS: "weakref.WeakKeyDictionary[nn.Module, _Plan]" = weakref.WeakKeyDictionary()  # dies with its model
+
+
+def weights_plan(model: nn.Module) -> _Plan | None:
+    """The model's weights as ``_cpu_step`` reads them, kept beside the model (not on it: a deepcopy would copy
+    the views' memory) and made again when any tensor it views was replaced (a new parameter, new storage from
+    ``.to()`` or a reassigned ``.data``); values changed in place (``load_state_dict``, LoRA's merge) are seen
+    through the views. None for a model whose weights are not on the CPU."""
+    kept = _PLANS.get(model)
+    version = structure_version(model)
+    if kept is not None and kept.version == version and list(map(torch.Tensor.data_ptr, kept.viewed)) == kept.pointers:
+        return kept
+    if not model.lm_head.weight.is_cpu:
+        return None
+    viewed: list[torch.Tensor] = []
+
+    def view(owner: nn.Module, name: str = "weight", *, buffer: bool = False) -> torch.Tensor:
+        t = (owner._buffers if buffer else owner._parameters)[name]
+        viewed.append(t)
+        return t.detach()
+
+    layers = []
+    for block in model.blocks:
+        attn, mlp = block.attn, block.mlp
+        qkv = fused(attn.q_proj, attn.k_proj, attn.v_proj)  # (C, (H + 2 Hkv) D) or None
+        gate_up = fused(mlp.gate_proj, mlp.up_proj)  # (C, 2 F) or None
+        qkv_views = tuple(view(lin) for lin in (attn.q_proj, attn.k_proj, attn.v_proj))
+        gate_up_views = tuple(view(lin) for lin in (mlp.gate_proj, mlp.up_proj))
+        layers.append(_Layer(
+            view(block.input_layernorm).numpy(), block.input_layernorm.eps,
+            qkv_views if qkv is None else (qkv.t(),), view(attn.o_proj),
+            view(block.post_attention_layernorm).numpy(), block.post_attention_layernorm.eps,
+            gate_up_views if gate_up is None else (gate_up.t(),), view(mlp.down_proj)))
+    c = model.config
+    plan = _Plan(layers, view(model.norm).numpy(), model.norm.eps, view(model.lm_head),
+                 view(model.embed_tokens).numpy(),
+                 view(model, "rope_cos", buffer=True), view(model, "rope_sin", buffer=True),
+                 (c.n_heads, c.n_kv_heads, c.head_dim), version, viewed, [t.data_ptr() for t in viewed])
+    _PLANS[model] = plan
+    return plan
+
+
+class Vec(NamedTuple):
+    """One vector as numpy sees it (``a``) and as torch sees it (``t``): the same memory, so a numpy operation
+    and a torch product can take turns writing it without a conversion between them."""
+    a: np.ndarray
+    t: torch.Tensor
+
+    @staticmethod
+    def empty(n: int) -> "Vec":
+        a = np.empty(n, dtype=np.float32)
+        return Vec(a, torch.from_numpy(a))
+
+    def part(self, start: int, stop: int) -> "Vec":
+        return Vec(self.a[start:stop], self.t[start:stop])
+
+
+class Products(NamedTuple):
+    """One library's one-token products for ``_cpu_step``. ``mv(w, h, out, scale)`` writes ``scale * (w @ h)``
+    into ``out``, for a (out, in) matrix ``w`` (a torch view of a weight) and vectors ``h`` (in,), ``out``
+    (out,); ``mv_add(x, w, h)`` adds ``w @ h`` into ``x`` (the residual stream)."""
+    name: str
+    mv: Callable[[torch.Tensor, Vec, Vec, float], None]
+    mv_add: Callable[[Vec, torch.Tensor, Vec], None]
+
+
+def _torch_mv(w: torch.Tensor, h: Vec, out: Vec, scale: float = 1.0) -> None:
+    torch.addmv(out.t, w, h.t, beta=0, alpha=scale, out=out.t)  # beta=0: out's old contents are never read
+
+
+def _torch_mv_add(x: Vec, w: torch.Tensor, h: Vec) -> None:
+    x.t.addmv_(w, h.t)  # one kernel: x + w @ h, written into x
+
+
+def _numpy_mv(w: torch.Tensor, h: Vec, out: Vec, scale: float = 1.0) -> None:
+    np.matmul(w.numpy(), h.a, out=out.a)  # the weight's own memory, no copy
+    if scale != 1.0:
+        np.multiply(out.a, scale, out=out.a)
+
+
+def _numpy_mv_add(x: Vec, w: torch.Tensor, h: Vec) -> None:
+    np.add(x.a, w.numpy() @ h.a, out=x.a)
+
+
+TORCH_PRODUCTS = Products("torch", _torch_mv, _torch_mv_add)
+NUMPY_PRODUCTS = Products("numpy", _numpy_mv, _numpy_mv_add)
+PRODUCTS = {p.name: p for p in (TORCH_PRODUCTS, NUMPY_PRODUCTS)}
+
+
+def _normed_mv(mv, ws: tuple[torch.Tensor, ...], outs: tuple[Vec, ...], x: Vec, weight: np.ndarray, eps: float,
+               h: Vec) -> None:
+    """``out = w @ rms_norm(x)`` for each matrix ``w`` of ``ws`` and its ``out`` (one side-by-side matrix, or
+    several writing consecutive parts of one buffer). RMSNorm's 1 / sqrt(mean(x²) + eps) is one number per token,
+    so it goes to the product as its scale (BLAS's alpha) instead of costing an operation of its own; ``h``
+    receives x * weight."""
+    np.multiply(x.a, weight, out=h.a)
+    scale = 1.0 / math.sqrt(float(x.a @ x.a) / x.a.shape[0] + eps)
+    for w, out in zip(ws, outs):
+        mv(w, h, out, scale)
+
+
+def _parts(buffer: Vec, ws: tuple[torch.Tensor, ...]) -> tuple[Vec, ...]:
+    """Where each matrix of ``ws`` writes in ``buffer``: the whole of it for one matrix, else consecutive parts."""
+    if len(ws) == 1:
+        return (buffer,)
+    stops = np.cumsum([w.shape[0] for w in ws]).tolist()
+    return tuple(buffer.part(stop - w.shape[0], stop) for w, stop in zip(ws, stops))
+
+
+def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Products) -> torch.Tensor:
+    """``decode_step`` for one token on the CPU; logits (1, V). Every vector is a ``Vec``, numpy and torch views
+    of one buffer made for this step: numpy computes between the products, torch (or numpy's BLAS) the
+    products, and the residual stream ``x`` (C,) is updated in place by the o and down products. Every view the
+    layers use is cut before the first product: the loop between products is as few calls as it can be."""
+    mv, mv_add = products.mv, products.mv_add
+    H, Hkv, D = plan.heads
+    g = H // Hkv  # query heads per key/value head: query head h reads key/value head h // g
+    C, d_ff = plan.norm.shape[0], plan.layers[0].down.shape[1]
+    R = rope_matrix(plan.cos[pos:pos + 1], plan.sin[pos:pos + 1]).numpy()  # (D, D), shared by every layer
+    Rq = R * (1.0 / math.sqrt(D))  # the queries' rotation with the attention's 1/sqrt(D) folded in
+    x, h, qkv, z = Vec.empty(C), Vec.empty(C), Vec.empty((H + 2 * Hkv) * D), Vec.empty(H * D)
+    gate_up, a = Vec.empty(2 * d_ff), Vec.empty(d_ff)
+    x.a[:] = plan.embed[token_id]
+    q_new = qkv.a[:H * D].reshape(Hkv, g, D)  # this token's query, key and value, heads apart
+    k_new = qkv.a[H * D:(H + Hkv) * D].reshape(Hkv, D)
+    v_new = qkv.a[(H + Hkv) * D:].reshape(Hkv, D)
+    z_heads = z.a.reshape(Hkv, g, D)
+    gate, up, act = gate_up.a[:d_ff], gate_up.a[d_ff:], a.a  # (F,) each; act is silu(gate) * up
+    views = []  # per layer: where the new key and value go, the keys (transposed) and values attended
+    for layer, k, v in zip(plan.layers, cache.k, cache.v):
+        keys, values = k.numpy()[0], v.numpy()[0]  # (Hkv, S_max, D) each
+        views.append((keys[:, pos], values[:, pos], keys[:, :pos + 1].swapaxes(1, 2), values[:, :pos + 1],
+                      _parts(qkv, layer.qkv), _parts(gate_up, layer.gate_up)))
+    with np.errstate(over="ignore"):  # exp(-gate) is inf for gate < -88: SiLU's limit there, 0, comes out exact
+        for (norm1, eps1, qkv_w, o_w, norm2, eps2, gate_up_w, down_w), (k_at, v_at, keys_t, values, qkv_out,
+                                                                         gate_up_out) in zip(plan.layers, views):
+            _normed_mv(mv, qkv_w, qkv_out, x, norm1, eps1, h)  # q, k, v side by side: ((H + 2 Hkv) D,)
+            np.matmul(k_new, R, out=k_at)  # the cache write: the key RoPE'd, (Hkv, D)
+            np.copyto(v_at, v_new)
+            w = (q_new @ Rq) @ keys_t  # (Hkv, g, S) scores of the RoPE'd, scaled query against every cached key
+            w -= w.max(-1, keepdims=True)
+            np.exp(w, out=w)
+            w /= w.sum(-1, keepdims=True)  # softmax over the S keys
+            np.matmul(w, values, out=z_heads)  # attention output (Hkv, g, D): the heads side by side in z
+            mv_add(x, o_w, z)  # x += o_proj(z)
+            _normed_mv(mv, gate_up_w, gate_up_out, x, norm2, eps2, h)  # gate and up side by side: (2 F,)
+            np.negative(gate, out=act)
+            np.exp(act, out=act)
+            act += 1
+            np.divide(gate, act, out=act)  # silu(gate) = gate / (1 + exp(-gate))
+            act *= up
+            mv_add(x, down_w, a)  # x += down_proj(silu(gate) * up)
+    cache.length = pos + 1
+    logits = Vec.empty(plan.lm_head.shape[0])
+    _normed_mv(mv, (plan.lm_head,), (logits,), x, plan.norm, plan.eps, h)
+    return logits.t[None]  # (1, V)
+
+
+def run_cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Products) -> torch.Tensor:
+    """``_cpu_step``; with numpy's products, torch on one intra-op thread meanwhile (put back afterwards):
+    OpenBLAS brings its own threads, and torch's beside them wait for cores (measured on a 2-core AMD EPYC when
+    the step's small operations were torch's: 2.3 tokens/s against 31-38)."""
+    if products is TORCH_PRODUCTS:
+        return _cpu_step(plan, token_id, cache, pos, products)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _cpu_step(plan, token_id, cache, pos, products)
+    finally:
+        torch.set_num_threads(threads)
+
+
+# The library each model shape's products ran faster with, measured here (see cpu_products); a few entries.
+_CHOSEN: dict[tuple, Products] = {}
+_CHOSEN_MAX = 64
+
+
+def cpu_products(model: nn.Module, plan: _Plan | None = None) -> Products:
+    """The library that computes ``model``'s one-token products on the CPU: EXPLORER_DECODE_BLAS's ("torch" or
+    "numpy") when set, else whichever ran the model's step faster when it was first measured in this process
+    (``_measure_products``: 8 steps on a scratch cache, once per model shape and torch thread count).
+
+    Which wins is a fact of the machine, not of the code: the one-token product streams a weight at the speed
+    its BLAS reads memory. At the SmolLM2-135M shape, a whole step's products took 18-21 ms through numpy's
+    OpenBLAS and 32-36 ms through torch's MKL on a 2-core AMD EPYC, and 19.8 against 17.7 ms on a 2-core Intel
+    Xeon; for the shipped 1M model the per-call cost decides (numpy's is lower)."""
+    if DECODE_BLAS in PRODUCTS:
+        return PRODUCTS[DECODE_BLAS]
+    c = model.config
+    key = (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff, c.vocab_size, torch.get_num_threads())
+    chosen = _CHOSEN.get(key)
+    if chosen is None:
+        chosen = _measure_products(plan if plan is not None else weights_plan(model))
+        if len(_CHOSEN) >= _CHOSEN_MAX:
+            _CHOSEN.pop(next(iter(_CHOSEN)))
+        _CHOSEN[key] = chosen
+    return chosen
+
+
+def _measure_products(plan: _Plan) -> Products:
+    """The library whose step on ``plan`` (one token, a scratch cache) took less time: one warm-up and the median
+    of three steps each, torch's first. Not interleaved: OpenBLAS's threads keep spinning for a while after a
+    product (on the order of 0.1 s), and a torch step run meanwhile measured 4x slower than alone."""
+    H, Hkv, D = plan.heads
+    scratch = KVCache(len(plan.layers), 1, Hkv, 1, D)
+    seconds = {}
+    with torch.inference_mode():
+        for products in (TORCH_PRODUCTS, NUMPY_PRODUCTS):
+            runs = []
+            for _ in range(4):
+                t = time.perf_counter()
+                run_cpu_step(plan, 0, scratch, 0, products)
+                runs.append(time.perf_counter() - t)
+            seconds[products.name] = sorted(runs[1:])[1]
+    return PRODUCTS[min(seconds, key=seconds.get)]
