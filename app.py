@@ -12,7 +12,15 @@ if importlib.util.find_spec("spaces"):  # Hugging Face ZeroGPU: its package must
 
 import gradio as gr
 
-from explorer import glossary, links, middleware, serving, session
+from explorer import glossary
+
+from explorer.web import links
+
+from explorer.state import session
+
+from explorer.web import serving
+
+from explorer.web import middleware
 from explorer.panels.attention import build_attention
 from explorer.panels.encoder_decoder import build_encoder_decoder
 from explorer.panels.generation import build_generation

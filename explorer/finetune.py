@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lens.loss import evaluate_loss, next_token_loss  # noqa: F401 (the fine-tune's loss)
 from models.lora import lora_layers
 
-from . import measure
+from explorer import measure
 
 MAX_STEPS = 200
 MAX_SECONDS = 60.0
@@ -76,24 +77,6 @@ def make_rows(ids: list[int] | torch.Tensor, seq_len: int) -> torch.Tensor:
     if starts[-1] != n - width:
         starts.append(n - width)
     return torch.stack([ids[s:s + width] for s in starts])  # (N, seq_len + 1)
-
-
-def next_token_loss(model: nn.Module, rows: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy (nats per token) of predicting rows[:, 1:] from rows[:, :-1]."""
-    logits = model(rows[:, :-1])  # (N, T, V)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), rows[:, 1:].reshape(-1))
-
-
-@torch.no_grad()
-def evaluate_loss(model: nn.Module, rows: torch.Tensor, batch: int = 16) -> float:
-    """Mean next-token loss over all rows (weighted by token count), in nats per token."""
-    total, count = 0.0, 0
-    for i in range(0, rows.shape[0], batch):
-        chunk = rows[i:i + batch]
-        n = chunk[:, 1:].numel()
-        total += float(next_token_loss(model, chunk)) * n
-        count += n
-    return total / count
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:

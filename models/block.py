@@ -12,6 +12,9 @@ from .attention import Attention
 from .config import check_attn_impl
 from .hooks import HookPoint
 
+# The linear projections of a block, named as transformers' Llama names them (what LoRA and int8 may replace).
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
 
 class PreNormBlock(nn.Module):
     def __init__(self, input_layernorm: nn.Module, attn: Attention, post_attention_layernorm: nn.Module,

@@ -51,7 +51,7 @@ class Decoder(SwitchableAttention, nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.hook_embed = HookPoint()
         self.hook_logits = HookPoint()
-        self.apply(_init_weights)
+        self.apply(init_weights)
 
     def forward(
         self,
@@ -78,7 +78,7 @@ class Decoder(SwitchableAttention, nn.Module):
         The token ids are not range-checked here: reading them is a host sync on a GPU, once per decode
         step. Callers that take ids from outside call ``check_tokens`` once (``generate`` does).
         """
-        _check_positions(tokens, self.config, start_pos)
+        check_positions(tokens, self.config, start_pos)
         if attn_impl is not None:
             check_attn_impl(attn_impl)
         T = tokens.shape[1]
@@ -118,13 +118,13 @@ def check_tokens(tokens: torch.Tensor, config: ModelConfig, start_pos: int = 0) 
     Reading the ids (min and max) waits for the device: call this once where ids come in from outside
     (``generate``, the app), not inside every forward.
     """
-    _check_positions(tokens, config, start_pos)
+    check_positions(tokens, config, start_pos)
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= config.vocab_size:
         raise ValueError(f"token ids must lie in 0..{config.vocab_size - 1}, got {lo}..{hi}.")
 
 
-def _check_positions(tokens: torch.Tensor, config: ModelConfig, start_pos: int = 0) -> None:
+def check_positions(tokens: torch.Tensor, config: ModelConfig, start_pos: int = 0) -> None:
     # Shape, dtype and positions only: metadata the host already knows, so this costs no device sync.
     if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"tokens must be an integer tensor of shape (batch, length), got {tuple(tokens.shape)} "
@@ -152,7 +152,7 @@ def _rope_tables_for(length: int, head_dim: int, theta: float, scaling: tuple | 
         return cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)
 
 
-def _init_weights(module: nn.Module) -> None:
+def init_weights(module: nn.Module) -> None:
     # Llama's initializer_range: N(0, 0.02) for every linear and embedding, norms at one.
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, std=0.02)

@@ -13,7 +13,7 @@ from torch import nn
 from .attention import Attention
 from .block import PreNormBlock, SwitchableAttention
 from .config import ModelConfig
-from .decoder import _check_positions, _init_weights
+from .decoder import check_positions, init_weights
 from .hooks import HookPoint
 from .layers import GeluMLP, LayerNorm
 from .rope import sinusoidal_table
@@ -39,7 +39,7 @@ class Encoder(SwitchableAttention, nn.Module):
         self.blocks = nn.ModuleList(EncoderBlock(config) for _ in range(config.n_layers))
         self.norm = LayerNorm(config.d_model, config.norm_eps)
         self.hook_embed = HookPoint()
-        self.apply(_init_weights)
+        self.apply(init_weights)
 
     def forward(self, tokens: torch.Tensor, *, key_padding: torch.Tensor | None = None, causal: bool = False,
                 attn_impl: str | None = None) -> torch.Tensor:
@@ -47,7 +47,7 @@ class Encoder(SwitchableAttention, nn.Module):
 
         Token ids are not range-checked here (see ``models.decoder.check_tokens``, called where ids come in).
         """
-        _check_positions(tokens, self.config)
+        check_positions(tokens, self.config)
         T = tokens.shape[1]
         x = self.embed_tokens(tokens) * math.sqrt(self.config.d_model) + self.positions[:T]  # (B, T, C)
         self.hook_embed.observe(x)

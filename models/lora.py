@@ -10,10 +10,8 @@ import math
 import torch
 from torch import nn
 
+from .block import PROJECTIONS
 from .layers import replace_linears
-
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
 
 def check_lora(rank: int, alpha: float, linears=(), *, shapes=()) -> None:
     """Raise ValueError, saying what to change, unless ``rank`` and ``alpha`` fit every given projection.

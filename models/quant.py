@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .layers import replace_linears
-from .lora import PROJECTIONS
+from .block import PROJECTIONS
 
 # None where this torch build has no such operator (then every call dequantises).
 _INT8_MM = getattr(torch.ops.aten, "_weight_int8pack_mm", None) if hasattr(torch.ops, "aten") else None

@@ -9,7 +9,11 @@ import numpy as np
 import pytest
 from gradio_client.exceptions import AppError
 
-from explorer import encoder_probe, probes, session
+from explorer import probes
+
+from explorer.state import session
+
+from explorer.probes import encoder_probe
 from explorer.panels.attention import AttentionView
 from explorer.panels.positions import RopeView
 from tests.api_answer import named

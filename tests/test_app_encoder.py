@@ -6,8 +6,9 @@ import pytest
 import torch
 from gradio_client.exceptions import AppError
 
-from explorer import encoder_probe as ep
-from explorer import probes, session
+from explorer.probes import encoder_probe as ep
+from explorer import probes
+from explorer.state import session
 from tests.plotly_payload import arr, fig
 
 SENTENCE = "Tom gave the red ball to Anna."

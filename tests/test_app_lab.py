@@ -11,7 +11,9 @@ import pytest
 import torch
 from gradio_client.exceptions import AppError
 
-from explorer import measure, session
+from explorer import measure
+
+from explorer.state import session
 from models.generate import generate as generate_tokens
 from models.lora import attach_lora, count_parameters, lora_layers
 from explorer.panels.generation import GenerationView

@@ -129,7 +129,7 @@ def _own_model_state():
     """A private copy of the shipped default model with its tokenizer, as a user's own model is held."""
     import copy
 
-    from explorer import session
+    from explorer.state import session
 
     model, tokenizer = session.load_default()
     own = copy.deepcopy(model)
@@ -207,7 +207,7 @@ def _induction_trace(fig):
 
 @pytest.mark.parametrize("span", ["8", "64"])
 def test_attention_tab_induction_at_the_chosen_span_equals_numpy(span):
-    from explorer.heads import repeated_random_tokens
+    from lens.heads import repeated_random_tokens
     from explorer.panels.attention import attention_view
     from explorer.probes import run_with_cache
 
@@ -273,7 +273,7 @@ def test_attention_tab_prediction_and_head_sentence_come_from_the_weights():
 def test_attention_tab_first_answer_runs_no_comparison_and_the_follow_up_reuses_its_forward():
     import torch
 
-    from explorer.cache import results
+    from explorer.state.cache import results
     from explorer.panels.attention import attention_impls, attention_view
 
     model, state = _own_model_state()

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import torch
 
-from explorer.cache import ResultCache, approx_bytes, model_id, weights_key
+from explorer.state.cache import ResultCache, approx_bytes, model_id, weights_key
 
 
 def test_bounded_in_bytes_and_entries_least_recent_out():

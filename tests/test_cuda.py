@@ -72,7 +72,8 @@ def test_allocator_peaks_beside_predictions_on_cuda():
 
 
 def test_app_endpoints_answer_on_cuda(client):
-    from explorer import device, session
+    from lens import device
+    from explorer.state import session
     from explorer.panels.attention import AttentionView
     from tests.api_answer import named
     from tests.test_app import CAUSAL

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from explorer.finetune import evaluate_loss
-from explorer.heads import induction_score, previous_token_score, repeated_random_tokens
+from lens.heads import induction_score, previous_token_score, repeated_random_tokens
 from explorer.probes import run_with_cache
 from models import generate, load_pretrained
 from training.corpus import corpus_vocabulary, words_of

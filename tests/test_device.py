@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from explorer import device as dev
+from lens import device as dev
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -109,9 +109,9 @@ def test_app_builds_without_spaces():
 
 
 def test_the_app_api_runs_on_the_configured_device(client):
-    """The whole app's API in this test session runs through explorer.device: forced to the CPU here (conftest),
+    """The whole app's API in this test session runs through lens.device: forced to the CPU here (conftest),
     the code path a GPU deployment takes with EXPLORER_DEVICE=cuda."""
-    from explorer import session
+    from explorer.state import session
     from tests.api_answer import named
 
     assert dev.device() == dev.parse_device(os.environ["EXPLORER_DEVICE"], cuda_available=torch.cuda.is_available())

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from explorer import encoder_probe as ep
+from explorer.probes import encoder_probe as ep
 from training import encoder as E
 from training.corpus import COLORS
 from tests.fixed_logits import FixedLogits
@@ -89,7 +89,7 @@ def test_masked_token_accuracy_on_held_out_stories(encoder, tok):
           f"decoder next-token top-1 {log['held_out']['decoder_next_token_accuracy']:.3f}")
     assert acc >= 0.5
     assert acc >= unigram + 0.3
-    # The logged number is the one explorer.encoder_probe measures on the same stories.
+    # The logged number is the one explorer.probes.encoder_probe measures on the same stories.
     seqs = ep.held_out_sequences(tok, stories, encoder.config.max_seq_len)
     chosen = ep.choose_positions(seqs, tok.all_special_ids)
     assert ep.masked_accuracy(encoder, seqs, chosen, tok.mask_token_id) == pytest.approx(

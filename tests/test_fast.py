@@ -70,7 +70,7 @@ def test_decode_step_matches_the_modules_forward(kw, batch):
 
 
 def test_decode_step_on_the_shipped_default_model():
-    from explorer import session
+    from explorer.state import session
 
     model, tokenizer = session.load_default()  # the app's copy, prepared by optimize_for_decode
     assert can_decode_fast(model)

@@ -9,7 +9,8 @@ import torch
 from explorer import finetune as ft
 from models.config import ModelConfig
 from models.decoder import Decoder
-from models.lora import PROJECTIONS, attach_lora, count_parameters, lora_layers, merge_lora, set_lora_enabled
+from models.block import PROJECTIONS
+from models.lora import attach_lora, count_parameters, lora_layers, merge_lora, set_lora_enabled
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from explorer import measure, session
+from explorer import measure
+
+from explorer.state import session
 from explorer.figures.formats import roofline_figure
 from explorer.measure import formats as fm
-from explorer.probes.hooks import run_with_cache
+from lens.hooks import run_with_cache
 from explorer.probes.patterns import attention_pattern
 from models import Decoder, ModelConfig, generate
 from models.quant import Int8Linear

@@ -6,7 +6,9 @@ import time
 
 import torch
 
-from explorer import probes, session
+from explorer import probes
+
+from explorer.state import session
 from explorer.panels import generation
 from models import Decoder, ModelConfig
 from models.generate import generate as generate_tokens

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from explorer.heads import (
+from lens.heads import (
     duplicate_token_score,
     first_token_score,
     induction_score,

@@ -2,7 +2,9 @@
 import gradio as gr
 import pytest
 
-from explorer import glossary, links
+from explorer import glossary
+
+from explorer.web import links
 
 
 def _view():

@@ -86,7 +86,7 @@ def _first_difference(a, b, path="answer"):
 
 def _clear_memos():
     """Forget the shared results (per-prompt forwards, opening examples), so both phases compute afresh."""
-    from explorer.cache import results
+    from explorer.state.cache import results
 
     results.clear()
 
@@ -163,7 +163,7 @@ MIB = 2**20
 def server(served_model_dir, model_root):
     """``python app.py`` on a free loopback port, serving the test model, with the idle time lowered and a small
     budget for visitors' own models (about five copies of the tiny local checkpoint, or one of the default)."""
-    from explorer.private_models import model_bytes
+    from explorer.state.private_models import model_bytes
     from models import load_pretrained
 
     tiny = model_bytes(load_pretrained(model_root / "tiny-local"))

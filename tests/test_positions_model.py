@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from explorer import probes, session
-from explorer.cache import results
+from explorer import probes
+
+from explorer.state import session
+from explorer.state.cache import results
 from explorer.panels import positions
 from models.config import ModelConfig
 from models.decoder import Decoder

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from explorer import locks, probes
+from explorer import probes
+
+from explorer.state import locks
 from models import Decoder, Encoder, ModelConfig, generate
 from models.hooks import HookPoint
 from tests.llama_pair import llama_pair

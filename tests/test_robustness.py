@@ -22,7 +22,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from explorer import checkpoints, private_models, session, threads
+from explorer.state import threads
+
+from explorer.state import session
+
+from explorer.state import checkpoints
+
+from explorer.state import private_models
 
 SETTINGS = settings(max_examples=30, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -491,7 +497,7 @@ def test_a_prompt_longer_than_the_context_is_refused_by_generate(monkeypatch):
 
 
 def test_a_prompt_too_long_is_its_own_error_type():
-    from explorer.text import PromptTooLong, encode
+    from explorer.state.text import PromptTooLong, encode
 
     _, tokenizer = session.load_default()
     with pytest.raises(PromptTooLong) as info:
@@ -922,7 +928,7 @@ def test_one_session_flooding_the_queue_is_capped_and_others_are_answered(app_ur
     places; its extra joins get a sentence, and another session's request is still answered."""
     from gradio_client import Client
 
-    from explorer import serving
+    from explorer.web import serving
 
     fn = _fn_index(app_url, "memory_budget")
     args = [8, 64, 8, ["naive", "sdpa", "tiled"], True, "float32"]
@@ -938,7 +944,7 @@ def test_one_session_flooding_the_queue_is_capped_and_others_are_answered(app_ur
 
 def test_events_run_in_groups_by_what_they_hold(app_url):
     """Measurements share one group of one; views get more than one place each, so the idle core is used."""
-    from explorer import serving
+    from explorer.web import serving
 
     assert serving.group_of("memory_compare") == ("measure", 1)
     assert serving.group_of("generate") == ("measure", 1)
@@ -981,8 +987,8 @@ def test_error_popups_show_markup_as_text_and_cut_long_echoes():
 
 def test_symlinks_out_of_the_model_root_are_refused_and_the_shipped_model_costs_no_private_copy(tmp_path,
                                                                                                 monkeypatch):
-    from explorer import checkpoints
-    from explorer.private_models import private_models_bytes
+    from explorer.state import checkpoints
+    from explorer.state.private_models import private_models_bytes
 
     root = tmp_path / "root"
     outside = tmp_path / "outside"
@@ -1018,7 +1024,9 @@ def test_private_models_expire_when_idle_and_make_room_oldest_idle_first(monkeyp
     import gc
     import time as clock
 
-    from explorer import private_models, session
+    from explorer.state import session
+
+    from explorer.state import private_models
 
     gc.collect()
     monkeypatch.setattr(private_models, "_owners", {})  # other tests' sessions are not candidates here
@@ -1050,10 +1058,10 @@ def test_private_models_expire_when_idle_and_make_room_oldest_idle_first(monkeyp
 
 
 def test_opening_examples_are_computed_once_and_shared(app_url):
-    """Two sessions' page loads: the second is served from explorer.cache (no new computation), same answer."""
+    """Two sessions' page loads: the second is served from explorer.state.cache (no new computation), same answer."""
     from gradio_client import Client
 
-    from explorer.cache import results
+    from explorer.state.cache import results
 
     import urllib.request
 
@@ -1094,7 +1102,7 @@ def test_memory_lab_stop_returns_within_a_second_while_a_long_size_runs(app_url)
         clock.sleep(0.05)
     waited = clock.perf_counter() - t0
     assert job.done() and waited < 1.0, f"Stop took {waited:.2f} s"
-    from explorer.locks import MEASURE_LOCK
+    from explorer.state.locks import MEASURE_LOCK
 
     assert MEASURE_LOCK.acquire(timeout=120)  # the abandoned worker finished its step and let go
     MEASURE_LOCK.release()
@@ -1250,7 +1258,7 @@ def test_with_a_component_that_takes_files_one_request_is_bounded_in_all(monkeyp
     from starlette.routing import Route
     from starlette.testclient import TestClient
 
-    from explorer import middleware
+    from explorer.web import middleware
 
     async def upload(request):
         return PlainTextResponse(f"read {len(await request.body())} bytes")
@@ -1282,8 +1290,8 @@ def test_the_sweep_drops_results_nobody_used_but_keeps_the_opening_examples(monk
     examples, computed once per model for every visitor, stay."""
     import time as clock
 
-    from explorer.cache import ResultCache
-    from explorer import sweeper
+    from explorer.state.cache import ResultCache
+    from explorer.web import sweeper
 
     cache = ResultCache(2**20)
     cache.put(("opening", "attention", 1, ()), "shared")
@@ -1291,7 +1299,7 @@ def test_the_sweep_drops_results_nobody_used_but_keeps_the_opening_examples(monk
     cache.put(("attention.forward", 1, (7, 8)), "another")
     assert cache.drop_unused(60, keep=sweeper._is_opening) == 0  # all used just now
     later = clock.monotonic() + 120
-    monkeypatch.setattr("explorer.cache.time.monotonic", lambda: later)
+    monkeypatch.setattr("explorer.state.cache.time.monotonic", lambda: later)
     assert cache.get(("attention.forward", 1, (7, 8))) == "another"  # read again "now"
     assert cache.drop_unused(60, keep=sweeper._is_opening) == 1
     assert cache.get(("opening", "attention", 1, ())) == "shared"

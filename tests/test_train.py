@@ -188,7 +188,7 @@ def test_model_card_reports_the_logged_numbers(quick_folder, tmp_path):
 def test_logged_head_scores_are_the_shipped_weights_scores_in_transformers(quick_folder):
     from transformers import LlamaForCausalLM
 
-    from explorer.heads import induction_score, previous_token_score, repeated_random_tokens
+    from lens.heads import induction_score, previous_token_score, repeated_random_tokens
 
     out, _ = quick_folder
     log = json.loads((out / "training_log.json").read_text())

@@ -17,8 +17,10 @@ import pytest
 import torch
 from gradio_client.exceptions import AppError
 
-from explorer import probes, session
-from explorer import walkthrough as wt
+from explorer import probes
+
+from explorer.state import session
+from explorer.probes import walkthrough as wt
 from explorer.figures import walkthrough as fw
 from explorer.figures.common import head_label, token_labels
 from explorer.panels import walkthrough as pw

@@ -4,5 +4,5 @@
 Reading order: corpus (the stories) -> tokenizer -> data (training rows) -> evaluate (held-out
 loss, head scores at several spans) -> loop (the decoder's training) -> card (its model card)
 -> encoder (masked-language-model training and its card) -> __main__ (the command line).
-Nothing in the app imports this package; it imports ``models`` and explorer's torch-only modules.
+Nothing in the app imports this package; it imports ``models`` and ``lens``, never ``explorer``.
 """

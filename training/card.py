@@ -200,7 +200,7 @@ Head scores (means of attention weights, 0 to 1) on `<s> + r + r`, r = a span of
 token ids from the whole vocabulary, 8 rows: induction = weight on the token after the query
 token's earlier occurrence, mean over the second copy; previous-token = weight on the token before
 and first-token = weight on position 0 (`<s>`), both means over queries t ≥ 1 of the span-32
-probe. Computed by `explorer/heads.py` through `explorer.probes.head_scores`.
+probe. Computed by `lens/heads.py` (`head_scores`).
 
 {head_table(picked)}
 

@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from explorer.encoder_probe import (HELD_OUT_FILE, MASK_SEED, choose_positions, held_out_sequences,
-                                    held_out_stories, masked_accuracy, next_token_accuracy)
+from lens.heldout import (HELD_OUT_FILE, MASK_SEED, choose_positions, held_out_sequences, held_out_stories,
+                          masked_accuracy, next_token_accuracy)
 
 from . import corpus
 from .data import story_rows
@@ -238,8 +238,8 @@ def colour_probe(model, hf_tok, sentence: str = "Tom gave the red ball to Anna."
 
 
 def train_encoder(s: EncoderSettings, out: str, log=print) -> dict:
-    from explorer.encoder_probe import load_encoder_tokenizer
-    from explorer.measure import machine_info
+    from lens.heldout import load_encoder_tokenizer
+    from lens.machine import machine_info
 
     t_start = time.time()
     torch.manual_seed(s.seed)
@@ -302,7 +302,7 @@ def same_tokenizer_files(a: str, b: str) -> bool:
 def compare_decoder(folder: str, decoder_from: str = DECODER_OUT) -> dict:
     """Measure the decoder in ``decoder_from`` (same tokenizer) at the encoder's held-out positions:
     its next-token top-1 goes into the encoder's training_log.json and card. Returns the log."""
-    from explorer.encoder_probe import load_encoder_tokenizer
+    from lens.heldout import load_encoder_tokenizer
     from models import load_pretrained
 
     if not same_tokenizer_files(folder, decoder_from):
@@ -367,7 +367,7 @@ and with the same word-level tokenizer as the default decoder in `assets/default
 tokenizer files here are a copy of that folder's). It exists to contrast with the decoder: every
 token reads both sides of the sentence.
 
-Load it with `explorer.encoder_probe.load_encoder(folder)` (a `models.encoder.EncoderForMaskedLM`);
+Load it with `explorer.probes.encoder_probe.load_encoder(folder)` (a `models.encoder.EncoderForMaskedLM`);
 `config.json` holds our `ModelConfig` fields, not a transformers config.
 
 ## Objective

@@ -4,14 +4,14 @@ Induction is scored on ``<s> + r + r`` (``r`` = ``span`` distinct random token i
 ``PROBE_SPANS`` that fits the context, never at one span only: a model trained on one range of copy
 distances can learn "look N back" instead of "find the earlier occurrence", and a single span hides
 that. The previous-token and first-token scores come from the span-32 probe (or the longest span
-that fits), the same sequence ``explorer.probes.head_scores`` reads by default.
+that fits), the same sequence ``lens.heads.head_scores`` reads by default.
 """
 from __future__ import annotations
 
 import torch
 
-from explorer.finetune import evaluate_loss
-from explorer.probes import head_scores
+from lens.heads import head_scores
+from lens.loss import evaluate_loss
 
 PROBE_SPANS = (8, 16, 32, 64, 120)
 PROBE_ROWS = 8

@@ -381,7 +381,7 @@ def greedy_samples(model, tok, max_new: int = 40) -> list[dict]:
 
 def train(s: TrainSettings, out: str, log=print) -> dict:
     """Build the tokenizer, train the model, write the folder ``out``. Returns the summary dict."""
-    from explorer.measure import machine_info
+    from lens.machine import machine_info
     from models import save_pretrained
 
     t_start = time.time()

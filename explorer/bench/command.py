@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from explorer import device as dev
+from lens import device as dev
 from explorer import measure
 from models.decoder import Decoder
 from models.fast import optimize_for_decode
@@ -71,7 +71,7 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
             report["formats"] = bench_formats(model, hf, prompt, settings, log)
         del hf
     app_models = {SMOL_NAME: model}
-    from explorer.checkpoints import default_model_dir
+    from explorer.state.checkpoints import default_model_dir
 
     if (default_model_dir() / "config.json").is_file():
         shipped = optimize_for_decode(load_pretrained(default_model_dir()))

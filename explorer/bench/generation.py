@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from explorer import probes
-from explorer.device import synchronize
+from lens.device import synchronize
 
 GENERATION_TOKENS = 128
 

@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .page_client import PagePlan, _with_retry, fetch_plan, run_events
+from .page_client import PagePlan, with_retry, fetch_plan, run_events
 from .server import served_app
 
 # --- a class at once ------------------------------------------------------------------------------------
@@ -64,7 +64,7 @@ def one_session(url: str, plan: PagePlan, i: int, deadline: float, start: thread
         t0 = time.monotonic()
         # the page itself, Gradio's configuration inside (what a browser's first request gets)
         page_url = url + (f"?{plan.query}" if plan.query else "")
-        _with_retry(lambda: http.get(page_url, timeout=max(1.0, deadline - time.monotonic()))).raise_for_status()
+        with_retry(lambda: http.get(page_url, timeout=max(1.0, deadline - time.monotonic()))).raise_for_status()
         page = run_events(http, url, session_hash, plan, plan.first, {}, deadline)
         complete = not page.refused and not page.failed and len(page.done) == plan.events
         page_seconds = time.monotonic() - t0 if complete else None

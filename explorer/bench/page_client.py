@@ -40,14 +40,14 @@ class PagePlan:
         raise KeyError(f"the app has no event named {api_name!r}")
 
 
-RESERVED_KEYS = ("present", "__theme")  # a URL with only these carries no link (explorer.links.LINK_JS)
+RESERVED_KEYS = ("present", "__theme")  # a URL with only these carries no link (explorer.web.links.LINK_JS)
 
 
 def page_plan(config: dict, query: str = "") -> PagePlan:
     """Read the events a page opened at ``?query`` sends from the app's ``/config``, as the browser does: every
     event triggered by the page's load that runs on the server; when the query carries a link, the click of
     the linked tab's hidden trigger (``apply-link-<tab>``, or ``apply-link`` for a tab the app does not have:
-    explorer.links.LINK_JS); then every event chained (``.then``/``.success``) after one of those. Inputs are
+    explorer.web.links.LINK_JS); then every event chained (``.then``/``.success``) after one of those. Inputs are
     the components' initial values; a ``gr.State`` is sent as null (the server keeps its value)."""
     from urllib.parse import parse_qsl
 
@@ -81,7 +81,7 @@ class Outcome:
     outputs: dict[int, Any] = field(default_factory=dict)
 
 
-def _with_retry(send):
+def with_retry(send):
     """``send()``, once more if the connection it reused had been closed by the server (uvicorn closes a
     keep-alive connection idle for 5 s; the request never reached the app, so sending it again is safe)."""
     import httpx
@@ -111,7 +111,7 @@ def run_events(http, url: str, session_hash: str, plan: PagePlan, first: list[in
         body = {"data": values.get(fn, plan.values[fn]), "fn_index": fn, "session_hash": session_hash,
                 "event_data": None, "trigger_id": None}
         join_url = url + API + "queue/join" + (f"?{plan.query}" if plan.query else "")  # as the browser sends it
-        r = _with_retry(lambda: http.post(join_url, json=body,
+        r = with_retry(lambda: http.post(join_url, json=body,
                                           timeout=max(1.0, deadline - time.monotonic())))
         if r.status_code != 200:
             out.refused.append(f"{plan.api_names.get(fn)}: {r.status_code} {r.text[:200]}")

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from explorer import device as dev
+from lens import device as dev
 from explorer import measure
 from models.config import ATTN_IMPLS, ModelConfig
 from models.decoder import Decoder
@@ -225,8 +225,10 @@ def bench_app(models: dict[str, Decoder], settings) -> dict[str, Any]:
     lab's opening example, which the app measures in the background at start-up, is waited for first so it
     does not share the cores.
     """
-    from explorer import checkpoints, probes, session
-    from explorer.cache import results as result_cache
+    from explorer import probes
+    from explorer.state import session
+    from explorer.state import checkpoints
+    from explorer.state.cache import results as result_cache
     from explorer.figures import attention as figs
     from explorer.panels import attention as panel
 
@@ -298,8 +300,8 @@ def bench_app(models: dict[str, Decoder], settings) -> dict[str, Any]:
 def bench_induction(model: Decoder, bos_id: int | None, spans=(8, 16, 32, 64, 120), batch: int = 8,
                     seed: int = 123) -> dict[str, Any]:
     """The best induction head score of ``model`` at each span: ``batch`` rows of ``[BOS] + r + r`` (r random
-    distinct tokens, fixed seed), scored by ``explorer.heads.induction_score``; spans that do not fit are left out."""
-    from explorer.heads import induction_score, repeated_random_tokens
+    distinct tokens, fixed seed), scored by ``lens.heads.induction_score``; spans that do not fit are left out."""
+    from lens.heads import induction_score, repeated_random_tokens
     from explorer.probes import run_with_cache
 
     out: dict[str, Any] = {"batch": batch, "seed": seed, "bos_first": bos_id is not None, "spans": {}}

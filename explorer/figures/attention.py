@@ -58,7 +58,7 @@ def attention_heatmap(
     """One head's weights: row t is token t looking at the tokens it may see.
 
     ``weights`` (T, T); with ``sink_hidden`` (T, T - 1): key 0 removed and rows renormalised
-    (``explorer.heads.without_sink``), so the keys are ``labels[1:]`` and row 0 is blank.
+    (``lens.heads.without_sink``), so the keys are ``labels[1:]`` and row 0 is blank.
     """
     weights = np.asarray(weights, dtype=float)
     keys = list(labels[1:]) if sink_hidden else list(labels)

@@ -226,7 +226,7 @@ def lens_figure(rows: Sequence[str], tokens: Sequence[Sequence[str]], ids: np.nd
 def step_figure(key: str, arrays: Mapping[str, np.ndarray], *, title: str, keys: Sequence[str],
                 heads: Sequence[str], kv_heads: Sequence[str], stream_rows: Sequence[str] = (),
                 next_tokens: Sequence[str] = (), expanded: int | None = None, note: str = "") -> go.Figure:
-    """The figure of one walkthrough step (``explorer.walkthrough.STEP_KEYS``) from that step's arrays.
+    """The figure of one walkthrough step (``explorer.probes.walkthrough.STEP_KEYS``) from that step's arrays.
 
     keys: the prompt's token labels (``"3·the"``), heads / kv_heads: row labels of the query and key/value
     heads, stream_rows: the residual-stream rows (embedding, layer 0, ...), next_tokens: the text of

@@ -41,7 +41,7 @@ from .calculators import (
     real_config,
     real_config_table,
 )
-from .machine import cpu_cores, cpu_model, machine_info, runtime_info
+from lens.machine import cpu_cores, cpu_model, machine_info, runtime_info
 from .predict import (
     check_budget,
     input_bytes,

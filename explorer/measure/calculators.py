@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from models.config import ModelConfig
-from models.lora import PROJECTIONS
+from models.block import PROJECTIONS
 
 from .units import element_size
 

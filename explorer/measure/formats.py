@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from explorer import device as dev
+from lens import device as dev
 from models.fast import prepared_copy
 from models.generate import generate
 from models.layers import RMSNorm

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from explorer import device as dev
+from lens import device as dev
 
 from models.config import ATTN_IMPLS
 
@@ -44,7 +44,7 @@ class _Live:
             self.now -= self.sizes.pop(name, 0)
 
 
-def _check_sizes(seq_len: int, n_heads: int, head_dim: int, n_kv_heads: int | None, batch: int) -> int:
+def check_sizes(seq_len: int, n_heads: int, head_dim: int, n_kv_heads: int | None, batch: int) -> int:
     for name, value in (("seq_len", seq_len), ("n_heads", n_heads), ("head_dim", head_dim), ("batch", batch)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}.")
@@ -57,7 +57,7 @@ def _check_sizes(seq_len: int, n_heads: int, head_dim: int, n_kv_heads: int | No
 def predict_naive_bytes(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: int | None = None,
                         batch: int = 1, dtype: torch.dtype | str = torch.float32, causal: bool = True) -> int:
     """Peak bytes ``naive_attention`` allocates beyond q, k, v: the (B, H, T, S) scores live twice at once."""
-    hkv = _check_sizes(seq_len, n_heads, head_dim, n_kv_heads, batch)
+    hkv = check_sizes(seq_len, n_heads, head_dim, n_kv_heads, batch)
     e, T, S = element_size(dtype), seq_len, seq_len
     X = batch * n_heads * T * S  # elements of one (B, H, T, S) tensor
     kv_copy = batch * n_heads * S * head_dim * e if hkv != n_heads else 0  # repeat_kv materialises (B, H, S, D)
@@ -105,11 +105,11 @@ def predict_sdpa_bytes(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads:
     """Peak bytes of the fused kernel: the (B, H, T, D) output, the (B, H, T) log-sum-exp and, on CPU,
     one fp32 scratch block per thread (q_split × kv_split scores, running max/sum, q_split × D output).
 
-    bf16 on a CPU with AMX (``explorer.device.cpu_has_amx``), from 64 keys on: a bf16 copy of K and of V
+    bf16 on a CPU with AMX (``lens.device.cpu_has_amx``), from 64 keys on: a bf16 copy of K and of V
     (B, Hkv, S, D) laid out for the AMX kernel, and one (kv_split × D) bf16 block per thread beside it (fitted to
     torch 2.13's allocation events on an Intel Xeon at T = 64 ... 2048, D = 16 ... 128, 2 to 8 heads, GQA and
     batch 2; within 1 % at odd T; not seen on a 2-core AMD EPYC without AMX)."""
-    hkv = _check_sizes(seq_len, n_heads, head_dim, n_kv_heads, batch)
+    hkv = check_sizes(seq_len, n_heads, head_dim, n_kv_heads, batch)
     e = element_size(dtype)
     out = batch * n_heads * seq_len * head_dim * e
     lse = batch * n_heads * seq_len * 4
@@ -138,7 +138,7 @@ def predict_tiled_bytes(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads
     block's causal mask and its negation (T, block) bool, the new row max and correction, or the product
     P · V (B, H, T, D). At the end ``acc / l`` (and its cast back to the input dtype).
     """
-    hkv = _check_sizes(seq_len, n_heads, head_dim, n_kv_heads, batch)
+    hkv = check_sizes(seq_len, n_heads, head_dim, n_kv_heads, batch)
     if not isinstance(tile_size, int) or tile_size <= 0:
         raise ValueError(f"tile_size must be a positive integer, got {tile_size!r}.")
     e, T, D = element_size(dtype), seq_len, head_dim
@@ -173,7 +173,7 @@ def predict_attention_bytes(impl: str, seq_len: int, n_heads: int, head_dim: int
 def input_bytes(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: int | None = None, batch: int = 1,
                 dtype: torch.dtype | str = torch.float32) -> int:
     """Bytes of q (B, H, T, D) plus k and v (B, Hkv, T, D)."""
-    hkv = _check_sizes(seq_len, n_heads, head_dim, n_kv_heads, batch)
+    hkv = check_sizes(seq_len, n_heads, head_dim, n_kv_heads, batch)
     return batch * (n_heads + 2 * hkv) * seq_len * head_dim * element_size(dtype)
 
 

@@ -1,6 +1,6 @@
 """The one place that measures peak memory and wall time of a call.
 
-On CUDA the peak comes from the caching allocator's statistics (``explorer.device.cuda_peak_bytes``); on CPU from the profiler's allocation events
+On CUDA the peak comes from the caching allocator's statistics (``lens.device.cuda_peak_bytes``); on CPU from the profiler's allocation events
 (``torch.profiler.profile(profile_memory=True)``), replayed in time order to find the highest point above the
 start. The CPU path reads torch's private event tree (``torch._C._profiler``); it is checked against the torch
 versions it was written for, and any other version raises a clear error instead of a wrong number.
@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import torch
 
-from explorer import device as dev
-from explorer.locks import PROFILER_LOCK
+from lens import device as dev
+from explorer.state.locks import PROFILER_LOCK
 
 
 def sync(device: str | torch.device | None = None) -> None:

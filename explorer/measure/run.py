@@ -11,15 +11,15 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import torch
 
-from explorer import device as dev
+from lens import device as dev
 
-from explorer.locks import MEASURE_LOCK
-from explorer.threads import default_threads
+from explorer.state.locks import MEASURE_LOCK
+from explorer.state.threads import default_threads
 from models.attention import attention, naive_attention, tiled_attention
 from models.config import ATTN_IMPLS
 
 from . import units
-from .predict import _check_sizes, check_budget, predict_attention_bytes, predict_naive_bytes
+from .predict import check_sizes, check_budget, predict_attention_bytes, predict_naive_bytes
 from .profile import measure_peak_bytes, memory_source, time_call
 from .units import MIB, as_dtype, format_bytes
 
@@ -28,7 +28,7 @@ def random_qkv(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: int | N
                dtype: torch.dtype | str = torch.float32, device: str | torch.device | None = None, seed: int = 0):
     """q (B, H, T, D), k and v (B, Hkv, T, D): standard normal from a fixed seed (drawn on the CPU, so every
     device gets the same numbers)."""
-    hkv = _check_sizes(seq_len, n_heads, head_dim, n_kv_heads, batch)
+    hkv = check_sizes(seq_len, n_heads, head_dim, n_kv_heads, batch)
     g = torch.Generator().manual_seed(seed)
     dtype = as_dtype(dtype)
     q = torch.randn(batch, n_heads, seq_len, head_dim, generator=g)
@@ -211,7 +211,7 @@ def tiled_trace(seq_len: int, n_heads: int, head_dim: int, tile_size: int, seed:
       weights  (H, T, T) naive attention weights (what the blocks are summing over)
       max_abs_diff  max |out - reference|
     """
-    hkv = _check_sizes(seq_len, n_heads, head_dim, n_kv_heads, 1)
+    hkv = check_sizes(seq_len, n_heads, head_dim, n_kv_heads, 1)
     if not isinstance(tile_size, int) or isinstance(tile_size, bool) or tile_size <= 0:
         raise ValueError(f"tile_size must be a positive integer, got {tile_size!r}.")
     n_blocks = -(-seq_len // tile_size)

@@ -9,6 +9,8 @@ import warnings
 
 import torch
 
+from lens.device import DTYPES, as_dtype  # noqa: F401 (part of measure's units)
+
 GIB = 2**30
 MIB = 2**20
 
@@ -71,17 +73,6 @@ def format_bytes(n: float | None) -> str:
 #: Bytes one request may use (inputs plus the largest implementation's predicted peak).
 #: Override with the environment variable ``EXPLORER_MEMORY_BUDGET`` (bytes, or e.g. ``8GiB``).
 MEMORY_BUDGET_BYTES = _budget_from_env()
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
-
-
-def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}.")
-    return DTYPES[dtype]
 
 
 def element_size(dtype: torch.dtype | str) -> int:

@@ -135,18 +135,18 @@ def as_index(value, n: int, what: str) -> int:
 
 def cached_opening(name: str, fn):
     """A page-load handler whose answer for the shared default model is computed once per input values and
-    served to every session from ``explorer.cache.results`` (40 visitors arriving at once compute it once).
+    served to every session from ``explorer.state.cache.results`` (40 visitors arriving at once compute it once).
 
     A session looking at its own model (a dict argument whose "model" is set) gets ``fn`` computed for it.
     Plotly figures are kept as the JSON Gradio sends (``gr.Plot`` takes it as it is), so a figure is
     serialised once, not once per visitor; component updates are copied per call, since Gradio may consume
-    them. ``explorer.serving`` wraps every page-load event this way; the mark ``cached_opening`` on the
+    them. ``explorer.web.serving`` wraps every page-load event this way; the mark ``cached_opening`` on the
     wrapper keeps it from being wrapped twice.
     """
     import copy
 
-    from explorer import session
-    from explorer.cache import results, weights_key
+    from explorer.state import session
+    from explorer.state.cache import results, weights_key
 
     if getattr(fn, "cached_opening", False):
         return fn

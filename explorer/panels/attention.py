@@ -12,10 +12,12 @@ from typing import Any, NamedTuple
 import gradio as gr
 import numpy as np
 
-from explorer import links
-from explorer.device import gpu
-from explorer import heads, measure, probes, session
-from explorer.cache import results, weights_key
+from explorer.web import links
+from lens.device import gpu
+from explorer import measure, probes
+from lens import heads
+from explorer.state import session
+from explorer.state.cache import results, weights_key
 from explorer.figures import attention as figs
 from explorer.figures.common import head_label, kv_head_of
 

@@ -1,14 +1,14 @@
 """Encoder vs decoder tab: one sentence through the trained decoder and the trained encoder; masks and
 attention maps side by side; fill in the blank (the encoder reads both sides, the decoder only the left);
-RMSNorm vs LayerNorm and SwiGLU vs GELU on the same vectors. The computing is in explorer.encoder_probe."""
+RMSNorm vs LayerNorm and SwiGLU vs GELU on the same vectors. The computing is in explorer.probes.encoder_probe."""
 from __future__ import annotations
 
 import gradio as gr
 
-from explorer import links
-from explorer import encoder_probe as ep
-from explorer import session
-from explorer.device import gpu
+from explorer.web import links
+from explorer.probes import encoder_probe as ep
+from explorer.state import session
+from lens.device import gpu
 from explorer.figures import encoder_decoder as figs
 from explorer.figures.common import head_label
 

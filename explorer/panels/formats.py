@@ -3,7 +3,7 @@ side by side, the memory-bandwidth roofline of one-token decoding, and the tutor
 summary table measured on this machine.
 
 Every number comes from ``explorer.measure`` on the loaded model when the button is pressed; a result is kept in
-``explorer.cache.results`` (keyed by the model's weights and the prompt), never in ``gr.State``.
+``explorer.state.cache.results`` (keyed by the model's weights and the prompt), never in ``gr.State``.
 """
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ from typing import Any, NamedTuple
 import gradio as gr
 import torch
 
-from explorer import measure, session
-from explorer.cache import results, weights_key
+from explorer import measure
+
+from explorer.state import session
+from explorer.state.cache import results, weights_key
 from explorer.figures import formats as figs
 from explorer.figures.common import provenance_text
-from explorer.locks import MEASURE_LOCK, model_lock
+from explorer.state.locks import MEASURE_LOCK
+from lens.hooks import model_lock
 from explorer.measure import formats as fm
 from models.fast_decode import decode_blas
 from models.generate import generate

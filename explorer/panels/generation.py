@@ -10,15 +10,18 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
-from explorer import links
-from explorer.device import gpu
-from explorer import measure, probes, session
+from explorer.web import links
+from lens.device import gpu
+from explorer import measure, probes
+from explorer.state import session
 from explorer.figures import generation as figs
 from models.lora import adapter_mode
-from explorer.locks import MEASURE_LOCK, model_lock
-from explorer import glossary, text
-from explorer.cache import results, weights_key
-from explorer.text import PromptTooLong
+from explorer.state.locks import MEASURE_LOCK
+from lens.hooks import model_lock
+from explorer import glossary
+from explorer.state import text
+from explorer.state.cache import results, weights_key
+from explorer.state.text import PromptTooLong
 from models.config import ModelConfig
 
 from . import as_number, as_whole, outputs_of, short, user_errors
@@ -177,7 +180,7 @@ def _final_view(model, tokenizer, steps: list[dict], ctx: dict, s: dict) -> Gene
         {"top_ids": st["top_ids"], "top_text": [text_of[i] for i in st["top_ids"]], "top_probs": st["top_probs"],
          "model_probs": st["model_probs"], "token": st["token"], "token_text": text_of[st["token"]]}
         for st in steps]}
-    prov = probes.generation._provenance(model)
+    prov = probes.generation.provenance(model)
     cache_fig = figs.cache_growth_figure(
         [st["cache_length"] for st in steps], [st["cache_bytes_used_per_layer"] for st in steps],
         n_layers=c.n_layers, capacity_bytes_per_layer=steps[0]["cache_bytes_allocated_per_layer"], provenance=prov)

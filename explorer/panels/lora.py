@@ -10,15 +10,17 @@ from typing import Any, NamedTuple
 import gradio as gr
 import torch
 
-from explorer import links
-from explorer.device import gpu
-from explorer import finetune, glossary, measure, probes, session
+from explorer.web import links
+from lens.device import gpu
+from explorer import finetune, glossary, measure, probes
+from explorer.state import session
 from explorer.figures import lora as figs
 from explorer.figures.common import head_label
 from models.lora import adapter_mode, check_lora, set_adapter_mode
-from explorer.locks import model_lock
+from lens.hooks import model_lock
 from models.generate import generate as generate_tokens
-from models.lora import PROJECTIONS, attach_lora, detach_lora
+from models.block import PROJECTIONS
+from models.lora import attach_lora, detach_lora
 
 from . import as_index, as_number, as_whole, cached_opening, head_choices, layer_choices, outputs_of, user_errors
 from .formats import build_formats

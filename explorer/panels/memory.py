@@ -8,11 +8,12 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
-from explorer import links
-from explorer import device as dev
-from explorer.device import gpu
-from explorer import measure, session
-from explorer.cache import results
+from explorer.web import links
+from lens import device as dev
+from lens.device import gpu
+from explorer import measure
+from explorer.state import session
+from explorer.state.cache import results
 from explorer.measure.run import STILL_RUNNING, abandonable
 from explorer.figures import memory as figs
 
@@ -251,7 +252,7 @@ def _trace_of(settings: dict) -> dict:
 
 class TraceView(NamedTuple):
     """The tiled trace's outputs, in order."""
-    trace: dict  # the trace's settings (three numbers), kept in the session; the trace lives in explorer.cache
+    trace: dict  # the trace's settings (three numbers), kept in the session; the trace lives in explorer.state.cache
     block: Any  # gr.Slider update: one step per key block
     figure: Any  # plotly Figure of block 0
     info: str

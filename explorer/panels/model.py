@@ -7,8 +7,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from explorer import links
-from explorer import checkpoints, measure, session
+from explorer.web import links
+from explorer import measure
+from explorer.state import session
+from explorer.state import checkpoints
 from explorer.figures.common import parameter_bars
 
 from . import cached_opening, user_errors

@@ -7,10 +7,11 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
-from explorer import links
-from explorer.cache import results, weights_key
-from explorer.device import gpu
-from explorer import probes, session
+from explorer.web import links
+from explorer.state.cache import results, weights_key
+from lens.device import gpu
+from explorer import probes
+from explorer.state import session
 from explorer.figures import positions as figs
 from explorer.figures.common import head_label
 

@@ -1,7 +1,7 @@
 """Inside the model: one token of the prompt followed through the decoder, step by step, and the logit lens.
 
 One hooked forward per (model, prompt, token) is kept in a small per-model memo (the chosen token's values
-only, ``explorer.walkthrough.Walkthrough``), so the stepper, the previous/next buttons and the layer menu
+only, ``explorer.probes.walkthrough.Walkthrough``), so the stepper, the previous/next buttons and the layer menu
 redraw one step without running the model again. Nothing of it goes into ``gr.State``.
 """
 from __future__ import annotations
@@ -13,14 +13,15 @@ from collections import OrderedDict
 
 import gradio as gr
 
-from explorer import links
-from explorer.device import gpu
-from explorer import measure, session
-from explorer import walkthrough as wt
+from explorer.web import links
+from lens.device import gpu
+from explorer import measure
+from explorer.state import session
+from explorer.probes import walkthrough as wt
 from explorer.figures import walkthrough as figs
 from explorer.figures.common import head_label
-from explorer.cache import weights_key
-from explorer.locks import MEMO_LOCK
+from explorer.state.cache import weights_key
+from explorer.state.locks import MEMO_LOCK
 
 from . import as_index, as_whole, cached_opening, layer_choices, short, user_errors
 

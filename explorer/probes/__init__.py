@@ -6,23 +6,23 @@ Notation: ``B`` batch, ``T`` queries, ``S`` keys, ``L`` layers, ``H`` query head
 
 Everything here observes the model through its hook points (``models.hooks.HookPoint``) and never changes
 what it computes. The package by job:
-    hooks       hook names, ``ActivationCache``, ``run_with_cache`` (holds ``locks.model_lock(model)``)
-    patterns    attention patterns, the implementations compared, head scores
-    generation  the generation trace, with and without the KV cache
-    positions   the RoPE and sinusoidal probes
+    patterns      attention patterns, the implementations compared
+    generation    the generation trace, with and without the KV cache
+    positions     the RoPE and sinusoidal probes
+    walkthrough   one token followed through the decoder, step by step
+    encoder_probe the encoder beside the decoder (fill in the blank, masks, norms)
+Hook names, ``run_with_cache`` and head scores live in ``lens`` (training uses them too); they are handed on here.
 """
 from __future__ import annotations
 
 from .generation import (CacheComparison, GenerationStep, GenerationTrace, compare_cache, generation_trace,
                          stream_generation, uncached_schedule)
-from .hooks import ActivationCache, check_head, check_layer, hook_names, run_with_cache
+from lens.heads import HeadScores, head_scores, pattern_scores
+from lens.hooks import ActivationCache, check_head, check_layer, hook_names, run_with_cache
 from .patterns import (
-    HeadScores,
     all_patterns,
     attention_pattern,
     compare_impls,
-    head_scores,
-    pattern_scores,
     patterns_with_source,
     PromptForward,
     prompt_forward,

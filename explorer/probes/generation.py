@@ -9,13 +9,13 @@ from typing import Any, TypedDict
 
 import torch
 
-from explorer.device import synchronize
+from lens.device import synchronize
 from torch import nn
 
 from explorer.measure import runtime_info
 from models.generate import check_sampling, generate, sampling_probs
 
-from .hooks import _as_tokens, _effective_impl
+from lens.hooks import as_tokens, effective_impl
 
 
 class GenerationStep(TypedDict):
@@ -65,9 +65,9 @@ class CacheComparison(TypedDict):
     speedup: float
 
 
-def _provenance(model: nn.Module) -> dict[str, str]:
+def provenance(model: nn.Module) -> dict[str, str]:
     """``measure.runtime_info`` (device, dtype, torch) plus the attention implementation and thread count."""
-    return {**runtime_info(model), "attn_impl": _effective_impl(model, None), "threads": str(torch.get_num_threads())}
+    return {**runtime_info(model), "attn_impl": effective_impl(model, None), "threads": str(torch.get_num_threads())}
 
 
 def generation_trace(model: nn.Module, tokens, max_new_tokens: int, *, temperature: float = 0.0,
@@ -98,7 +98,7 @@ def generation_trace(model: nn.Module, tokens, max_new_tokens: int, *, temperatu
     check_sampling(temperature, top_k, top_p)
     if not isinstance(top, int) or top < 1:
         raise ValueError(f"top must be a positive integer, got {top!r}.")
-    tokens = _as_tokens(model, tokens)
+    tokens = as_tokens(model, tokens)
     if tokens.shape[0] != 1:
         raise ValueError(f"generation_trace follows one prompt; got a batch of {tokens.shape[0]}: pass one row.")
     T = tokens.shape[1]
@@ -158,7 +158,7 @@ def generation_trace(model: nn.Module, tokens, max_new_tokens: int, *, temperatu
         "totals": totals,
         "settings": {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
                      "use_cache": use_cache, "max_new_tokens": max_new_tokens},
-        "provenance": _provenance(model),
+        "provenance": provenance(model),
     })
 
 
@@ -212,7 +212,7 @@ def stream_generation(model: nn.Module, tokens, max_new_tokens: int, *, temperat
     from models.generate import decode_one, prefill, sample
 
     check_sampling(temperature, top_k, top_p)
-    tokens = _as_tokens(model, tokens)
+    tokens = as_tokens(model, tokens)
     if tokens.shape[0] != 1:
         raise ValueError(f"stream_generation follows one prompt; got a batch of {tokens.shape[0]}: pass one row.")
     check_tokens(tokens, model.config)

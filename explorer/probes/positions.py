@@ -11,13 +11,13 @@ from typing import Any, TypedDict
 import numpy as np
 import torch
 
-from explorer.device import to_host
+from lens.device import to_host
 from torch import nn
 
 from models.config import ModelConfig
 from models.rope import apply_rope, scale_frequencies, sinusoidal_table
 
-from .hooks import _as_tokens, check_head, check_layer, run_with_cache
+from lens.hooks import as_tokens, check_head, check_layer, run_with_cache
 
 
 _MAX_PROBE_POSITIONS = 2048
@@ -167,7 +167,7 @@ def rope_probe(model_or_config, *, theta: float | None = None, thetas: Sequence[
         norms = lambda a: a.norm(dim=-1).clamp_min(1e-30)  # noqa: E731
         captured = {
             "layer": layer, "head": head, "kv_head": kv_head,
-            "tokens": _as_tokens(model, tokens)[0].tolist(),
+            "tokens": as_tokens(model, tokens)[0].tolist(),
             "q": q.numpy(), "k": k.numpy(), "rot_q": rot_q.numpy(), "rot_k": rot_k.numpy(),
             "q_pairs": as_pairs(q), "rot_q_pairs": as_pairs(rot_q),
             "k_pairs": as_pairs(k), "rot_k_pairs": as_pairs(rot_k),

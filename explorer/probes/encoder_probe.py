@@ -21,13 +21,12 @@ import torch.nn.functional as F
 
 from models.layers import LayerNorm, RMSNorm
 
-from . import probes
-from .device import device_of, place, to_host
+from explorer import probes
+from lens.device import device_of, place, to_host
+from lens.heldout import (choose_positions, held_out_sequences, held_out_stories, load_encoder_tokenizer,  # noqa: F401
+                         masked_accuracy, next_token_accuracy)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-HELD_OUT_FILE = "held_out_stories.txt"
-MASK_RATE = 0.15
-MASK_SEED = 4321       # which held-out positions are hidden when accuracy is measured
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _lock = threading.Lock()
 _shared: tuple | None = None
@@ -55,15 +54,6 @@ def load_encoder(folder: str | os.PathLike):
     for p in model.parameters():
         p.requires_grad_(False)
     return place(model.eval())  # the app's device and dtype, like the decoder
-
-
-def load_encoder_tokenizer(folder: str | os.PathLike):
-    """The encoder folder's tokenizer (a copy of the default decoder's), as a transformers tokenizer.
-    Read as ``PreTrainedTokenizerFast`` directly: ``AutoTokenizer`` would try to read config.json as a
-    transformers model config, which this folder's is not."""
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast.from_pretrained(str(folder))
 
 
 def shared_encoder():
@@ -154,54 +144,6 @@ def fill_in_blank(encoder, mask_id: int, ids: list[int], position: int, decoder=
 # Accuracy on held-out stories
 # --------------------------------------------------------------------------------------------------
 
-def choose_positions(sequences: list[list[int]], special_ids, rate: float = MASK_RATE,
-                     seed: int = MASK_SEED) -> list[torch.Tensor]:
-    """For each sequence a bool (T,): each non-special position hidden with probability ``rate``."""
-    g = torch.Generator().manual_seed(seed)
-    special = torch.tensor(sorted(special_ids))
-    out = []
-    for ids in sequences:
-        x = torch.tensor(ids)
-        out.append(~torch.isin(x, special) & (torch.rand(len(ids), generator=g) < rate))
-    return out
-
-
-@torch.no_grad()
-def masked_accuracy(encoder, sequences: list[list[int]], chosen: list[torch.Tensor],
-                    mask_id: int) -> float:
-    """Top-1 accuracy of the encoder when every ``chosen`` position is replaced by ``mask_id``."""
-    hits = total = 0
-    for ids, c in zip(sequences, chosen):
-        x = torch.tensor(ids).masked_fill(c, mask_id)
-        pred = encoder(x[None])[0].argmax(-1)                       # (T,)
-        hits += int((pred == torch.tensor(ids))[c].sum())
-        total += int(c.sum())
-    return hits / max(1, total)
-
-
-@torch.no_grad()
-def next_token_accuracy(decoder, sequences: list[list[int]], chosen: list[torch.Tensor]) -> float:
-    """The decoder's top-1 at the ``chosen`` positions: its argmax after the (unmasked) tokens
-    before each one."""
-    hits = total = 0
-    for ids, c in zip(sequences, chosen):
-        x = torch.tensor(ids)
-        pred = decoder(x[None, :-1])[0].argmax(-1)                  # (T - 1,): guesses for 1..T-1
-        hits += int((pred == x[1:])[c[1:]].sum())
-        total += int(c[1:].sum())
-    return hits / max(1, total)
-
-
-def held_out_sequences(tokenizer, stories: list[str], max_len: int) -> list[list[int]]:
-    """Each story as ``<s> story`` ids, cut to ``max_len`` tokens."""
-    return [list(tokenizer(s, truncation=True, max_length=max_len)["input_ids"]) for s in stories]
-
-
-def held_out_stories(folder: Path | None = None) -> list[str]:
-    path = Path(folder or encoder_dir()) / HELD_OUT_FILE
-    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def held_out_accuracy(decoder=None, decoder_tokenizer=None) -> dict:
     """Masked-token top-1 of the shared encoder and next-token top-1 of ``decoder`` (when it shares
     the encoder's tokenizer) at the same held-out positions. Computed once per process per decoder.
@@ -215,7 +157,7 @@ def held_out_accuracy(decoder=None, decoder_tokenizer=None) -> dict:
     with _lock:
         if key in _accuracy:
             return _accuracy[key]
-    stories = held_out_stories()
+    stories = held_out_stories(encoder_dir())
     max_len = encoder.config.max_seq_len
     if use_decoder:
         max_len = min(max_len, decoder.config.max_seq_len + 1)

@@ -1,7 +1,8 @@
 """Head scores: what kind of head an attention pattern looks like.
 
-Pure functions over attention patterns; no modules, no hooks. Record the patterns however you like
-(hook points, transformers' ``output_attentions``) and pass them in.
+The scores are pure functions over attention patterns: record the patterns however you like (hook points,
+transformers' ``output_attentions``) and pass them in. ``head_scores`` records them from a model itself
+(``run_with_cache``) on repeated random tokens.
 
 Notation: ``B`` batch, ``H`` heads, ``T`` query positions, ``S`` key positions (``S == T`` for a
 plain forward pass), ``L`` layers. ``pattern[..., t, s]`` is how much query ``t`` attends to key
@@ -15,8 +16,13 @@ weight where the score looks.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypedDict
 
 import torch
+from torch import nn
+
+from lens.device import to_host
+from lens.hooks import as_tokens, run_with_cache
 
 __all__ = [
     "previous_token_score",
@@ -27,6 +33,10 @@ __all__ = [
     "repeated_suffix_len",
     "without_sink",
     "offset_profile",
+    "is_pattern",
+    "HeadScores",
+    "pattern_scores",
+    "head_scores",
 ]
 
 
@@ -215,3 +225,76 @@ def offset_profile(pattern) -> torch.Tensor:
     T = p.shape[0]
     rest = p[1:, 1:]  # queries 1.., keys 1..: diagonal -d holds pattern[t, t - d] for t - d >= 1
     return torch.stack([torch.diagonal(rest, offset=-d).sum() for d in range(T - 1)] + [p.new_zeros(())]) / (T - 1)
+
+
+def is_pattern(name: str) -> bool:
+    return name.endswith("attn.hook_pattern")
+
+
+class HeadScores(TypedDict):
+    """Each (L, H) float32 in [0, 1] (NaN where a score has nothing to measure)."""
+    previous_token: np.ndarray
+    first_token: np.ndarray
+    induction: np.ndarray
+    duplicate_token: np.ndarray
+
+
+def pattern_scores(patterns: torch.Tensor | np.ndarray, tokens) -> dict[str, np.ndarray]:
+    """Previous-token, first-token (sink) and duplicate-token scores of captured weights, no forward run.
+
+    patterns: (L, B, H, T, T) attention weights; tokens: (B, T) the ids they were computed on.
+    Returns ``{"previous_token", "first_token", "duplicate_token"}``, each (L, H) float32; with one token
+    (nothing before it to look at) the first two are NaN.
+    """
+    pats = torch.as_tensor(patterns)
+    toks = torch.as_tensor(tokens).to(pats.device)
+    if toks.dim() == 1:
+        toks = toks[None]
+    if pats.shape[-2] >= 2:
+        scores = {"previous_token": previous_token_score(pats), "first_token": first_token_score(pats)}
+    else:  # one token: nothing before it to look at
+        nan = torch.full(pats.shape[:1] + pats.shape[2:3], float("nan"), device=pats.device)  # (L, H)
+        scores = {"previous_token": nan, "first_token": nan}
+    scores["duplicate_token"] = duplicate_token_score(pats, toks)
+    return {k: to_host(v.float()) for k, v in scores.items()}
+
+
+def head_scores(model: nn.Module, *, tokens=None, span_len: int | None = None, batch: int = 4, seed: int = 0,
+                attn_impl: str | None = None) -> HeadScores:
+    """What kind of head each head looks like; each value is (L, H) float32 in [0, 1].
+
+    ``induction`` is always measured on ``batch`` rows of ``[BOS] + r + r`` (``r`` = ``span_len`` random
+    distinct tokens, ``lens.heads.repeated_random_tokens``; BOS is the config's ``bos_token_id`` if set).
+    ``previous_token``, ``first_token`` and ``duplicate_token`` are measured on ``tokens`` when given,
+    else on that same repeated sequence. ``duplicate_token`` is NaN when no token repeats in ``tokens``.
+    span_len default: min(32, what fits the context and the vocabulary).
+    """
+    config = model.config
+    bos = config.bos_token_id
+    n_prefix = 0 if bos is None else 1
+    n_candidates = config.vocab_size - n_prefix
+    if span_len is None:
+        span_len = min(32, (config.max_seq_len - n_prefix) // 2, n_candidates)
+    if not isinstance(span_len, int) or span_len < 1:
+        raise ValueError(f"span_len must be a positive integer, got {span_len!r}.")
+    if n_prefix + 2 * span_len > config.max_seq_len:
+        raise ValueError(f"a repeated span of {span_len} tokens needs {n_prefix + 2 * span_len} positions, more than "
+                         f"the model's context of {config.max_seq_len}: use span_len <= "
+                         f"{(config.max_seq_len - n_prefix) // 2}.")
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a positive integer, got {batch!r}.")
+    toks = None if tokens is None else as_tokens(model, tokens)  # refused before anything runs
+    probe = repeated_random_tokens(config.vocab_size, span_len, batch, seed, bos_id=bos)  # (B, P + 2*span)
+    last_only = {"last_only": True} if hasattr(model, "lm_head") else {}  # a decoder: only the weights are read
+    _, cache = run_with_cache(model, probe, is_pattern, attn_impl=attn_impl, **last_only)
+    rep = cache.stack("attn.hook_pattern")  # (L, B, H, T, T)
+    if toks is None:
+        pats, toks = rep, probe
+    else:
+        _, cache = run_with_cache(model, toks, is_pattern, attn_impl=attn_impl, **last_only)
+        pats = cache.stack("attn.hook_pattern")
+    scores = pattern_scores(pats, toks)
+    return HeadScores(previous_token=scores["previous_token"], first_token=scores["first_token"],
+                      induction=to_host(induction_score(rep, span_len).float()),
+                      duplicate_token=scores["duplicate_token"])
+

@@ -1,7 +1,7 @@
 """Every lock the app's requests share, and the one order they are taken in.
 
 The locks:
-    model_lock(model)  one re-entrant lock per model object (freed with the model). Held by every run that
+    model_lock(model)  (lens.hooks) one re-entrant lock per model object (freed with the model). Held by every run that
                        registers hooks on the model (``probes.run_with_cache``) and by everything that changes
                        a model in place (LoRA attached, trained, switched on, off or merged), so hooked runs on
                        one model never see each other's captures and never see a model half-changed.
@@ -22,29 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 
-from torch import nn
+from lens.hooks import model_lock  # noqa: F401 (first in the order below; it lives with the hooks)
 
 MEASURE_LOCK = threading.Lock()
 PROFILER_LOCK = threading.Lock()
 MEMO_LOCK = threading.Lock()
-
-_MODEL_LOCKS: "weakref.WeakKeyDictionary[nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
-_MODEL_LOCKS_GUARD = threading.Lock()
-
-
-def model_lock(model: nn.Module) -> threading.RLock:
-    """The lock every hooked run on ``model``, and every change to it, holds (one per model object).
-
-    Re-entrant, so a probe that calls another probe on the same thread does not deadlock.
-    """
-    with _MODEL_LOCKS_GUARD:
-        lock = _MODEL_LOCKS.get(model)
-        if lock is None:
-            lock = _MODEL_LOCKS[model] = threading.RLock()
-        return lock
-
 
 class Busy(ValueError):
     """Another measurement holds MEASURE_LOCK; the message says so in a sentence (a ValueError, so

@@ -3,7 +3,7 @@
     PageCache     the page and its configuration built once, served from memory (and gzipped)
     UploadLimit   Gradio's upload route bounded per request, or refused when no component takes files
 
-``explorer.serving.apply`` sets ``ACCEPTS_FILES`` from the built app (``takes_files``).
+``explorer.web.serving.apply`` sets ``ACCEPTS_FILES`` from the built app (``takes_files``).
 """
 from __future__ import annotations
 

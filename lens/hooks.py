@@ -9,18 +9,34 @@ captures can never mix, and a plain forward on another thread is never captured.
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numpy as np
 import torch
 
-from explorer import device as dev
+from lens import device as dev
 from torch import nn
 
-from explorer.locks import model_lock
 from models.attention import Attention
 from models.config import check_attn_impl
 from models.decoder import check_tokens
 from models.hooks import HookPoint
+
+
+_MODEL_LOCKS: "weakref.WeakKeyDictionary[nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: nn.Module) -> threading.RLock:
+    """The lock every hooked run on ``model``, and every change to it, holds (one per model object).
+
+    Re-entrant, so a probe that calls another probe on the same thread does not deadlock.
+    """
+    with _MODEL_LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.RLock()
+        return lock
 
 
 def _hook_points(model: nn.Module) -> list[tuple[str, HookPoint]]:
@@ -60,7 +76,7 @@ def hook_names(model: nn.Module) -> list[str]:
     return sorted((name for name, _ in _hook_points(model)), key=_forward_rank)
 
 
-def _effective_impl(model: nn.Module, attn_impl: str | None) -> str:
+def effective_impl(model: nn.Module, attn_impl: str | None) -> str:
     if attn_impl is not None:
         return check_attn_impl(attn_impl)
     impls = {b.attn.impl for b in getattr(model, "blocks", [])}
@@ -133,7 +149,7 @@ def _device(model: nn.Module) -> torch.device:
     return p.device if p is not None else dev.device()
 
 
-def _as_tokens(model: nn.Module, tokens, start_pos: int = 0) -> torch.Tensor:
+def as_tokens(model: nn.Module, tokens, start_pos: int = 0) -> torch.Tensor:
     """Token ids as a (B, T) int64 tensor on the model's device; a flat list or (T,) becomes one row.
 
     The probes' API edge: ids outside the vocabulary, or positions past the context, are refused here with
@@ -173,8 +189,8 @@ def run_with_cache(model: nn.Module, tokens, names=None, *, attn_impl: str | Non
     ``torch.inference_mode`` holding ``model_lock(model)``; each hook records only the calling thread's
     forward, so a concurrent plain forward on the shared model is never captured.
     """
-    tokens = _as_tokens(model, tokens, forward_kwargs.get("start_pos", 0))
-    impl = _effective_impl(model, attn_impl)
+    tokens = as_tokens(model, tokens, forward_kwargs.get("start_pos", 0))
+    impl = effective_impl(model, attn_impl)
     cache = ActivationCache(attn_impl=impl, pattern_source=_pattern_source(impl, hasattr(model, "rope_cos")),
                             n_layers=len(getattr(model, "blocks", [])))
     owner = threading.get_ident()

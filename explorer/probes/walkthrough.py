@@ -27,9 +27,9 @@ from models.config import ModelConfig
 from models.decoder import check_tokens
 from models.rope import rope_frequencies
 
-from . import probes
-from .device import to_host
-from .locks import model_lock
+from explorer import probes
+from lens.device import to_host
+from lens.hooks import model_lock
 
 TOP_K = 10  # next tokens listed at the end
 LENS_K = 5  # tokens per layer in the logit lens

@@ -9,9 +9,8 @@ from typing import Any
 
 import torch
 
-from explorer import device as dev
-
-from .units import as_dtype
+from lens import device as dev
+from lens.device import as_dtype
 
 
 def cpu_model() -> str:
@@ -34,7 +33,7 @@ def cpu_cores() -> int:
 def runtime_info(model: torch.nn.Module | None = None, *, device: str | torch.device | None = None,
                  dtype: torch.dtype | str | None = None) -> dict[str, str]:
     """Device, dtype and torch version a number was computed with: the model's own (its first parameter)
-    when a model is given, else ``device`` and ``dtype`` (``None``: the app's, from explorer.device).
+    when a model is given, else ``device`` and ``dtype`` (``None``: the app's, from lens.device).
     The provenance line on every chart."""
     p = next(model.parameters(), None) if model is not None else None
     if p is not None:

@@ -161,7 +161,7 @@ class ResultCache:
 
 
 def _cache_bytes() -> int:
-    from .measure.units import bytes_setting
+    from explorer.measure.units import bytes_setting
 
     return bytes_setting("EXPLORER_RESULT_CACHE", DEFAULT_CACHE_BYTES)
 

@@ -11,8 +11,8 @@ Per-user state is a plain dict made by ``new_state()``:
     model      None (use the shared default) or the user's own ``Decoder``
     tokenizer  None (use the default's) or the user's own tokenizer
 
-Loading checkpoints lives in ``explorer.checkpoints``, the cap on private models in
-``explorer.private_models``, text in ``explorer.text`` and thread counts in ``explorer.threads`` (their
+Loading checkpoints lives in ``explorer.state.checkpoints``, the cap on private models in
+``explorer.state.private_models``, text in ``explorer.state.text`` and thread counts in ``explorer.state.threads`` (their
 functions a panel calls are re-exported here).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from explorer.device import place
+from lens.device import place
 from models import Decoder, load_pretrained, optimize_for_decode
 from models.fast import prepared_copy
 from models.loading import load_tokenizer

@@ -1,4 +1,4 @@
-"""Sessions that left are forgotten: a daemon (``start_sweeper``, started by ``explorer.serving.apply``) runs
+"""Sessions that left are forgotten: a daemon (``start_sweeper``, started by ``explorer.web.serving.apply``) runs
 ``sweep_once`` every quarter of ``EXPLORER_SESSION_IDLE_MINUTES``, freeing idle visitors' own models, what Gradio
 keeps for sessions idle that long and the results nobody used meanwhile (the opening examples stay). A visitor
 whose model was freed is told so on their next action, even when their Gradio session was dropped meanwhile.
@@ -24,7 +24,7 @@ def _state_dicts(session_state):
 
 def _holds_own_model(session_state) -> bool:
     """Whether a Gradio session's state holds a visitor's own model, or a notice that it was freed."""
-    from explorer.private_models import EVICTED_KEY
+    from explorer.state.private_models import EVICTED_KEY
 
     return any(value.get("model") is not None or value.get(EVICTED_KEY) for _, value in _state_dicts(session_state))
 
@@ -36,7 +36,7 @@ MAX_RETURNING = 10_000
 
 
 def _notice_of(session_state) -> tuple[int, str] | None:
-    from explorer.private_models import EVICTED_KEY
+    from explorer.state.private_models import EVICTED_KEY
 
     return next(((key, value[EVICTED_KEY]) for key, value in _state_dicts(session_state) if value.get(EVICTED_KEY)),
                 None)
@@ -45,7 +45,7 @@ def _notice_of(session_state) -> tuple[int, str] | None:
 def tell_returning_visitor(demo: gr.Blocks, session_hash: str) -> None:
     """A session dropped while its owner had a notice waiting comes back: its fresh state carries the notice,
     so the next action answers with it (``session.get_model``), as it would have before the drop."""
-    from explorer.private_models import EVICTED_KEY
+    from explorer.state.private_models import EVICTED_KEY
 
     entry = RETURNING.pop(session_hash, None)
     holder = getattr(demo, "state_holder", None)
@@ -121,9 +121,9 @@ def _give_back_memory() -> None:
 def sweep_once(demo: gr.Blocks) -> tuple[int, int]:
     """Free idle visitors' own models, drop idle sessions and the results nobody used meanwhile (opening
     examples excepted); (models freed, sessions dropped)."""
-    from explorer import private_models
+    from explorer.state import private_models
 
-    from explorer.cache import results
+    from explorer.state.cache import results
 
     freed = private_models.expire_idle()
     dropped = forget_idle_sessions(demo, private_models.IDLE_SECONDS)
@@ -140,7 +140,7 @@ def _is_opening(key) -> bool:
 
 def start_sweeper(demo: gr.Blocks) -> threading.Thread:
     """A daemon thread that runs ``sweep_once`` every quarter of the idle time (1 s to 60 s)."""
-    from explorer import private_models
+    from explorer.state import private_models
 
     period = min(60.0, max(1.0, private_models.IDLE_SECONDS / 4))
     ref = weakref.ref(demo)

@@ -7,17 +7,17 @@ series on an idle second core. Here each event gets a concurrency group by what 
               same cores would time each other
     play      the memory lab's Play: sleeps between frames, so many run side by side
     view      everything else (cached opening examples, hooked forward passes on small models, predictions):
-              a few side by side; runs on one model still serialise on its model lock (explorer.locks)
+              a few side by side; runs on one model still serialise on its model lock (explorer.state.locks)
 
 A session (one browser tab or API client) may hold at most ``EXPLORER_SESSION_QUEUE_CAP`` events in the
 queue at once (queued or running); one more is refused with a sentence, so one client cannot fill the queue
 that everyone shares; a page load sends at most a link's three events.
 
 Page loads cost little: every tab's opening example is computed once at start-up into the page itself
-(``explorer.opening``), so a page opened without a link sends no event; a link runs its own tab's view, from the
+(``explorer.web.opening``), so a page opened without a link sends no event; a link runs its own tab's view, from the
 shared result cache (its figures kept as the JSON Gradio sends). Gradio's timing summary is not recomputed after
-every event. The page cache and the upload limit are HTTP middleware (``explorer.middleware``); idle sessions are
-swept by ``explorer.sweeper``.
+every event. The page cache and the upload limit are HTTP middleware (``explorer.web.middleware``); idle sessions are
+swept by ``explorer.web.sweeper``.
 
     apply(demo)     after demo.queue(): sets each event's group and limit, the per-session cap, the cached page
                     loads and the opening examples, the upload switch and the sweeper
@@ -31,7 +31,9 @@ import weakref
 
 import gradio as gr
 
-from explorer import middleware, sweeper
+from explorer.web import sweeper
+
+from explorer.web import middleware
 
 
 def _env_int(name: str, default: int, lo: int = 1) -> int:
@@ -113,8 +115,9 @@ def apply(demo: gr.Blocks) -> gr.Blocks:
 
 def page_load_fns(demo: gr.Blocks) -> list:
     """Every event the page's load or a link runs on the server: the panels' ``demo.load`` events, the link
-    triggers (``explorer.links``) and every event chained after one of them."""
-    from explorer import links, opening
+    triggers (``explorer.web.links``) and every event chained after one of them."""
+    from explorer.web import links
+    from explorer.web import opening
 
     return [demo.fns[i] for i in opening.chain_of(demo, opening.page_load_roots(demo) + links.link_events(demo))]
 
@@ -143,9 +146,10 @@ _OPENED: "weakref.WeakKeyDictionary[gr.Blocks, tuple[float, float]]" = weakref.W
 
 
 def open_in_page(demo: gr.Blocks) -> dict[str, float]:
-    """Every opening example computed now, once, into the page (``explorer.opening``); the panels' page-load
+    """Every opening example computed now, once, into the page (``explorer.web.opening``); the panels' page-load
     events then no longer run per visitor. Returns the seconds each took, by event name."""
-    from explorer import links, opening
+    from explorer.web import links
+    from explorer.web import opening
 
     at, t0 = time.time(), time.perf_counter()
     roots = opening.page_load_roots(demo)

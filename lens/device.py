@@ -28,6 +28,17 @@ HOST = torch.device("cpu")  # where figures are made and the CPU profiler counts
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
 
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
+
+
+def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}.")
+    return DTYPES[dtype]
+
 
 def parse_device(text: str | None, *, cuda_available: bool) -> torch.device:
     """The device named by ``EXPLORER_DEVICE``'s value; ValueError with what to change for a bad value."""

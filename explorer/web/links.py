@@ -13,7 +13,7 @@ every tab is built) then chains each view after a hidden trigger of its tab (``a
 The page's JS (``LINK_JS``) clicks the linked tab's trigger only when the URL carries a link; a link naming no
 known tab clicks ``apply-link``, which only says what was ignored. Without a link the page sends nothing: every
 view's opening example, with the build-time values, is computed once at start-up into the page itself
-(``explorer.opening``, run by ``explorer.serving.apply`` on the events ``opening_events`` lists).
+(``explorer.web.opening``, run by ``explorer.web.serving.apply`` on the events ``opening_events`` lists).
 
 The scheme: ``?tab=<tab id>&<key>=<value>...``, the keys being the ones each panel registers (``LINK_KEYS``
 lists them, README "Teaching with it" shows examples); ``present=1`` turns projector mode on. Lists
@@ -232,8 +232,8 @@ def wire(demo: gr.Blocks, tabs: gr.Tabs, notice: gr.Textbox) -> None:
 
     The views are chained after one hidden trigger per tab (``apply-link-<tab>``), which the page's JS clicks
     only when the URL carries a link (``LINK_JS``): the link's values, then that tab's view. Their opening
-    examples, with the build-time values, are computed once into the page (``explorer.opening``, from
-    ``explorer.serving.apply``): a page opened without a link sends nothing."""
+    examples, with the build-time values, are computed once into the page (``explorer.web.opening``, from
+    ``explorer.web.serving.apply``): a page opened without a link sends nothing."""
     registered = views(demo)
     general = gr.Button(visible="hidden", elem_id=APPLY_LINK_ID)
     read = general.click(_link_reader(registered, None, []), None, [tabs, notice], api_name="read_link",

@@ -154,7 +154,7 @@ def encode_with_notice(tokenizer, text: str, max_len: int, *, truncate: bool = T
                        add_special_tokens: bool = True) -> tuple[list[int], list[str], str]:
     """Like ``encode``; also returns a notice ("" when nothing was cut) to show beside the figure.
     add_special_tokens=False for text that already holds them (a chat template's output)."""
-    from .figures.common import token_labels
+    from explorer.figures.common import token_labels
 
     text = clean_text(text)
     ids = list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])

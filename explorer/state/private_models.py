@@ -21,8 +21,8 @@ import weakref
 
 import torch
 
-from .measure import format_bytes, module_bytes
-from .measure.units import bytes_setting
+from explorer.measure import format_bytes, module_bytes
+from explorer.measure.units import bytes_setting
 
 DEFAULT_BUDGET_BYTES = 4 * 2**30
 

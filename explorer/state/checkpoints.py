@@ -9,14 +9,14 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-from explorer.device import place
+from lens.device import place
 from models import Decoder, ModelConfig, load_pretrained, optimize_for_decode
 from models.loading import REPO_ID, fetch_hub, load_tokenizer
 
-from . import measure
+from explorer import measure
 from .private_models import PRIVATE_LOCK, add_private, reserve_private
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Checkpoints larger than this are refused before their weights are read (fp32 bytes on a 2-core CPU box).
 MAX_LOAD_PARAMETERS = 600_000_000

@@ -11,7 +11,6 @@ import os
 
 import torch
 
-from models.lora import count_parameters
 
 SMALL_MODEL_PARAMETERS = 20_000_000
 
@@ -44,5 +43,5 @@ def threads_for(model: torch.nn.Module):
     waiting for each other: measured here under load, one small linear took 16 ms with 2 threads and 0.13 ms
     with 1. Larger models keep every thread.
     """
-    small = count_parameters(model)["total"] < SMALL_MODEL_PARAMETERS
+    small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS
     return run_threads(1 if small else DEFAULT_THREADS)
