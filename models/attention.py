@@ -287,32 +287,36 @@ class Attention(nn.Module):
         q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
         k = self._heads(self.k_proj(kv_in), self.n_kv_heads)  # (B, Hkv, S_new, D)
         v = self._heads(self.v_proj(kv_in), self.n_kv_heads)  # (B, Hkv, S_new, D)
-        self.hook_q.observe(q)
-        self.hook_k.observe(k)
-        self.hook_v.observe(v)
+        q = self.hook_q(q)
+        k = self.hook_k(k)
+        v = self.hook_v(v)
         if self.use_rope and rope is not None and context is None:
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            self.hook_rot_q.observe(q)
-            self.hook_rot_k.observe(k)
+            q = self.hook_rot_q(q)
+            k = self.hook_rot_k(k)
         if cache is not None:
             k, v = cache.update(layer, start_pos, k, v)  # (B, Hkv, start_pos + T, D) views of the cache
         if context is not None:
             causal = False
-        out, weights = attention(
-            q, k, v, impl=impl, causal=causal, key_padding=key_padding, tile_size=self.tile_size
-        )
+        if self.hook_pattern.edits:  # an edited pattern must be the one that weighs the values: the naive math
+            weights = self.hook_pattern(attention_weights(q, k, causal=causal, key_padding=key_padding))
+            out = torch.matmul(weights, repeat_kv(v, self.n_heads // self.n_kv_heads))  # (B, H, T, D)
+        else:
+            out, weights = attention(
+                q, k, v, impl=impl, causal=causal, key_padding=key_padding, tile_size=self.tile_size
+            )
         if self.hook_attn_scores.active:
             scores = attention_scores(q, k)  # (B, H, T, S)
             mask = build_mask(T, k.shape[2], causal=causal, key_padding=key_padding, device=q.device)
             self.hook_attn_scores(scores if mask is None else scores.masked_fill(~mask, float("-inf")))
-        if self.hook_pattern.active:
+        if self.hook_pattern.active and not self.hook_pattern.edits:
             # SDPA and the tiled path never form the weights: recompute them with the naive math from
             # the same rotated q and k, so the pattern shown is the one that produced this output.
             if weights is None:
                 weights = attention_weights(q, k, causal=causal, key_padding=key_padding)
             self.hook_pattern(weights)
-        self.hook_z.observe(out)
+        out = self.hook_z(out)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, H, T, D) -> (B, T, H*D)
         return self.o_proj(out)
 

@@ -29,15 +29,15 @@ class PreNormBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, **attn_kwargs) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C); ``attn_kwargs`` go to the attention module (rope, cache, masks...)."""
-        self.hook_resid_pre.observe(x)
+        x = self.hook_resid_pre(x)
         a = self.attn(self.input_layernorm(x), **attn_kwargs)
-        self.hook_attn_out.observe(a)
+        a = self.hook_attn_out(a)
         x = x + a
-        self.hook_resid_mid.observe(x)
+        x = self.hook_resid_mid(x)
         m = self.mlp(self.post_attention_layernorm(x))
-        self.hook_mlp_out.observe(m)
+        m = self.hook_mlp_out(m)
         x = x + m
-        self.hook_resid_post.observe(x)
+        x = self.hook_resid_post(x)
         return x
 
 

@@ -91,14 +91,14 @@ class Decoder(SwitchableAttention, nn.Module):
                                         self.rope_cos.dtype, self.rope_cos.device)  # (start_pos + T, D) each
         rope = (cos[start_pos:start_pos + T], sin[start_pos:start_pos + T])  # (T, D) each
         x = self.embed_tokens(tokens)  # (B, T, C)
-        self.hook_embed.observe(x)
+        x = self.hook_embed(x)
         for i, block in enumerate(self.blocks):
             x = block(x, rope=rope, cache=cache, layer=i, start_pos=start_pos, key_padding=key_padding,
                       causal=causal, impl=attn_impl)
         if last_only:
             x = x[:, -1:]  # (B, 1, C): generation needs only the next-token logits
         logits = self.lm_head(self.norm(x))  # (B, T, V)
-        self.hook_logits.observe(logits)
+        logits = self.hook_logits(logits)
         return logits
 
     def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:

@@ -50,7 +50,7 @@ class Encoder(SwitchableAttention, nn.Module):
         check_positions(tokens, self.config)
         T = tokens.shape[1]
         x = self.embed_tokens(tokens) * math.sqrt(self.config.d_model) + self.positions[:T]  # (B, T, C)
-        self.hook_embed.observe(x)
+        x = self.hook_embed(x)
         for block in self.blocks:
             x = block(x, key_padding=key_padding, causal=causal, impl=attn_impl)
         return self.norm(x)

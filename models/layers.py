@@ -31,7 +31,7 @@ class RMSNorm(nn.Module):
         if self.hook_scale.active:
             self.hook_scale(torch.sqrt(variance + self.eps))
         out = self.weight * (x * torch.rsqrt(variance + self.eps)).to(dtype)
-        self.hook_normalized.observe(out)
+        out = self.hook_normalized(out)
         return out
 
 
@@ -47,7 +47,7 @@ class LayerNorm(nn.LayerNorm):
         if self.hook_scale.active:
             self.hook_scale(torch.sqrt(x.float().var(-1, unbiased=False, keepdim=True) + self.eps))
         out = super().forward(x)
-        self.hook_normalized.observe(out)
+        out = self.hook_normalized(out)
         return out
 
 
@@ -68,10 +68,10 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
-        self.hook_gate.observe(gate)
-        self.hook_up.observe(up)
+        gate = self.hook_gate(gate)
+        up = self.hook_up(up)
         h = F.silu(gate) * up
-        self.hook_post.observe(h)
+        h = self.hook_post(h)
         return self.down_proj(h)
 
 
@@ -90,9 +90,9 @@ class GeluMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.up_proj(x)
-        self.hook_pre.observe(h)
+        h = self.hook_pre(h)
         h = F.gelu(h)
-        self.hook_post.observe(h)
+        h = self.hook_post(h)
         return self.down_proj(h)
 
 
