@@ -1,15 +1,17 @@
-"""Hook points and ``run_with_cache``: record what the model computes, without changing it.
+"""Hook points, ``run_with_cache`` (record what the model computes) and ``run_with_hooks`` (change it).
 
 Notation: ``B`` batch, ``T`` queries, ``S`` keys, ``H`` query heads, ``D`` head dim, ``V`` vocabulary.
 
 Hooks are registered on the model's modules, which the app shares between users, so each hooked run holds
 ``locks.model_lock(model)`` and each hook records only calls made on the thread that registered it: two users'
-captures can never mix, and a plain forward on another thread is never captured.
+captures can never mix, and a plain forward on another thread is never captured. Edits
+(``run_with_hooks``) likewise change only the forward of the thread that registered them.
 """
 from __future__ import annotations
 
 import threading
 import weakref
+from typing import Callable
 
 import numpy as np
 import torch
@@ -215,6 +217,50 @@ def run_with_cache(model: nn.Module, tokens, names=None, *, attn_impl: str | Non
             for h in handles:
                 h.remove()
     return out, cache
+
+
+
+Edit = Callable[[torch.Tensor, HookPoint], torch.Tensor]
+
+
+def run_with_hooks(model: nn.Module, tokens, edits: list[tuple[str, Edit]], **forward_kwargs) -> torch.Tensor:
+    """Run ``model(tokens, ...)`` once with ``edits`` in place; returns the model's output.
+
+    edits: (hook name, fn) pairs; ``fn(x, point)`` returns what the model goes on with instead of ``x`` (same
+    shape), TransformerLens' convention. The edits are registered for this call only, on this thread only
+    (another user's forward on the shared model is never changed), under ``torch.inference_mode`` holding
+    ``model_lock(model)``, and removed afterwards, also when the forward raises. While they are registered,
+    ``models.hooks.has_hooks(model)`` is True, so no speed path skips them.
+    """
+    tokens = as_tokens(model, tokens, forward_kwargs.get("start_pos", 0))
+    named = dict(edits)
+    if len(named) != len(edits):
+        raise ValueError("give each hook name at most one edit; combine what it should do into one function.")
+    points = dict(_select(model, list(named)))
+    owner = threading.get_ident()
+
+    def thread_scoped(fn: Edit) -> Edit:
+        def edit(x: torch.Tensor, point: HookPoint) -> torch.Tensor:
+            if threading.get_ident() != owner:
+                return x
+            out = fn(x, point)
+            if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+                got = type(out).__name__ if not isinstance(out, torch.Tensor) else tuple(out.shape)
+                raise ValueError(f"an edit must return a tensor of the activation's shape {tuple(x.shape)}, "
+                                 f"got {got}.")
+            return out
+        return edit
+
+    handles = []
+    with model_lock(model):
+        try:
+            for name, fn in edits:
+                handles.append(points[name].add_edit(thread_scoped(fn)))
+            with torch.inference_mode():
+                return model(tokens, **forward_kwargs)
+        finally:
+            for h in handles:
+                h.remove()
 
 
 def check_layer(model: nn.Module, layer: int) -> None:

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .hooks import as_tokens
+
 
 def next_token_loss(model: nn.Module, rows: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy (nats per token) of predicting rows[:, 1:] from rows[:, :-1]."""
@@ -25,3 +27,19 @@ def evaluate_loss(model: nn.Module, rows: torch.Tensor, batch: int = 16) -> floa
         total += float(next_token_loss(model, chunk)) * n
         count += n
     return total / count
+
+
+def token_losses(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """logits (B, T, V) of a forward over tokens (B, T) -> (B, T - 1): the loss, in nats, of predicting each
+    next token, computed in fp32 (position t is the loss of tokens[:, t + 1] given tokens[:, :t + 1])."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T - 1, V)
+    return -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+
+
+def per_token_loss(model: nn.Module, tokens) -> torch.Tensor:
+    """The loss of predicting each next token of one sequence, in nats: (T,) or (1, T) ids -> (T - 1,)."""
+    tokens = as_tokens(model, tokens)
+    if tokens.shape[0] != 1 or tokens.shape[1] < 2:
+        raise ValueError(f"per_token_loss takes one sequence of at least 2 tokens, got shape {tuple(tokens.shape)}.")
+    with torch.inference_mode():
+        return token_losses(model(tokens), tokens)[0]

@@ -64,6 +64,8 @@ class Decoder(SwitchableAttention, nn.Module):
         attn_impl: str | None = None,
         last_only: bool = False,
         rope_theta: float | None = None,
+        start_at_layer: int = 0,
+        resid: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T, V), or (B, 1, V) with ``last_only``.
 
@@ -74,6 +76,9 @@ class Decoder(SwitchableAttention, nn.Module):
         rope_theta: rotate q and k with tables for this theta, this call only (the model's own tables and
         config stay as they are): the same weights seen through other rotary frequencies (the model's RoPE
         scaling, if any, applied to them as to its own).
+        start_at_layer, resid: begin at block ``start_at_layer`` with ``resid`` (B, T, C), the residual stream
+        entering it, instead of the embedded ``tokens`` (which still give B and T): an intervention at layer l
+        need not recompute the layers before it (TransformerLens' ``start_at_layer``).
 
         The token ids are not range-checked here: reading them is a host sync on a GPU, once per decode
         step. Callers that take ids from outside call ``check_tokens`` once (``generate`` does).
@@ -90,9 +95,13 @@ class Decoder(SwitchableAttention, nn.Module):
                                         tuple(scaling.items()) if scaling else None,
                                         self.rope_cos.dtype, self.rope_cos.device)  # (start_pos + T, D) each
         rope = (cos[start_pos:start_pos + T], sin[start_pos:start_pos + T])  # (T, D) each
-        x = self.embed_tokens(tokens)  # (B, T, C)
-        x = self.hook_embed(x)
-        for i, block in enumerate(self.blocks):
+        if resid is None and start_at_layer == 0:
+            x = self.embed_tokens(tokens)  # (B, T, C)
+            x = self.hook_embed(x)
+        else:
+            x = _check_resid(resid, start_at_layer, tokens.shape, self.config)
+        for i in range(start_at_layer, len(self.blocks)):
+            block = self.blocks[i]
             x = block(x, rope=rope, cache=cache, layer=i, start_pos=start_pos, key_padding=key_padding,
                       causal=causal, impl=attn_impl)
         if last_only:
@@ -158,3 +167,14 @@ def init_weights(module: nn.Module) -> None:
         nn.init.normal_(module.weight, std=0.02)
         if getattr(module, "bias", None) is not None:
             nn.init.zeros_(module.bias)
+
+
+def _check_resid(resid: torch.Tensor | None, layer: int, token_shape, config: ModelConfig) -> torch.Tensor:
+    if not isinstance(layer, int) or not 0 <= layer <= config.n_layers:
+        raise ValueError(f"start_at_layer must be between 0 and {config.n_layers}, got {layer!r}.")
+    shape = (*token_shape, config.d_model)
+    if resid is None or tuple(resid.shape) != shape:
+        got = "nothing" if resid is None else tuple(resid.shape)
+        raise ValueError(f"starting at layer {layer} needs resid, the residual stream entering it, of shape "
+                         f"{shape} (batch, positions, model dim); got {got}.")
+    return resid

@@ -1,0 +1,269 @@
+"""Test a claim by changing the model: knock heads out, patch activations, and measure what changes.
+
+Notation: L layers, H query heads, D head dim, T positions, C model dim, V vocabulary, R rows of one batch.
+
+Every intervention runs the model's own modules with edits at its hook points (``lens.hooks.run_with_hooks``):
+the code a student reads is the code that is changed. Many interventions share one forward as the rows of a
+batch, and an intervention at layer l starts from the unchanged run's residual stream entering l
+(``Decoder.forward``'s ``start_at_layer``), so the layers before it are computed once, not once per row.
+
+Head output ``z`` is a head's D values per position before ``o_proj`` (``blocks.{l}.attn.hook_z``, (B, H, T, D)).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from lens.hooks import as_tokens, check_layer, run_with_cache, run_with_hooks
+from lens.loss import per_token_loss, token_losses  # noqa: F401 (per_token_loss is part of this API)
+
+HOWS = ("zero", "mean")
+SITES = ("resid_pre", "head")
+ROW_BYTES = 256 * 2**20  # the most one batch's logits may take; longer prompts run fewer rows at a time
+
+
+def check_decoder(model: nn.Module) -> None:
+    if not hasattr(model, "lm_head"):
+        raise ValueError("interventions measure next-token predictions: load a decoder (the encoder has no LM head).")
+
+
+def check_heads(model: nn.Module, heads) -> list[tuple[int, int]]:
+    """``heads`` as a list of distinct (layer, head) pairs, each in range; ValueError saying which is not."""
+    L, H = len(model.blocks), model.config.n_heads
+    if isinstance(heads, tuple) and len(heads) == 2 and all(isinstance(x, int) for x in heads):
+        heads = [heads]
+    out = []
+    for pair in heads or []:
+        if not (isinstance(pair, Sequence) and len(pair) == 2):
+            raise ValueError(f"each head is a (layer, head) pair, got {pair!r}.")
+        layer, head = (int(x) if isinstance(x, int) and not isinstance(x, bool) else x for x in pair)
+        if not isinstance(layer, int) or not 0 <= layer < L:
+            raise ValueError(f"layer must be between 0 and {L - 1}, got {layer!r} in {tuple(pair)}.")
+        if not isinstance(head, int) or not 0 <= head < H:
+            raise ValueError(f"head must be between 0 and {H - 1}, got {head!r} in {tuple(pair)}.")
+        if (layer, head) not in out:
+            out.append((layer, head))
+    if not out:
+        raise ValueError("choose at least one head to knock out, as (layer, head).")
+    return out
+
+
+def check_how(how: str) -> str:
+    if how not in HOWS:
+        raise ValueError(f"how must be one of {HOWS} (set the head's output to 0, or to its mean over the "
+                         f"prompt's positions), got {how!r}.")
+    return how
+
+
+def _knocked_out(z: torch.Tensor, rows: torch.Tensor, heads: torch.Tensor, how: str) -> torch.Tensor:
+    """z (R, H, T, D) with head ``heads[i]`` of row ``rows[i]`` zeroed or replaced by its mean over positions."""
+    z = z.clone()
+    if how == "zero":
+        z[rows, heads] = 0.0
+    else:
+        z[rows, heads] = z[rows, heads].mean(dim=-2, keepdim=True).expand_as(z[rows, heads])
+    return z
+
+
+def ablate_heads(model: nn.Module, tokens, heads, how: str = "zero") -> torch.Tensor:
+    """Logits (B, T, V) with every (layer, head) in ``heads`` knocked out at every position.
+
+    how="zero": the head's output z is 0; how="mean": z is replaced by its mean over the prompt's positions
+    (each row of the batch its own mean).
+    """
+    check_decoder(model)
+    heads, how = check_heads(model, heads), check_how(how)
+    tokens = as_tokens(model, tokens)
+    edits = []
+    for layer in sorted({lay for lay, _ in heads}):
+        hs = torch.tensor([h for lay, h in heads if lay == layer])
+
+        def edit(z: torch.Tensor, point, hs=hs) -> torch.Tensor:  # (B, H, T, D)
+            B = z.shape[0]
+            rows = torch.arange(B).repeat_interleave(len(hs))
+            return _knocked_out(z, rows, hs.repeat(B), how)
+        edits.append((f"blocks.{layer}.attn.hook_z", edit))
+    return run_with_hooks(model, tokens, edits)
+
+
+def _one_sequence(model: nn.Module, tokens, what: str, min_len: int = 2) -> torch.Tensor:
+    t = as_tokens(model, tokens)
+    if t.shape[0] != 1 or t.shape[1] < min_len:
+        raise ValueError(f"{what} takes one sequence of at least {min_len} tokens, got shape {tuple(t.shape)}.")
+    return t
+
+
+def _rows_per_batch(T: int, V: int, full_logits: bool) -> int:
+    per_row = 4 * (T * V if full_logits else V) + 64 * T * 1024  # logits, and a generous allowance for activations
+    return max(1, ROW_BYTES // per_row)
+
+
+def _resid_pre(model: nn.Module, tokens: torch.Tensor, extra: tuple[str, ...] = ()):
+    """One unchanged forward: (logits (1, T, V), {layer: resid_pre (1, T, C)}, cache of the ``extra`` hooks)."""
+    wanted = ("hook_resid_pre",) + extra
+    logits, cache = run_with_cache(model, tokens, lambda n: n.endswith(wanted))
+    return logits, cache
+
+
+def knockout_sweep(model: nn.Module, tokens, how: str = "zero") -> dict:
+    """Knock out each head in turn: the loss at every position with each head gone.
+
+    Returns {"base": (T - 1,) nats, "knocked": (L, H, T - 1) nats}; ``knocked[l, h] - base`` is what head (l, h)
+    does for each prediction of this prompt. One batch of heads per layer, started at that layer.
+    """
+    check_decoder(model)
+    how = check_how(how)
+    tokens = _one_sequence(model, tokens, "a knock-out sweep")
+    c = model.config
+    L, H, T = len(model.blocks), c.n_heads, tokens.shape[1]
+    logits, cache = _resid_pre(model, tokens)
+    base = token_losses(logits, tokens)[0]  # (T - 1,)
+    knocked = torch.empty(L, H, T - 1)
+    step = _rows_per_batch(T, c.vocab_size, full_logits=True)
+    for layer in range(L):
+        resid = cache[f"blocks.{layer}.hook_resid_pre"]  # (1, T, C)
+        for start in range(0, H, step):
+            hs = torch.arange(start, min(H, start + step))
+            R = len(hs)
+
+            def edit(z: torch.Tensor, point, hs=hs) -> torch.Tensor:  # (R, H, T, D): row i loses head hs[i]
+                return _knocked_out(z, torch.arange(len(hs)), hs, how)
+            out = run_with_hooks(model, tokens.expand(R, T), [(f"blocks.{layer}.attn.hook_z", edit)],
+                                 start_at_layer=layer, resid=resid.expand(R, T, -1))
+            knocked[layer, start:start + R] = token_losses(out, tokens.expand(R, T)).cpu()
+    return {"base": base.cpu(), "knocked": knocked}
+
+
+def check_answer(model: nn.Module, answer) -> tuple[int, int]:
+    V = model.config.vocab_size
+    if not (isinstance(answer, Sequence) and len(answer) == 2):
+        raise ValueError(f"answer is a (good_id, bad_id) pair of token ids, got {answer!r}.")
+    good, bad = answer
+    for name, x in (("good", good), ("bad", bad)):
+        if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < V:
+            raise ValueError(f"the {name} answer must be a token id between 0 and {V - 1}, got {x!r}.")
+    if good == bad:
+        raise ValueError("the two answers are the same token: choose two different ones.")
+    return good, bad
+
+
+def logit_diff(logits: torch.Tensor, answer: tuple[int, int]) -> torch.Tensor:
+    """logits (R, T, V) -> (R,): logit(good) - logit(bad) at the last position, fp32."""
+    last = logits[:, -1].float()
+    return last[:, answer[0]] - last[:, answer[1]]
+
+
+def check_pair(model: nn.Module, clean, corrupt) -> tuple[torch.Tensor, torch.Tensor]:
+    clean = _one_sequence(model, clean, "patching's clean prompt", 1)
+    corrupt = _one_sequence(model, corrupt, "patching's corrupted prompt", 1)
+    if clean.shape != corrupt.shape:
+        raise ValueError(f"the clean prompt has {clean.shape[1]} tokens and the corrupted one {corrupt.shape[1]}: "
+                         "patching swaps activations position by position, so give both the same length.")
+    return clean, corrupt
+
+
+def patched_metrics(model: nn.Module, target, source, site: str, answer) -> torch.Tensor:
+    """logit(good) - logit(bad) at the last position of ``target`` with one activation of ``source`` put in.
+
+    site="resid_pre": (L, T), entry [l, p] with the residual stream entering block l at position p taken from
+    ``source``; site="head": (L, H), entry [l, h] with head h's output z at layer l, every position, taken from
+    ``source``. ``patch`` turns these into fractions recovered.
+    """
+    check_decoder(model)
+    if site not in SITES:
+        raise ValueError(f"site must be one of {SITES}, got {site!r}.")
+    answer = check_answer(model, answer)
+    target, source = check_pair(model, target, source)
+    c = model.config
+    L, H, T = len(model.blocks), c.n_heads, target.shape[1]
+    extra = ("attn.hook_z",) if site == "head" else ()
+    _, src = _resid_pre(model, source, extra)
+    target_logits, tgt = _resid_pre(model, target)
+    unchanged = logit_diff(target_logits, answer)[0]
+    width = T if site == "resid_pre" else H
+    out = torch.empty(L, width)
+    step = _rows_per_batch(T, c.vocab_size, full_logits=False)
+    for layer in range(L):
+        resid = tgt[f"blocks.{layer}.hook_resid_pre"]  # (1, T, C)
+        if site == "resid_pre":
+            # a position whose residual is the same in both runs (a shared prefix) changes nothing when swapped
+            same = (src[f"blocks.{layer}.hook_resid_pre"][0] == resid[0]).all(-1)  # (T,)
+            out[layer, same] = unchanged.cpu()
+            todo = torch.nonzero(~same).flatten()
+        else:
+            todo = torch.arange(H)
+        for start in range(0, len(todo), step):
+            idx = todo[start:start + step]
+            R, rows = len(idx), torch.arange(len(idx))
+            x = resid.expand(R, T, -1)
+            edits = []
+            if site == "resid_pre":
+                x = x.clone()
+                x[rows, idx] = src[f"blocks.{layer}.hook_resid_pre"][0, idx]
+            else:
+                z_src = src[f"blocks.{layer}.attn.hook_z"][0]  # (H, T, D)
+
+                def edit(z: torch.Tensor, point, idx=idx, rows=rows) -> torch.Tensor:  # (R, H, T, D)
+                    z = z.clone()
+                    z[rows, idx] = z_src[idx]
+                    return z
+                edits.append((f"blocks.{layer}.attn.hook_z", edit))
+            logits = run_with_hooks(model, target.expand(R, T), edits, start_at_layer=layer, resid=x, last_only=True)
+            out[layer, idx] = logit_diff(logits, answer).cpu()
+    return out
+
+
+def patch(model: nn.Module, clean, corrupt, site: str, answer) -> torch.Tensor:
+    """Activation patching: the fraction of the clean run's answer recovered in the corrupted run when one
+    activation is taken from the clean run.
+
+    clean, corrupt: (1, T) token ids of the same length; answer: (good_id, bad_id). The metric is
+    logit(good) - logit(bad) at the last position; the result is (patched - corrupt) / (clean - corrupt):
+    1 where the patch brings the clean answer back entirely, 0 where it changes nothing.
+    site="resid_pre" -> (L, T); site="head" -> (L, H) (see ``patched_metrics``).
+    """
+    check_decoder(model)
+    answer = check_answer(model, answer)
+    clean, corrupt = check_pair(model, clean, corrupt)
+    with torch.inference_mode():
+        ends = logit_diff(torch.cat([_resid_pre(model, t)[0] for t in (clean, corrupt)]), answer)
+    m_clean, m_corrupt = float(ends[0]), float(ends[1])
+    if abs(m_clean - m_corrupt) < 1e-6 * max(1.0, abs(m_clean)):
+        raise ValueError(f"the clean and corrupted prompts give the same logit difference ({m_clean:.4g}): nothing is "
+                         "left to recover; choose prompts whose answers differ.")
+    metrics = patched_metrics(model, corrupt, clean, site, answer)
+    return (metrics - m_corrupt) / (m_clean - m_corrupt)
+
+
+def check_circuit_heads(model: nn.Module, previous, induction) -> tuple[tuple[int, int], tuple[int, int]]:
+    (p,), (i,) = check_heads(model, [previous]), check_heads(model, [induction])
+    if p[0] >= i[0]:
+        raise ValueError(f"the previous-token head (layer {p[0]}) must sit in an earlier layer than the induction "
+                         f"head (layer {i[0]}) for it to feed it.")
+    return p, i
+
+
+def induction_circuit(model: nn.Module, tokens, previous, induction, span_len: int, how: str = "zero") -> dict:
+    """Loss on the repeated half of ``tokens`` (``[prefix] + r + r``, the second copy its last ``span_len``
+    tokens) with neither head, each, and both knocked out: {"neither", "previous", "induction", "both"},
+    each (B,) mean nats per token over the second copy's predictions."""
+    check_decoder(model)
+    previous, induction = check_circuit_heads(model, previous, induction)
+    tokens = as_tokens(model, tokens)
+    T = tokens.shape[1]
+    if not isinstance(span_len, int) or not 1 <= span_len <= (T - 1) // 2:
+        raise ValueError(f"span_len must be between 1 and {(T - 1) // 2} for {T} tokens, got {span_len!r}.")
+    second = slice(T - span_len - 1, T - 1)  # predictions of the second copy's tokens (positions T - span .. T - 1)
+    out = {}
+    with torch.inference_mode():
+        for name, heads in (("neither", []), ("previous", [previous]), ("induction", [induction]),
+                            ("both", [previous, induction])):
+            logits = ablate_heads(model, tokens, heads) if heads else run_with_hooks(model, tokens, [])
+            out[name] = token_losses(logits, tokens)[:, second].mean(-1).cpu()
+    return out
+
+
+__all__ = ["ablate_heads", "patch", "per_token_loss", "knockout_sweep", "patched_metrics", "induction_circuit",
+           "logit_diff", "check_heads", "check_layer"]
