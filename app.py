@@ -23,6 +23,7 @@ from explorer.web import serving
 from explorer.web import middleware
 from explorer.panels.attention import build_attention
 from explorer.panels.encoder_decoder import build_encoder_decoder
+from explorer.panels.experiments import build_experiments
 from explorer.panels.generation import build_generation
 from explorer.panels.lora import build_lora
 from explorer.panels.memory import build_memory
@@ -31,11 +32,12 @@ from explorer.panels.positions import build_positions
 from explorer.panels.walkthrough import build_walkthrough
 
 TITLE = "Transformer Explorer"
-# Lecture order: one token through the model, then attention, positions, generation with its cache, what
+# Lecture order: one token through the model, then attention and experiments that test it, positions, generation with its cache, what
 # attention costs, adapting and shrinking the model, the encoder for contrast; the model card last.
 TABS = [
     ("Inside the model", "walkthrough", build_walkthrough),
     ("Attention", "attention", build_attention),
+    ("Experiments", "experiments", build_experiments),
     ("Positions", "positions", build_positions),
     ("KV cache & generation", "generation", build_generation),
     ("Memory lab", "memory", build_memory),
