@@ -15,8 +15,8 @@ known tab clicks ``apply-link``, which only says what was ignored. Without a lin
 view's opening example, with the build-time values, is computed once at start-up into the page itself
 (``explorer.web.opening``, run by ``explorer.web.serving.apply`` on the events ``opening_events`` lists).
 
-The scheme: ``?tab=<tab id>&<key>=<value>...``, the keys being the ones each panel registers (``LINK_KEYS``
-lists them, README "Teaching with it" shows examples); ``present=1`` turns projector mode on. Lists
+The scheme: ``?tab=<tab id>&<key>=<value>...``, the keys being the ones each panel registers (``link_keys(demo)``
+lists them, docs/lesson.md shows examples); ``present=1`` turns projector mode on. Lists
 (multiselect dropdowns) are comma-separated.
 
 After a model is loaded (the Model tab or the header picker), ``after_model_load`` resets the model-dependent
