@@ -100,11 +100,10 @@ def _rows_per_batch(T: int, V: int, full_logits: bool) -> int:
     return max(1, ROW_BYTES // per_row)
 
 
-def _resid_pre(model: nn.Module, tokens: torch.Tensor, extra: tuple[str, ...] = ()):
-    """One unchanged forward: (logits (1, T, V), {layer: resid_pre (1, T, C)}, cache of the ``extra`` hooks)."""
+def _resid_pre(model: nn.Module, tokens: torch.Tensor, extra: tuple[str, ...] = (), **forward_kwargs):
+    """One unchanged forward: logits (1, T, V) and a cache of every layer's resid_pre (1, T, C) and ``extra``."""
     wanted = ("hook_resid_pre",) + extra
-    logits, cache = run_with_cache(model, tokens, lambda n: n.endswith(wanted))
-    return logits, cache
+    return run_with_cache(model, tokens, lambda n: n.endswith(wanted), **forward_kwargs)
 
 
 def knockout_sweep(model: nn.Module, tokens, how: str = "zero") -> dict:
@@ -176,41 +175,64 @@ def patched_metrics(model: nn.Module, target, source, site: str, answer) -> torc
         raise ValueError(f"site must be one of {SITES}, got {site!r}.")
     answer = check_answer(model, answer)
     target, source = check_pair(model, target, source)
+    _, src = _resid_pre(model, source, ("attn.hook_z",) if site == "head" else ())
+    if site == "resid_pre":
+        return _patch_resid_pre(model, target, src, answer)
+    return _patch_heads(model, target, src, answer)
+
+
+def _patch_resid_pre(model: nn.Module, target: torch.Tensor, src, answer) -> torch.Tensor:
+    """(L, T). A patch at position p leaves every position before p as it was (attention looks back only), so a
+    batch of patches at positions >= q runs positions q.. alone, reading the earlier keys and values from the
+    unchanged run's KV cache."""
+    c = model.config
+    L, T = len(model.blocks), target.shape[1]
+    kept = model.new_cache(1, T)
+    logits, tgt = _resid_pre(model, target, cache=kept)
+    unchanged = logit_diff(logits, answer)[0]
+    out = torch.empty(L, T)
+    step = min(_rows_per_batch(T, c.vocab_size, full_logits=False), max(1, -(-T // 6)))
+    for layer in range(L):
+        resid = tgt[f"blocks.{layer}.hook_resid_pre"][0]  # (T, C)
+        patched = src[f"blocks.{layer}.hook_resid_pre"][0]  # (T, C)
+        same = (patched == resid).all(-1)  # a shared prefix: the same residual in both runs, nothing to swap
+        out[layer, same] = unchanged.cpu()
+        todo = torch.nonzero(~same).flatten()
+        for start in range(0, len(todo), step):
+            idx = todo[start:start + step]
+            q, R = int(idx[0]), len(idx)  # the first position this batch changes
+            x = resid[q:].expand(R, T - q, -1).clone()  # (R, T - q, C)
+            x[torch.arange(R), idx - q] = patched[idx]
+            cache = model.new_cache(R, T)
+            for j in range(layer, L):
+                cache.k[j][:, :, :q] = kept.k[j][:, :, :q]
+                cache.v[j][:, :, :q] = kept.v[j][:, :, :q]
+            logits = run_with_hooks(model, target[:, q:].expand(R, T - q), [], start_pos=q, cache=cache,
+                                    start_at_layer=layer, resid=x, last_only=True)
+            out[layer, idx] = logit_diff(logits, answer).cpu()
+    return out
+
+
+def _patch_heads(model: nn.Module, target: torch.Tensor, src, answer) -> torch.Tensor:
+    """(L, H): one batch of heads per layer, started at that layer from the unchanged run's residual."""
     c = model.config
     L, H, T = len(model.blocks), c.n_heads, target.shape[1]
-    extra = ("attn.hook_z",) if site == "head" else ()
-    _, src = _resid_pre(model, source, extra)
-    target_logits, tgt = _resid_pre(model, target)
-    unchanged = logit_diff(target_logits, answer)[0]
-    width = T if site == "resid_pre" else H
-    out = torch.empty(L, width)
+    _, tgt = _resid_pre(model, target)
+    out = torch.empty(L, H)
     step = _rows_per_batch(T, c.vocab_size, full_logits=False)
     for layer in range(L):
         resid = tgt[f"blocks.{layer}.hook_resid_pre"]  # (1, T, C)
-        if site == "resid_pre":
-            # a position whose residual is the same in both runs (a shared prefix) changes nothing when swapped
-            same = (src[f"blocks.{layer}.hook_resid_pre"][0] == resid[0]).all(-1)  # (T,)
-            out[layer, same] = unchanged.cpu()
-            todo = torch.nonzero(~same).flatten()
-        else:
-            todo = torch.arange(H)
-        for start in range(0, len(todo), step):
-            idx = todo[start:start + step]
+        z_src = src[f"blocks.{layer}.attn.hook_z"][0]  # (H, T, D)
+        for start in range(0, H, step):
+            idx = torch.arange(start, min(H, start + step))
             R, rows = len(idx), torch.arange(len(idx))
-            x = resid.expand(R, T, -1)
-            edits = []
-            if site == "resid_pre":
-                x = x.clone()
-                x[rows, idx] = src[f"blocks.{layer}.hook_resid_pre"][0, idx]
-            else:
-                z_src = src[f"blocks.{layer}.attn.hook_z"][0]  # (H, T, D)
 
-                def edit(z: torch.Tensor, point, idx=idx, rows=rows) -> torch.Tensor:  # (R, H, T, D)
-                    z = z.clone()
-                    z[rows, idx] = z_src[idx]
-                    return z
-                edits.append((f"blocks.{layer}.attn.hook_z", edit))
-            logits = run_with_hooks(model, target.expand(R, T), edits, start_at_layer=layer, resid=x, last_only=True)
+            def edit(z: torch.Tensor, point, idx=idx, rows=rows) -> torch.Tensor:  # (R, H, T, D)
+                z = z.clone()
+                z[rows, idx] = z_src[idx]
+                return z
+            logits = run_with_hooks(model, target.expand(R, T), [(f"blocks.{layer}.attn.hook_z", edit)],
+                                    start_at_layer=layer, resid=resid.expand(R, T, -1), last_only=True)
             out[layer, idx] = logit_diff(logits, answer).cpu()
     return out
 

@@ -14,7 +14,7 @@ from lens.heads import repeated_suffix_len
 from tests.api_answer import named
 from tests.plotly_payload import arr, fig
 
-PROMPT = "Tom gave the red ball to Anna. Tom gave the red ball to Anna."
+from explorer.panels.experiments import BAD, DEFAULT_PROMPT as PROMPT, GOOD
 ZERO, MEAN = list(HOWS)
 
 
@@ -60,9 +60,9 @@ def test_sweep_and_patch_equal_the_api(client):
     np.testing.assert_allclose(arr(fig(sweep_fig)["data"][0]["z"]), want, rtol=1e-4, atol=1e-4)
     assert "knock-outs, one head at a time" in text
 
-    out = named(PatchView, client.predict(CLEAN, CORRUPT, " Tom", " Anna", api_name="/experiment_patch"))
+    out = named(PatchView, client.predict(CLEAN, CORRUPT, GOOD, BAD, api_name="/experiment_patch"))
     c, x = tokenizer(CLEAN)["input_ids"], tokenizer(CORRUPT)["input_ids"]
-    answer = (tokenizer.encode(" Tom", add_special_tokens=False)[0], tokenizer.encode(" Anna", add_special_tokens=False)[0])
+    answer = (tokenizer.encode(GOOD, add_special_tokens=False)[0], tokenizer.encode(BAD, add_special_tokens=False)[0])
     np.testing.assert_allclose(arr(fig(out.resid)["data"][0]["z"]), iv.patch(model, [c], [x], "resid_pre", answer).numpy(),
                                rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(arr(fig(out.head)["data"][0]["z"]), iv.patch(model, [c], [x], "head", answer).numpy(),
@@ -81,8 +81,8 @@ def test_circuit_reports_four_losses(client):
     ((PROMPT, ["0.9"], ZERO), "/knockout", "head must be between"),
     ((PROMPT, ["x"], ZERO), "/knockout", "layer.head"),
     ((PROMPT, [], ZERO), "/knockout", "at least one head"),
-    ((CLEAN, "Anna gave the ball to Tom.", " Tom", " Anna"), "/experiment_patch", "tokens and the corrupted one"),
-    ((CLEAN, CORRUPT, " Tommy boy", " Anna"), "/experiment_patch", "patching compares two single tokens"),
+    ((CLEAN, "apple river", GOOD, BAD), "/experiment_patch", "tokens and the corrupted one"),
+    ((CLEAN, CORRUPT, " chair lamp", BAD), "/experiment_patch", "patching compares two single tokens"),
 ])
 def test_bad_input_gets_a_sentence(client, args, api, message):
     with pytest.raises(AppError, match=message):

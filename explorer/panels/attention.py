@@ -7,6 +7,7 @@ output, so the heatmap never waits for it."""
 from __future__ import annotations
 
 import time
+import urllib.parse
 from typing import Any, NamedTuple
 
 import gradio as gr
@@ -113,6 +114,13 @@ def describe_head(weights: np.ndarray, layer: int, head: int, n_heads: int, n_kv
     return "; ".join(parts) + ". Shares are mean weights over queries 1 … T−1 (query 0 sees only itself)."
 
 
+def test_link(prompt: str, layer: int, head: int) -> str:
+    """The Experiments tab's link that knocks this head out on this prompt (percent-encoded: never markup)."""
+    query = urllib.parse.urlencode({"tab": "experiments", "heads": f"{layer}.{head}",
+                                    "prompt": session.clean_text(prompt)[:links.MAX_TEXT]}, quote_via=urllib.parse.quote)
+    return f"?{query}"
+
+
 class AttentionView(NamedTuple):
     """What the Attention tab shows for one prompt, layer, head and mask (the event's outputs, in order)."""
     heatmap: Any  # plotly Figure: the chosen head's weights
@@ -183,6 +191,7 @@ def _attention_view(prompt, layer, head, view, state, span=None, sink=False):
                   for rank, (tok, i, p) in enumerate(zip(top, fwd["top_ids"], fwd["top_probs"]))]
     causal_patterns = _forward(model, ids, True, wk)["patterns"]
     head_md = describe_head(causal_patterns[layer, head], layer, head, H, Hkv, scores)
+    head_md += f" [Test this head: knock it out and measure →]({test_link(prompt, layer, head)})"
     group = c.n_kv_groups
     gqa_rows = "\n".join(
         f"| KV {j} | {', '.join(str(h) for h in range(j * group, (j + 1) * group))} |" for j in range(Hkv))

@@ -27,10 +27,12 @@ from lens.device import gpu
 from . import outputs_of, user_errors
 
 MAX_TOKENS = 64
-DEFAULT_PROMPT = "Tom gave the red ball to Anna. Tom gave the red ball to Anna."
-CLEAN = "Tom gave the ball to Anna. Anna gave the ball to"
-CORRUPT = "Anna gave the ball to Tom. Tom gave the ball to"
-GOOD, BAD = " Tom", " Anna"
+# A list of words given twice: the second time through, a model with induction heads copies (the shipped
+# decoder was trained on such spans); the patching pair differs in one word of the first copy.
+DEFAULT_PROMPT = "apple river green chair moon seven bread lamp apple river green chair moon seven bread lamp"
+CLEAN = "apple river green chair moon seven bread lamp apple river green"
+CORRUPT = "apple river green table moon seven bread lamp apple river green"
+GOOD, BAD = " chair", " table"
 HOWS = {"zero (output set to 0)": "zero", "mean (output set to its mean over the prompt)": "mean"}
 CIRCUIT_SPAN = 32
 CIRCUIT_ROWS = 8
@@ -325,7 +327,7 @@ def build_experiments(demo: gr.Blocks, state: gr.State) -> None:
     with gr.Row():
         with gr.Column(scale=2):
             prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, max_lines=6,
-                                info="A prompt that repeats itself shows induction at work.")
+                                info="A prompt that repeats itself shows induction at work: the second time through, the model can copy.")
             chosen = gr.Dropdown(label="Heads to knock out (layer.head)", choices=head_options(model),
                                  value=default_heads(model), multiselect=True, allow_custom_value=True,
                                  info="Opens on the model's best induction head.")

@@ -1,0 +1,43 @@
+"""The Experiments tab's three long actions timed on a model: each head knocked out in turn, resid_pre patching
+and head patching of a prompt pair (``python -m explorer.bench.experiments`` runs these rows alone)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from explorer import interventions as iv
+
+PROMPT_TOKENS = 24
+
+
+def bench_experiments(model, *, tokens: int = PROMPT_TOKENS, seed: int = 0) -> dict[str, Any]:
+    """Seconds for each action on one ``tokens``-long prompt (and a copy with its middle token changed)."""
+    c = model.config
+    g = torch.Generator().manual_seed(seed)
+    clean = torch.randint(0, c.vocab_size, (1, tokens), generator=g)
+    corrupt = clean.clone()
+    corrupt[0, tokens // 2] = (clean[0, tokens // 2] + 1) % c.vocab_size
+    answer = (1, 2)
+    out: dict[str, Any] = {"prompt_tokens": tokens, "layers": c.n_layers, "heads": c.n_heads}
+    for name, run in (("knockout_sweep", lambda: iv.knockout_sweep(model, clean)),
+                      ("patch_resid_pre", lambda: iv.patched_metrics(model, corrupt, clean, "resid_pre", answer)),
+                      ("patch_head", lambda: iv.patched_metrics(model, corrupt, clean, "head", answer))):
+        t0 = time.perf_counter()
+        run()
+        out[name] = {"seconds": time.perf_counter() - t0}
+    out["interventions"] = {"knockout_sweep": c.n_layers * c.n_heads, "patch_resid_pre": c.n_layers * tokens,
+                            "patch_head": c.n_layers * c.n_heads}
+    return out
+
+
+if __name__ == "__main__":
+    from models import Decoder
+
+    from .runs import model_config, settings_for
+
+    torch.manual_seed(0)
+    m = Decoder(model_config(settings_for(False, False, "cpu"))).eval()
+    for key, value in bench_experiments(m).items():
+        print(key, value)
