@@ -243,3 +243,6 @@ def test_the_api_examples_run_on_the_shipped_model(monkeypatch):
     assert namespace["layer"] == 1, "the shipped model's induction heads are in layer 1"
     assert float((namespace["edited"] - namespace["logits"]).detach().abs().max()) > 1e-3, "the knock-out changed the logits"
     assert not __import__("models.hooks", fromlist=["has_hooks"]).has_hooks(namespace["model"]), "edit removed"
+    T = namespace["x"].shape[1]
+    assert namespace["losses"].shape == (T - 1,) and namespace["sweep"]["knocked"].shape[2] == T - 1
+    assert namespace["recovered"].shape == (namespace["model"].config.n_layers, T)

@@ -18,12 +18,15 @@ from models.fast import optimize_for_decode
 from models.fast_decode import decode_blas
 from models.loading import load_pretrained
 
+from .experiments import bench_experiments
 from .formats import bench_formats
 from .generation import bench_generation
 from .report import render_markdown
 from .runs import (bench_app, bench_attention, bench_induction, bench_cache, bench_vs_transformers, default_budget,
                    load_transformers_copy, log, model_config, settings_for, weight_bytes_per_token)
-from .targets import LOAD_CLASS, LOAD_MOST, PROMPT_LEN, SHIPPED_NAME, SMOL_NAME, evaluate_targets
+from .targets import (EXPERIMENT_TOKENS, LOAD_CLASS, LOAD_MOST, PROMPT_LEN, SHIPPED_NAME, SMOL_NAME,
+                      evaluate_targets)
+
 
 def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str | None = None,
               dtype: str = "float32", budget_bytes: int | None = None) -> dict[str, Any]:
@@ -79,6 +82,9 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
         report["induction"] = bench_induction(shipped, shipped.config.bos_token_id)
     report["app"] = bench_app(app_models, settings) if not dev.is_cuda(device) and torch_dtype == torch.float32 else {
         "skipped": "the app serves float32 on the CPU; run the CPU float32 benchmark for these numbers"}
+    report["experiments"] = bench_experiments(model, tokens=EXPERIMENT_TOKENS)
+    log("experiments: " + ", ".join(f"{k} {v['seconds']:.1f} s" for k, v in report["experiments"].items()
+                                    if isinstance(v, dict) and "seconds" in v))
     if tiny:  # tests/test_load.py runs the same clients against the served app
         report["load"] = {"skipped": "tiny mode: no classroom"}
     else:

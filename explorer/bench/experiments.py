@@ -9,7 +9,7 @@ import torch
 
 from explorer import interventions as iv
 
-PROMPT_TOKENS = 24
+PROMPT_TOKENS = 24  # explorer.bench.targets.EXPERIMENT_TOKENS states the target at this length
 
 
 def bench_experiments(model, *, tokens: int = PROMPT_TOKENS, seed: int = 0) -> dict[str, Any]:

@@ -17,6 +17,7 @@ CACHE_TOKENS = 128
 HF_TOKENS = 64
 INDUCTION_SPANS = (8, 16, 32, 64, 120)
 GENERATION_TARGET_TOKENS = 128  # explorer.bench.generation.GENERATION_TOKENS
+EXPERIMENT_TOKENS = 24  # explorer.bench.experiments.PROMPT_TOKENS
 LOAD_CLASS, LOAD_MOST = 40, 64  # sessions opening the page at once: a class, and the most the queue is sized for
 
 
@@ -75,6 +76,10 @@ TARGETS: tuple[Target, ...] = (
            f"load_refused:{LOAD_MOST}", "<=", 0, "issue 11"),
     Target("Attention answered while another client's memory sweep and a third's generation run: <= 1 s",
            "load_attention_beside_sweep", "<=", 1.0, "issue 11"),
+    *(Target(f"Experiments, {SMOL_NAME}, {EXPERIMENT_TOKENS}-token prompt: {what} <= 10 s", f"experiments:{key}", "<=",
+             10.0, "issue 26") for key, what in (("knockout_sweep", "knock out each of the 270 heads in turn"),
+                                                 ("patch_resid_pre", "resid_pre patching (30 layers x 24 positions)"),
+                                                 ("patch_head", "head patching (30 layers x 9 heads)"))),
 )
 
 
@@ -147,6 +152,9 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
         a = three["attention_seconds"]
         m["load_attention_beside_sweep"] = (a, f"{a * 1e3:.0f} ms (sweep still running: "
                                                f"{'yes' if three['sweep_still_running'] else 'no'})")
+    for key, r in (report.get("experiments") or {}).items():
+        if isinstance(r, dict) and "seconds" in r:
+            m[f"experiments:{key}"] = (r["seconds"], f"{r['seconds']:.1f} s")
     for span, r in ((report.get("induction") or {}).get("spans") or {}).items():
         m[f"induction:{span}"] = (r["best"], f"{r['best']:.3f} (layer {r['layer']}, head {r['head']})")
     return m
