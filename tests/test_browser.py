@@ -19,6 +19,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
 TABS = [
     ("Inside the model", "walkthrough", "Walk through"),
     ("Attention", "attention", "Show attention"),
+    ("Experiments", "experiments", "Knock out"),
     ("Positions", "positions", "Apply θ"),
     ("KV cache & generation", "generation", None),
     ("Memory lab", "memory", None),
