@@ -22,7 +22,9 @@ from models.generate import generate as generate_tokens
 from models.block import PROJECTIONS
 from models.lora import attach_lora, detach_lora
 
-from . import as_index, as_number, as_whole, cached_opening, head_choices, layer_choices, outputs_of, user_errors
+from explorer.panels.controls import as_index, as_number, as_whole, head_choices, layer_choices, outputs_of
+from explorer.panels.errors import user_errors
+from explorer.state.openings import cached_opening
 from .formats import build_formats
 
 MAX_RANK = 64

@@ -17,7 +17,9 @@ from explorer.state.cache import results
 from explorer.measure.run import STILL_RUNNING, abandonable
 from explorer.figures import memory as figs
 
-from . import as_whole, cached_opening, outputs_of, user_errors
+from explorer.panels.controls import as_whole, outputs_of
+from explorer.panels.errors import user_errors
+from explorer.state.openings import cached_opening
 
 IMPLS = ("naive", "sdpa", "tiled")
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")

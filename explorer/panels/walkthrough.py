@@ -23,7 +23,9 @@ from explorer.figures.common import head_label
 from explorer.state.cache import weights_key
 from explorer.state.locks import MEMO_LOCK
 
-from . import as_index, as_whole, cached_opening, layer_choices, short, user_errors
+from explorer.panels.controls import as_index, as_whole, layer_choices
+from explorer.panels.errors import short, user_errors
+from explorer.state.openings import cached_opening
 
 MAX_TOKENS = 64
 DEFAULT_PROMPT = "Once upon a time, there was a little"

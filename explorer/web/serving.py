@@ -131,10 +131,10 @@ def _takes_request_or_progress(fn) -> bool:
 
 
 def serve_page_loads_from_cache(demo: gr.Blocks) -> None:
-    """Every page-load event answers from the shared result cache (``explorer.panels.cached_opening``): a class
-    opening the page at once computes each opening example, and serialises each of its figures, once. Events
-    that read the request (the link's query) or stream are left as they are."""
-    from explorer.panels import cached_opening
+    """Every page-load event answers from the shared result cache (``explorer.state.openings``): a class opening
+    the page at once computes each opening example, and serialises each of its figures, once. Events that read the
+    request (the link's query) or stream are left as they are."""
+    from explorer.state.openings import cached_opening
 
     for fn in page_load_fns(demo):
         if inspect.isgeneratorfunction(fn.fn) or _takes_request_or_progress(fn.fn):
@@ -168,7 +168,7 @@ def _sentence_for_bad_values(demo: gr.Blocks) -> None:
     """Gradio checks each value against its component (a dropdown's choices, a slider's number) before any
     handler runs, and answers a bad one with a bare "Error" or a message that echoes the whole value. Turn
     that into one sentence with a short, escaped prefix of the reason."""
-    from explorer.panels import no_paths, short
+    from explorer.panels.errors import no_paths, short
 
     preprocess = demo.preprocess_data
 
