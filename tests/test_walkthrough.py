@@ -20,6 +20,7 @@ from gradio_client.exceptions import AppError
 from explorer import probes
 
 from explorer.state import session
+from explorer.state.cache import results
 from explorer.probes import walkthrough as wt
 from explorer.figures import walkthrough as fw
 from explorer.figures.common import head_label, token_labels
@@ -298,9 +299,10 @@ def test_memo_reuses_the_forward_and_notices_changed_weights(tmp_path):
     changed, cached = pw.walk_cached(m, ids, 2)
     assert not cached
     assert not np.allclose(changed.layers[1].mlp_out, first.layers[1].mlp_out)
-    for pos in range(4):  # bounded: older entries go
+    for pos in range(4):  # bounded: kept in the shared result cache (its bounds: tests/test_one_result_cache.py)
         pw.walk_cached(m, ids, pos)
-    assert len(pw._MEMO[m]) <= pw._MEMO_SIZE
+    stats = results.stats()
+    assert stats["entries"] <= results.max_entries and stats["bytes"] <= results.max_bytes
 
 
 # --- figures ------------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from explorer.state.cache import results, weights_key
 from explorer.figures import attention as figs
 from explorer.figures.common import head_label, kv_head_of
 
-from . import as_index, head_choices, layer_choices, outputs_of, user_errors
+from explorer.panels.controls import as_index, head_choices, layer_choices, outputs_of
+from explorer.panels.errors import user_errors
 
 MAX_TOKENS = 64
 DEFAULT_PROMPT = "Tom gave the red ball to Anna. Anna gave the red ball to Tom."

@@ -12,7 +12,9 @@ from lens.device import gpu
 from explorer.figures import encoder_decoder as figs
 from explorer.figures.common import head_label
 
-from . import as_index, cached_opening, head_choices, layer_choices, user_errors
+from explorer.panels.controls import as_index, head_choices, layer_choices
+from explorer.panels.errors import user_errors
+from explorer.state.openings import cached_opening
 
 MAX_TOKENS = 48
 DEFAULT_PROMPT = "The little dog found a red ball in the garden."

@@ -26,7 +26,7 @@ from explorer.measure import formats as fm
 from models.fast_decode import decode_blas
 from models.generate import generate
 
-from . import user_errors
+from explorer.panels.errors import user_errors
 
 ROOT = Path(__file__).resolve().parents[2]
 HELD_OUT_PATH = ROOT / "assets" / "encoder-model" / "held_out_stories.txt"

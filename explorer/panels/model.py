@@ -13,7 +13,8 @@ from explorer.state import session
 from explorer.state import checkpoints
 from explorer.figures.common import parameter_bars
 
-from . import cached_opening, user_errors
+from explorer.panels.errors import user_errors
+from explorer.state.openings import cached_opening
 
 INTRO = """### Model: what you are looking at
 Every tab runs the model chosen here, for your browser session only (other visitors keep theirs). The shipped

@@ -15,7 +15,8 @@ from explorer.state import session
 from explorer.figures import positions as figs
 from explorer.figures.common import head_label
 
-from . import as_index, head_choices, layer_choices, outputs_of, user_errors
+from explorer.panels.controls import as_index, head_choices, layer_choices, outputs_of
+from explorer.panels.errors import user_errors
 
 POSITIONS = 64
 MAX_TOKENS = 48

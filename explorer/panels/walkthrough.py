@@ -1,6 +1,6 @@
 """Inside the model: one token of the prompt followed through the decoder, step by step, and the logit lens.
 
-One hooked forward per (model, prompt, token) is kept in a small per-model memo (the chosen token's values
+One hooked forward per (model, prompt, token) is kept in the shared result cache (the chosen token's values
 only, ``explorer.probes.walkthrough.Walkthrough``), so the stepper, the previous/next buttons and the layer menu
 redraw one step without running the model again. Nothing of it goes into ``gr.State``.
 """
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import html
 import time
-import weakref
-from collections import OrderedDict
 
 import gradio as gr
 
@@ -20,10 +18,11 @@ from explorer.state import session
 from explorer.probes import walkthrough as wt
 from explorer.figures import walkthrough as figs
 from explorer.figures.common import head_label
-from explorer.state.cache import weights_key
-from explorer.state.locks import MEMO_LOCK
+from explorer.state.cache import results, weights_key
 
-from . import as_index, as_whole, cached_opening, layer_choices, short, user_errors
+from explorer.panels.controls import as_index, as_whole, layer_choices
+from explorer.panels.errors import short, user_errors
+from explorer.state.openings import cached_opening
 
 MAX_TOKENS = 64
 DEFAULT_PROMPT = "Once upon a time, there was a little"
@@ -34,24 +33,19 @@ to the probabilities of the next token. Every number is your prompt's real value
 model by its hooks, and each step names the function in `models/` that computes it. Below, the **logit lens**
 shows what the model would predict if it stopped after each layer: watch where the right answer appears."""
 
-_MEMO: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_MEMO_SIZE = 4  # per model: a Walkthrough of SmolLM2-135M's shape holds about 2 MB
-
 
 def walk_cached(model, ids: list[int], position: int) -> tuple[wt.Walkthrough, bool]:
-    """(the walkthrough, whether it came from the memo): one forward per model, prompt, token and weights."""
-    key = (tuple(ids), position, weights_key(model))  # a user's own model may change between two clicks
-    with MEMO_LOCK:
-        entries = _MEMO.setdefault(model, OrderedDict())
-        if key in entries:
-            entries.move_to_end(key)
-            return entries[key], True
-    result = wt.walk(model, ids, position)
-    with MEMO_LOCK:
-        entries[key] = result
-        while len(entries) > _MEMO_SIZE:
-            entries.popitem(last=False)
-    return result, False
+    """(the walkthrough, whether it was already computed): one hooked forward per model, prompt, token and
+    weights, kept in the shared result cache so the stepper's buttons redraw a step without running the model."""
+    computed = []
+
+    def walk() -> wt.Walkthrough:
+        computed.append(True)
+        return wt.walk(model, ids, position)
+
+    # a user's own model may change between two clicks: its weights key changes with it
+    result = results.get_or_compute(("walkthrough", weights_key(model), tuple(ids), position), walk)
+    return result, not computed
 
 
 def _position(token, n_tokens: int) -> int:

@@ -9,14 +9,12 @@ The locks:
                        timings (which must not run beside a sweep on the same cores).
     PROFILER_LOCK      torch's profiler is one per process: two threads profiling at once crash it, so every
                        CPU peak-memory measurement holds this, whoever calls it.
-    MEMO_LOCK          guards the per-model memos of computed views (the Attention tab's, the walkthrough's):
-                       held only while reading or writing a memo, never while computing and never while taking
-                       another lock.
 
-The rule: take them in the order ``model_lock -> MEASURE_LOCK -> PROFILER_LOCK``, never the other way round,
-and take nothing while holding ``MEMO_LOCK``. Module-private guards of a cache (the default model's loader,
-the private-model registry, the memory lab's opening example) are held around their own work only and take no
-lock from this list except in this same order.
+The rule: take them in the order ``model_lock -> MEASURE_LOCK -> PROFILER_LOCK``, never the other way round.
+Computed views are kept in ``explorer.state.cache.results``, whose own guard is held only to read or write its
+books, never while computing. Module-private guards of a cache (the default model's loader, the private-model
+registry, the memory lab's opening example) are held around their own work only and take no lock from this list
+except in this same order.
 """
 from __future__ import annotations
 
@@ -27,7 +25,6 @@ from lens.hooks import model_lock  # noqa: F401 (first in the order below; it li
 
 MEASURE_LOCK = threading.Lock()
 PROFILER_LOCK = threading.Lock()
-MEMO_LOCK = threading.Lock()
 
 class Busy(ValueError):
     """Another measurement holds MEASURE_LOCK; the message says so in a sentence (a ValueError, so

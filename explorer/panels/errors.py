@@ -1,0 +1,79 @@
+"""What a visitor is told when something they sent is wrong: one sentence, never a traceback.
+
+``user_errors`` turns the ``ValueError``s that models/ and explorer/ raise for bad input into ``gr.Error`` with
+the same sentence (and a ``MemoryError`` into a sentence too); the message helpers keep what reaches the browser
+short, free of server paths and shown as text.
+"""
+from __future__ import annotations
+
+import functools
+import html
+import inspect
+import re
+
+import gradio as gr
+
+
+def short(message: str, limit: int = 600) -> str:
+    """A message that echoes what the user sent, cut to a readable length (a 20,000-character prompt stays out)."""
+    return message if len(message) <= limit else message[:limit - 1] + "…"
+
+
+_SERVER_PATH = re.compile(r"(?<![\w/.:~-])/(?:[\w.~+-]+/)+([\w.~+-]*)")
+
+
+def no_paths(message: str) -> str:
+    """``message`` with every absolute server path cut to its last part (``/srv/app/assets/m/config.json`` reads
+    ``…/config.json``): a visitor has no use for the server's folders, and a stranger should not learn them."""
+    return _SERVER_PATH.sub(lambda m: "…/" + m.group(1) if m.group(1) else "…/", message)
+
+
+def shown(value) -> str:
+    """A number (or anything) as a message quotes it: short, never a 309-digit integer."""
+    if isinstance(value, float):
+        return repr(value)  # 1e+308, inf
+    text = repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and len(text) > 15:
+        return f"a {len(text.lstrip('-'))}-digit number"
+    return short(text, 40)
+
+
+def plain(message: str) -> str:
+    """A message safe to show in Gradio's error popup, which renders HTML: markup from the input shows as text,
+    and lone surrogates (which no page can display) become U+FFFD."""
+    return html.escape(message.encode("utf-8", "replace").decode("utf-8"), quote=False)
+
+
+def _as_user_error(exc: Exception) -> gr.Error:
+    if isinstance(exc, MemoryError):  # a prediction fell short: answer this request, keep the server up
+        import gc
+
+        gc.collect()
+        return gr.Error("The machine ran out of memory for this request: choose smaller sizes or a shorter "
+                        "text and try again.")
+    return gr.Error(plain(short(no_paths(str(exc)))))
+
+
+def user_errors(fn):
+    """Wrap a handler (a plain function or a generator that streams updates) so that a ``ValueError``
+    reaches the browser as ``gr.Error`` with the same sentence, and a ``MemoryError`` as a sentence too."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def stream(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except gr.Error:
+                raise
+            except (ValueError, MemoryError) as exc:
+                raise _as_user_error(exc) from exc
+        return stream
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except (ValueError, MemoryError) as exc:
+            raise _as_user_error(exc) from exc
+    return wrapper
