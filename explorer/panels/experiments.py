@@ -17,7 +17,7 @@ import torch
 from explorer import interventions as iv
 from explorer import measure
 from explorer.figures import experiments as figs
-from explorer.figures.common import head_label, provenance_text, token_labels
+from explorer.figures.common import head_label, provenance_text
 from explorer.state import session
 from explorer.state.cache import results, weights_key
 from explorer.web import links
