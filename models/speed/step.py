@@ -1,96 +1,218 @@
-"""``decode_step``: the one-token path ``models.generate.decode_one`` takes for a decoder prepared by
-``models.fast.optimize_for_decode``, when nothing would be skipped (``can_decode_fast``); one token on the CPU goes
-to ``models.fast_cpu``, a batch or a GPU to ``_torch_step`` here.
+"""The fast step: one new token through a decoder as a flat sequence of array operations instead of module calls,
+for callers that ask for it (``generate(..., step=fast_step)``); by default every token runs through the modules.
+
+It is a second implementation of the same math, written for exactly one decoder: the tutorial's Llama ``Decoder``
+in fp32 with SDPA attention, plain ``nn.Linear``s without bias, RMSNorm, SwiGLU, no hook and no edit anywhere.
+For anything else (LoRA, int8, bf16, another attention implementation, a module or a config option it does not
+know) it steps aside: it returns None and ``decode_one`` runs the modules. It cannot see a change to the teaching
+code's source (an edited ``RMSNorm.forward``): a caller that shows its tokens says which path made them and checks
+them against the modules (the generation tab does).
+
+One token on the CPU goes to ``models.speed.cpu``'s step; a batch, or a model on a GPU, to ``_torch_step`` here.
 
 Notation: B batch, C model dim, H query heads, Hkv key/value heads, D head dim, F feed-forward dim, V vocabulary.
 """
 from __future__ import annotations
 
+import dataclasses
+import threading
+import weakref
+from typing import NamedTuple
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.modules import module as _module
 
-from .attention import Attention
-from .block import PreNormBlock
-from .fast import FAST_DECODE, fused, structure_version
-from .fast_cpu import TORCH_PRODUCTS, cpu_products, run_cpu_step, weights_plan
-from .kv_cache import KVCache
-from .layers import RMSNorm, SwiGLU
-from .rope import rope_matrix
+from ..attention import Attention
+from ..decoder import Decoder, DecoderBlock
+from ..hooks import HookPoint, HookWatch, has_global_hooks, module_hooked
+from ..kv_cache import KVCache
+from ..layers import RMSNorm, SwiGLU
+from ..rope import rope_matrix
+from .cpu import TORCH_PRODUCTS, _Plan, cpu_products, plan_current, run_cpu_step, weights_plan
+from .layout import fused
 
-
-def _check(model: nn.Module) -> bool:
-    """Whether ``model`` is exactly the tutorial's fp32 SDPA decoder with no hook attached. LoRA adapters, int8
-    layers, another dtype or attention implementation, or a hook on any module (or a global one) take the
-    modules' own path."""
-    modules = [model, *model._modules.values(), *model.norm._modules.values()]
-    ok = model.lm_head.weight.dtype == torch.float32
-    for block in model.blocks:
-        parts = block._modules
-        attn, mlp = parts["attn"], parts["mlp"]
-        ok = ok and type(block).forward is PreNormBlock.forward and type(attn) is Attention and type(mlp) is SwiGLU \
-            and type(parts["input_layernorm"]) is RMSNorm and type(parts["post_attention_layernorm"]) is RMSNorm \
-            and attn.use_rope
-        modules.append(block)
-        for owner in (block, attn, mlp, parts["input_layernorm"], parts["post_attention_layernorm"]):
-            modules += owner._modules.values()
-        linears = [attn._modules[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + [
-            mlp._modules[n] for n in ("gate_proj", "up_proj", "down_proj")] if ok else []
-        ok = ok and all(type(lin) is nn.Linear and lin.bias is None and lin.weight.dtype == torch.float32
-                        for lin in linears)
-    hooked = any(m._forward_hooks or m._forward_pre_hooks for m in modules)
-    return ok and not hooked
-
-
-def can_decode_fast(model: nn.Module) -> bool:
-    """Whether ``decode_step`` runs for ``model`` now: prepared by ``optimize_for_decode``, the tutorial's fp32
-    decoder unchanged (plain ``nn.Linear``s, RMSNorm, SwiGLU, SDPA attention: no LoRA, no int8, no bf16), and no
-    hook attached anywhere.
-
-    The full check reads ~1,000 modules (about 1 ms, 3 % of a step): a "yes" is kept on the model and reused
-    while no hook, module, parameter or buffer has been registered anywhere since
-    (``models.fast.structure_version``);
-    dtype and attention implementation, which register nothing, are read at every step.
-    """
-    if not model.__dict__.get(FAST_DECODE) or _module._global_forward_hooks or _module._global_forward_pre_hooks:
-        return False
-    version = structure_version(model)
-    kept = model.__dict__.get("_fast_check")
-    if kept is None or kept[0] != version or not kept[1]:  # a "no" is never reused: a hook may have gone
-        kept = (version, _check(model))
-        model.__dict__["_fast_check"] = kept
-    return kept[1] and model.lm_head.weight.dtype == torch.float32 and all(
-        block._modules["attn"].impl == "sdpa" for block in model.blocks)  # set_attn_impl swaps no module
+# What the step was written for, spelled out rather than read from the model files: a config option, a module, a
+# parameter or an attribute that is not listed here (a bias, a QK norm, a sliding window, ...) is something the step
+# would skip, so the model runs through its modules until someone teaches the step that option.
+KNOWN_CONFIG = frozenset({
+    "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len", "rope_theta",
+    "rope_scaling",  # applied to the rotary tables the step reads (rope_cos, rope_sin)
+    "norm_eps", "tie_embeddings", "attn_impl", "tile_size", "bos_token_id", "eos_token_id", "pad_token_id",
+    "head_dim", "n_kv_groups"})
+KNOWN_MODULES: dict[type, dict] = {  # type -> children (name: type), parameters, buffers, public attributes
+    nn.ModuleList: dict(children=None, params=set(), buffers=set(), attrs={"training"}),  # blocks: checked apart
+    Decoder: dict(children={"embed_tokens": nn.Embedding, "blocks": nn.ModuleList, "norm": RMSNorm,
+                            "lm_head": nn.Linear, "hook_embed": HookPoint, "hook_logits": HookPoint},
+                  params=set(), buffers={"rope_cos", "rope_sin"}, attrs={"config", "training"}),
+    DecoderBlock: dict(children={"input_layernorm": RMSNorm, "attn": Attention, "post_attention_layernorm": RMSNorm,
+                                 "mlp": SwiGLU, **{f"hook_{n}": HookPoint for n in (
+                                     "resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")}},
+                       params=set(), buffers=set(), attrs={"training"}),
+    Attention: dict(children={**{f"{n}_proj": nn.Linear for n in "qkvo"}, **{f"hook_{n}": HookPoint for n in (
+        "q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z")}}, params=set(), buffers=set(),
+                    attrs={"causal", "head_dim", "impl", "n_heads", "n_kv_heads", "tile_size", "training", "use_rope"}),
+    RMSNorm: dict(children={"hook_scale": HookPoint, "hook_normalized": HookPoint}, params={"weight"}, buffers=set(),
+                  attrs={"eps", "training"}),
+    SwiGLU: dict(children={**{f"{n}_proj": nn.Linear for n in ("gate", "up", "down")},
+                           **{f"hook_{n}": HookPoint for n in ("gate", "up", "post")}},
+                 params=set(), buffers=set(), attrs={"training"}),
+    nn.Linear: dict(children={}, params={"weight"}, buffers=set(), attrs={"in_features", "out_features", "training"}),
+    nn.Embedding: dict(children={}, params={"weight"}, buffers=set(), attrs={
+        "embedding_dim", "max_norm", "norm_type", "num_embeddings", "padding_idx", "scale_grad_by_freq", "sparse",
+        "training"}),
+    HookPoint: dict(children={}, params=set(), buffers=set(), attrs={"edits", "training"}),
+}
 
 
-def decode_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor | None:
-    """One new token (B, 1) at position ``pos`` through the decoder as flat array operations; next-token
-    logits (B, V), or None when ``can_decode_fast(model)`` is False (the caller then runs the model).
-
-    The same computation as ``Decoder.forward(token, start_pos=pos, cache=cache, last_only=True)``, the same
-    cache writes, the modules' own weights read in place. One token on the CPU (the app's and the benchmark's
-    case) takes ``models.fast_cpu``'s step: the products in torch or numpy's BLAS, the rest in numpy; a batch, or a model on
-    a GPU, takes ``_torch_step``: the same sequence as torch operations.
-    """
-    if not can_decode_fast(model):
-        return None
+def why_not(model: nn.Module) -> str | None:
+    """None when the fast step computes exactly what ``model``'s modules compute for one cached token; else why
+    not, in a few words ("a hook or an edit is attached", "an int8 layer", ...). Reads the model through public
+    APIs only (``named_modules``, ``named_children``, attributes); a few milliseconds for a 30-layer model."""
+    if type(model) is not Decoder:
+        return f"a {type(model).__name__}, not the tutorial's Decoder"
     c = model.config
-    if token.dim() != 2 or token.shape[1] != 1 or not 0 <= pos < c.max_seq_len:
-        return None  # let the model say what is wrong
-    if token.shape[0] == 1 and token.is_cpu and cache.k[0].is_cpu and cache.k[0].dtype == torch.float32 \
-            and cache.k[0].shape[0] == 1 and pos < cache.max_len:
-        token_id = int(token[0, 0])
-        plan = weights_plan(model)
-        if plan is not None and 0 <= token_id < c.vocab_size:
-            return run_cpu_step(plan, token_id, cache, pos, cpu_products(model, plan))
-    return _torch_step(model, token, cache, pos)
+    unknown = sorted({f.name for f in dataclasses.fields(c)} - KNOWN_CONFIG)
+    if unknown:
+        return f"config options the fast step does not know ({', '.join(unknown)})"
+    hooked = "a hook or an edit is attached"
+    if has_global_hooks():
+        return hooked
+    C, V, H, Hkv, D = c.d_model, c.vocab_size, c.n_heads, c.n_kv_heads, c.head_dim
+    if len(model.blocks) != c.n_layers or [n for n, _ in model.blocks.named_children()] != [
+            str(i) for i in range(c.n_layers)]:
+        return "blocks added or removed without the config"
+    devices = {model.rope_cos.device}
+    for name, m in model.named_modules():  # one walk: hooks, types, children, parameters, settings
+        if module_hooked(m):
+            return hooked
+        spec = KNOWN_MODULES.get(type(m))
+        if spec is None:
+            return f"{name}: a {type(m).__name__} module"
+        children = {n: type(child) for n, child in m.named_children()}
+        if spec["children"] is None:  # the blocks: a DecoderBlock at each index, as checked above
+            children, spec = {n: t for n, t in children.items() if t is not DecoderBlock}, {**spec, "children": {}}
+        for child, kind in children.items():
+            want = spec["children"].get(child)
+            if kind is not want:
+                known = f", not the {want.__name__} the fast step knows" if want else ", unknown to the fast step"
+                return f"{name + '.' if name else ''}{child}: a {kind.__name__}{known}"
+        if set(children) != set(spec["children"]):
+            return f"{name or 'the model'}: {', '.join(sorted(set(spec['children']) - set(children)))} missing"
+        params = dict(m.named_parameters(recurse=False))
+        if params.keys() != spec["params"] or {n for n, _ in m.named_buffers(recurse=False)} != spec["buffers"]:
+            return f"{name or 'the model'}: parameters or buffers the fast step does not know (a bias?)"
+        if {k for k in vars(m) if k[0] != "_"} != spec["attrs"]:
+            return f"{name or 'the model'}: settings the fast step does not know"
+        for p in params.values():
+            if p.dtype != torch.float32:
+                return "weights not in float32"
+            devices.add(p.device)
+    for block in model.blocks:
+        attn, mlp = block.attn, block.mlp
+        if attn.impl != "sdpa":
+            return f"{attn.impl} attention (the fast step is SDPA's math)"
+        if not (attn.causal and attn.use_rope and (attn.n_heads, attn.n_kv_heads, attn.head_dim) == (H, Hkv, D)):
+            return "an attention layer set up otherwise than the config says"
+        shapes = [(attn.q_proj, (H * D, C)), (attn.k_proj, (Hkv * D, C)), (attn.v_proj, (Hkv * D, C)),
+                  (attn.o_proj, (C, H * D)), (mlp.gate_proj, (c.d_ff, C)), (mlp.up_proj, (c.d_ff, C)),
+                  (mlp.down_proj, (C, c.d_ff)), (block.input_layernorm, (C,)), (block.post_attention_layernorm, (C,))]
+        if any(tuple(m.weight.shape) != shape for m, shape in shapes):
+            return "weights shaped otherwise than the config says"
+    if tuple(model.lm_head.weight.shape) != (V, C) or tuple(model.embed_tokens.weight.shape) != (V, C) or \
+            model.embed_tokens.max_norm is not None or tuple(model.norm.weight.shape) != (C,) or \
+            model.rope_cos.dtype != torch.float32 or tuple(model.rope_cos.shape) != (c.max_seq_len, D):
+        return "weights shaped otherwise than the config says"
+    if len(devices) != 1:
+        return "weights on more than one device"
+    return None
+
+
+class _Run(NamedTuple):
+    """What one generation (one KV cache) checked once, at its first step, and what each step re-checks cheaply."""
+    model: "weakref.ref[nn.Module]"
+    reason: str | None  # why the step stands aside for this generation (None: it runs)
+    watch: HookWatch | None  # hooks and edits on every module checked, seen at each step
+    attentions: tuple  # each layer's Attention: set_attn_impl swaps no module, so impl is read at each step
+    requires_grad: bool  # under autograd the modules, which record a graph, run instead
+    plan: _Plan | None  # the CPU step's views of the weights (None: not on the CPU)
+
+
+class FastStep:
+    """A one-token path to pass as ``generate(..., step=...)`` / ``decode_one(..., step=...)``: called as
+    ``step(model, token (B, 1), cache, pos)``, it returns next-token logits (B, V), the same as
+    ``Decoder.forward(token, start_pos=pos, cache=cache, last_only=True)[:, -1]`` up to float rounding (the same
+    cache writes too), or None to let the modules run that step.
+
+    The full check (``why_not``, a few ms) runs once per generation, at the first step with a new ``cache``; every
+    step re-checks what can change between two tokens in microseconds: a hook or an edit on any module checked
+    (``models.hooks.HookWatch``), a process-wide hook, the attention implementation, autograd, and whether any
+    weight the CPU step views was replaced. A "no" holds for the rest of that generation.
+
+    ``cpu=False`` (``torch_step``) always takes the torch step, never the numpy one.
+    """
+
+    _MAX_RUNS = 32  # generations remembered at once (one per KV cache alive; the app runs a few at a time)
+
+    def __init__(self, name: str, *, cpu: bool = True) -> None:
+        self.name, self.cpu = name, cpu
+        # One entry per generation in progress, dropped with its cache (weak keys); bounded by _MAX_RUNS so that a
+        # caller who keeps many caches alive cannot grow it: the oldest is forgotten and checked again if it returns.
+        self._runs: "weakref.WeakKeyDictionary[KVCache, _Run]" = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+    def why_not(self, model: nn.Module) -> str | None:
+        """Why this step would stand aside for ``model`` now (None: it would run)."""
+        return why_not(model)
+
+    def _run_for(self, model: nn.Module, cache: KVCache) -> _Run:
+        run = self._runs.get(cache)
+        if run is not None and run.model() is model:
+            return run
+        reason = why_not(model)
+        mods = list(model.modules()) if reason is None else []
+        run = _Run(weakref.ref(model), reason, HookWatch(mods) if reason is None else None,
+                   tuple(b.attn for b in model.blocks) if reason is None else (),
+                   reason is None and any(p.requires_grad for p in model.parameters()),
+                   weights_plan(model) if reason is None and self.cpu else None)
+        with self._lock:
+            self._runs.pop(cache, None)
+            while len(self._runs) >= self._MAX_RUNS:
+                self._runs.pop(next(iter(self._runs)), None)
+            self._runs[cache] = run
+        return run
+
+    def __call__(self, model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor | None:
+        run = self._run_for(model, cache)
+        if run.reason is not None or run.watch.hooked() or (run.requires_grad and torch.is_grad_enabled()) \
+                or any(a.impl != "sdpa" for a in run.attentions):
+            return None
+        c = model.config
+        if token.dim() != 2 or token.shape[1] != 1 or not 0 <= pos < min(c.max_seq_len, cache.max_len):
+            return None  # let the model say what is wrong
+        if run.plan is not None and token.shape[0] == 1 and token.is_cpu and cache.k[0].is_cpu \
+                and cache.k[0].dtype == torch.float32 and cache.k[0].shape[0] == 1:
+            token_id = int(token[0, 0])
+            if not 0 <= token_id < c.vocab_size:
+                return None
+            if not plan_current(run.plan):  # a weight's storage replaced mid-generation: check the model again
+                self._runs.pop(cache, None)
+                return self(model, token, cache, pos)
+            return run_cpu_step(run.plan, token_id, cache, pos, cpu_products(model, run.plan))
+        return _torch_step(model, token, cache, pos)
+
+
+fast_step = FastStep("fast step")  # one token on the CPU: models.speed.cpu's numpy step; else the torch step
+torch_step = FastStep("torch step", cpu=False)  # the same sequence as torch operations everywhere
 
 
 def decode_blas(model: nn.Module) -> str:
-    """Which library computes ``model``'s one-token decode products (for the provenance of a speed)."""
-    if not model.lm_head.weight.is_cpu or not can_decode_fast(model):
+    """Which library computes ``fast_step``'s one-token products for ``model`` (for the provenance of a speed)."""
+    if not model.lm_head.weight.is_cpu or why_not(model) is not None:
         return f"torch {torch.__version__}"
     if cpu_products(model) is TORCH_PRODUCTS:
         return f"torch {torch.__version__}" + (" (MKL)" if torch.backends.mkl.is_available() else "")
@@ -100,7 +222,7 @@ def decode_blas(model: nn.Module) -> str:
 
 # --- anywhere else (a batch, a GPU): the same step as torch operations ------------------------------------------
 def _torch_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor:
-    """``decode_step`` as torch operations, for any batch on any device: RMSNorm as torch's fused kernel, each
+    """The fast step as torch operations, for any batch on any device: RMSNorm as torch's fused kernel, each
     residual add folded into its product (addmm), q/k/v and gate/up each one product where laid side by side."""
     c = model.config
     B = token.shape[0]
