@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import weakref
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -42,34 +43,76 @@ KNOWN_CONFIG = frozenset({
     "norm_eps", "tie_embeddings", "attn_impl", "tile_size", "bos_token_id", "eos_token_id", "pad_token_id",
     "head_dim", "n_kv_groups"})
 KNOWN_MODULES: dict[type, dict] = {  # type -> children (name: type), parameters, buffers, public attributes
-    nn.ModuleList: dict(children=None, params=set(), buffers=set(), attrs={"training"}),  # blocks: checked apart
     Decoder: dict(children={"embed_tokens": nn.Embedding, "blocks": nn.ModuleList, "norm": RMSNorm,
                             "lm_head": nn.Linear, "hook_embed": HookPoint, "hook_logits": HookPoint},
-                  params=set(), buffers={"rope_cos", "rope_sin"}, attrs={"config", "training"}),
+                  params=(), buffers=("rope_cos", "rope_sin"), attrs={"config", "training"}),
+    nn.ModuleList: dict(children={}, params=(), buffers=(), attrs={"training"}),  # the blocks, added by index
     DecoderBlock: dict(children={"input_layernorm": RMSNorm, "attn": Attention, "post_attention_layernorm": RMSNorm,
                                  "mlp": SwiGLU, **{f"hook_{n}": HookPoint for n in (
                                      "resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")}},
-                       params=set(), buffers=set(), attrs={"training"}),
+                       params=(), buffers=(), attrs={"training"}),
     Attention: dict(children={**{f"{n}_proj": nn.Linear for n in "qkvo"}, **{f"hook_{n}": HookPoint for n in (
-        "q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z")}}, params=set(), buffers=set(),
+        "q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z")}}, params=(), buffers=(),
                     attrs={"causal", "head_dim", "impl", "n_heads", "n_kv_heads", "tile_size", "training", "use_rope"}),
-    RMSNorm: dict(children={"hook_scale": HookPoint, "hook_normalized": HookPoint}, params={"weight"}, buffers=set(),
+    RMSNorm: dict(children={"hook_scale": HookPoint, "hook_normalized": HookPoint}, params=("weight",), buffers=(),
                   attrs={"eps", "training"}),
     SwiGLU: dict(children={**{f"{n}_proj": nn.Linear for n in ("gate", "up", "down")},
                            **{f"hook_{n}": HookPoint for n in ("gate", "up", "post")}},
-                 params=set(), buffers=set(), attrs={"training"}),
-    nn.Linear: dict(children={}, params={"weight"}, buffers=set(), attrs={"in_features", "out_features", "training"}),
-    nn.Embedding: dict(children={}, params={"weight"}, buffers=set(), attrs={
+                 params=(), buffers=(), attrs={"training"}),
+    nn.Linear: dict(children={}, params=("weight",), buffers=(), attrs={"in_features", "out_features", "training"}),
+    nn.Embedding: dict(children={}, params=("weight",), buffers=(), attrs={
         "embedding_dim", "max_norm", "norm_type", "num_embeddings", "padding_idx", "scale_grad_by_freq", "sparse",
         "training"}),
-    HookPoint: dict(children={}, params=set(), buffers=set(), attrs={"edits", "training"}),
+    HookPoint: dict(children={}, params=(), buffers=(), attrs={"edits", "training"}),
 }
+
+
+class _Tree(NamedTuple):
+    modules: dict[str, type]  # every module path (named_modules) and the exact type the step knows there
+    params: frozenset[str]  # every parameter path (a tied LM head included: named_parameters(remove_duplicate=False))
+    buffers: frozenset[str]
+
+
+# The tree depends only on the number of layers and takes ~1,000 string operations to spell out: a few layer counts
+# are kept (bounded: 4) so that the check of each generation only compares.
+@lru_cache(maxsize=4)
+def _known_tree(n_layers: int) -> _Tree:
+    modules, params, buffers = {}, set(), set()
+
+    def add(path: str, kind: type) -> None:
+        modules[path] = kind
+        spec = KNOWN_MODULES[kind]
+        params.update(f"{path}.{n}" if path else n for n in spec["params"])
+        buffers.update(f"{path}.{n}" if path else n for n in spec["buffers"])
+        children = {**spec["children"], **({str(i): DecoderBlock for i in range(n_layers)} if path == "blocks"
+                                           else {})}
+        for child, child_kind in children.items():
+            add(f"{path}.{child}" if path else child, child_kind)
+
+    add("", Decoder)
+    return _Tree(modules, frozenset(params), frozenset(buffers))
+
+
+def _first_difference(got: dict[str, type], want: dict[str, type]) -> str:
+    for path, kind in got.items():
+        if want.get(path) is not kind:
+            known = f", not the {want[path].__name__} the fast step knows" if path in want else \
+                ", a module the fast step does not know"
+            return f"{path or 'the model'}: a {kind.__name__}{known}"
+    return f"{next(p for p in want if p not in got)} missing"
 
 
 def why_not(model: nn.Module) -> str | None:
     """None when the fast step computes exactly what ``model``'s modules compute for one cached token; else why
-    not, in a few words ("a hook or an edit is attached", "an int8 layer", ...). Reads the model through public
-    APIs only (``named_modules``, ``named_children``, attributes); a few milliseconds for a 30-layer model."""
+    not, in a few words ("a hook or an edit is attached", "blocks.0.attn.q_proj: a LoRALinear, ..."). Reads the
+    model through public APIs only (``named_modules``, ``named_parameters``, ``vars``, attributes): each module's
+    exact type, children, parameters, buffers and settings must be the ones the step was written for."""
+    return _check(model, [], {})
+
+
+def _check(model: nn.Module, seen: list, params: dict) -> str | None:
+    """``why_not``, filling ``seen`` with every module it walked (the list a ``HookWatch`` then watches) and
+    ``params`` with the model's parameters by path."""
     if type(model) is not Decoder:
         return f"a {type(model).__name__}, not the tutorial's Decoder"
     c = model.config
@@ -79,36 +122,27 @@ def why_not(model: nn.Module) -> str | None:
     hooked = "a hook or an edit is attached"
     if has_global_hooks():
         return hooked
-    C, V, H, Hkv, D = c.d_model, c.vocab_size, c.n_heads, c.n_kv_heads, c.head_dim
-    if len(model.blocks) != c.n_layers or [n for n, _ in model.blocks.named_children()] != [
-            str(i) for i in range(c.n_layers)]:
+    if len(model.blocks) != c.n_layers:
         return "blocks added or removed without the config"
-    devices = {model.rope_cos.device}
-    for name, m in model.named_modules():  # one walk: hooks, types, children, parameters, settings
+    tree = _known_tree(c.n_layers)
+    got = {}
+    for path, m in model.named_modules(remove_duplicate=False):  # one walk: hooks, types, settings
+        seen.append(m)
         if module_hooked(m):
             return hooked
-        spec = KNOWN_MODULES.get(type(m))
-        if spec is None:
-            return f"{name}: a {type(m).__name__} module"
-        children = {n: type(child) for n, child in m.named_children()}
-        if spec["children"] is None:  # the blocks: a DecoderBlock at each index, as checked above
-            children, spec = {n: t for n, t in children.items() if t is not DecoderBlock}, {**spec, "children": {}}
-        for child, kind in children.items():
-            want = spec["children"].get(child)
-            if kind is not want:
-                known = f", not the {want.__name__} the fast step knows" if want else ", unknown to the fast step"
-                return f"{name + '.' if name else ''}{child}: a {kind.__name__}{known}"
-        if set(children) != set(spec["children"]):
-            return f"{name or 'the model'}: {', '.join(sorted(set(spec['children']) - set(children)))} missing"
-        params = dict(m.named_parameters(recurse=False))
-        if params.keys() != spec["params"] or {n for n, _ in m.named_buffers(recurse=False)} != spec["buffers"]:
-            return f"{name or 'the model'}: parameters or buffers the fast step does not know (a bias?)"
-        if {k for k in vars(m) if k[0] != "_"} != spec["attrs"]:
-            return f"{name or 'the model'}: settings the fast step does not know"
-        for p in params.values():
-            if p.dtype != torch.float32:
-                return "weights not in float32"
-            devices.add(p.device)
+        got[path] = type(m)
+        if type(m) in KNOWN_MODULES and {k for k in vars(m) if k[0] != "_"} != KNOWN_MODULES[type(m)]["attrs"]:
+            return f"{path or 'the model'}: settings the fast step does not know"
+    if got != tree.modules:
+        return _first_difference(got, tree.modules)
+    params.update(model.named_parameters(remove_duplicate=False))
+    if params.keys() != tree.params or {n for n, _ in model.named_buffers(remove_duplicate=False)} != tree.buffers:
+        return "parameters or buffers the fast step does not know (a bias?)"
+    if any(p.dtype != torch.float32 for p in params.values()):
+        return "weights not in float32"
+    if len({p.device for p in params.values()} | {model.rope_cos.device}) != 1:
+        return "weights on more than one device"
+    C, V, H, Hkv, D = c.d_model, c.vocab_size, c.n_heads, c.n_kv_heads, c.head_dim
     for block in model.blocks:
         attn, mlp = block.attn, block.mlp
         if attn.impl != "sdpa":
@@ -124,8 +158,6 @@ def why_not(model: nn.Module) -> str | None:
             model.embed_tokens.max_norm is not None or tuple(model.norm.weight.shape) != (C,) or \
             model.rope_cos.dtype != torch.float32 or tuple(model.rope_cos.shape) != (c.max_seq_len, D):
         return "weights shaped otherwise than the config says"
-    if len(devices) != 1:
-        return "weights on more than one device"
     return None
 
 
@@ -173,11 +205,11 @@ class FastStep:
         run = self._runs.get(cache)
         if run is not None and run.model() is model:
             return run
-        reason = why_not(model)
-        mods = list(model.modules()) if reason is None else []
+        mods, params = [], {}
+        reason = _check(model, mods, params)
         run = _Run(weakref.ref(model), reason, HookWatch(mods) if reason is None else None,
                    tuple(b.attn for b in model.blocks) if reason is None else (),
-                   reason is None and any(p.requires_grad for p in model.parameters()),
+                   reason is None and any(p.requires_grad for p in params.values()),
                    weights_plan(model) if reason is None and self.cpu else None)
         with self._lock:
             self._runs.pop(cache, None)
