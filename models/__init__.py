@@ -14,9 +14,10 @@ Reading order (each file uses only the ones above it, except that attention take
     lora.py        low-rank adapters and their off / on / merged modes
     quant.py       weight-only int8
     loading.py     transformers checkpoints (safetensors) in and out
-    fast.py        opt-in speed choices kept out of the code above: the weight layout (optimize_for_decode)
-    fast_cpu.py    the one-token decode step on the CPU (products in torch or numpy's BLAS, the rest in numpy)
-    fast_decode.py decode_step: which one-token path runs (the CPU step, the torch step, or the modules)
+
+Optional, and imported only by callers that ask for speed (never by the files above):
+    speed/         the weight layout for decoding (optimize_for_decode) and the fast step, a second
+                   implementation of one decode step that ``generate(..., step=fast_step)`` takes when passed
 
 Notation in every shape comment: B batch, T positions (queries), S keys, H query heads, Hkv key/value
 heads, D head dim, C model dim, V vocabulary.
@@ -24,10 +25,9 @@ heads, D head dim, C model dim, V vocabulary.
 from .config import ModelConfig
 from .decoder import Decoder, check_tokens
 from .encoder import Encoder
-from .fast import optimize_for_decode
 from .generate import generate
 from .kv_cache import KVCache
 from .loading import load_pretrained, save_pretrained
 
 __all__ = ["ModelConfig", "Decoder", "Encoder", "KVCache", "check_tokens", "generate", "load_pretrained",
-           "optimize_for_decode", "save_pretrained"]
+           "save_pretrained"]

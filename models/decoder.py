@@ -151,10 +151,11 @@ def _check_theta(theta) -> float:
     return float(theta)
 
 
+# A figure redrawn for one rope_theta override calls the forward several times with it: the last two tables asked
+# for are kept (bounded: two pairs of (length, D) tensors), so each is built once.
 @lru_cache(maxsize=2)
 def _rope_tables_for(length: int, head_dim: int, theta: float, scaling: tuple | None, dtype: torch.dtype,
                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    # The last two (length, theta, scaling) asked for: a figure redrawn for one theta builds its tables once.
     # Built outside inference mode so a later call with autograd on may still use them.
     with torch.inference_mode(False), torch.no_grad():
         cos, sin = rope_tables(length, head_dim, theta, dict(scaling) if scaling else None)  # (length, D) each

@@ -1,17 +1,24 @@
 """Generation: prefill the cache with the prompt, then decode one token at a time (gpt-fast's shape).
 
+Every token is computed by the model's own modules unless the caller passes a faster one-token path (``step``,
+e.g. ``models.speed.fast_step``), as gpt-fast adds ``torch.compile`` at its call site: what runs by default is
+the code the tutorial shows.
+
 Notation: B batch, T prompt length, V vocabulary.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
 
 from .decoder import check_tokens
-from .fast_decode import decode_step
 from .kv_cache import KVCache
+
+# A one-token path chosen by the caller: step(model, token (B, 1), cache, pos) -> next-token logits (B, V), or None
+# to let the modules compute this step (it must return None for any model it does not compute exactly).
+Step = Callable[[torch.nn.Module, torch.Tensor, KVCache, int], Optional[torch.Tensor]]
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
@@ -67,14 +74,13 @@ def prefill(model, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
     return model(tokens, start_pos=0, cache=cache, last_only=True)[:, -1]  # (B, 1, V) -> (B, V)
 
 
-def decode_one(model, token: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor:
-    """One new token (B, 1) at position ``pos``; next-token logits (B, V).
-
-    A model prepared by ``models.fast.optimize_for_decode`` takes ``models.fast_decode.decode_step`` (the same
-    computation without the module calls) whenever no hook is attached; otherwise, the model itself."""
-    logits = decode_step(model, token, cache, pos)
-    if logits is not None:
-        return logits
+def decode_one(model, token: torch.Tensor, cache: KVCache, pos: int, step: Step | None = None) -> torch.Tensor:
+    """One new token (B, 1) at position ``pos``; next-token logits (B, V), computed by the model's modules, or by
+    ``step`` when the caller passed one and it did not step aside (return None)."""
+    if step is not None:
+        logits = step(model, token, cache, pos)
+        if logits is not None:
+            return logits
     return model(token, start_pos=pos, cache=cache, last_only=True)[:, -1]  # (B, 1, V) -> (B, V)
 
 
@@ -90,6 +96,7 @@ def generate(
     seed: int | None = None,
     on_step: Callable[[int, torch.Tensor, torch.Tensor, KVCache | None], None] | None = None,
     stop_tokens: Iterable[int] | None = None,
+    step: Step | None = None,
 ) -> torch.Tensor:
     """Continue ``tokens`` (B, T) by up to ``max_new_tokens``; returns (B, T + n), n <= max_new_tokens.
 
@@ -103,6 +110,9 @@ def generate(
 
     The prompt is checked here, once (``check_tokens``): no step after it validates ids, which on a GPU
     would wait for the device at every token.
+
+    step: a faster one-token path for the cached decode steps (``models.speed.fast_step``); None (the default)
+    runs the modules at every step. The prompt always runs through the modules.
     """
     check_sampling(temperature, top_k, top_p)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -124,22 +134,22 @@ def generate(
     finished = torch.zeros(B, dtype=torch.bool, device=tokens.device)
     cache = model.new_cache(B, total) if use_cache else None
     logits = prefill(model, tokens, cache) if use_cache else model(tokens, last_only=True)[:, -1]
-    for step in range(max_new_tokens):
+    for i in range(max_new_tokens):
         nxt = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B,)
         if len(stop):
-            nxt = torch.where(finished, out[:, T + step - 1], nxt)  # a finished row repeats its stop token
-        out[:, T + step] = nxt
+            nxt = torch.where(finished, out[:, T + i - 1], nxt)  # a finished row repeats its stop token
+        out[:, T + i] = nxt
         if on_step is not None:
-            on_step(step, logits, nxt, cache)
+            on_step(i, logits, nxt, cache)
         if len(stop):
             finished |= torch.isin(nxt, stop)
             if bool(finished.all()):  # one device sync per step, only when stop tokens were asked for
-                return out[:, :T + step + 1]
-        if step == max_new_tokens - 1:
+                return out[:, :T + i + 1]
+        if i == max_new_tokens - 1:
             break
-        pos = T + step
+        pos = T + i
         if use_cache:
-            logits = decode_one(model, out[:, pos:pos + 1], cache, pos)
+            logits = decode_one(model, out[:, pos:pos + 1], cache, pos, step)
         else:
             logits = model(out[:, :pos + 1], last_only=True)[:, -1]
     return out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 import torch
 
 from explorer import probes
@@ -71,3 +73,60 @@ def test_chat_on_a_model_without_a_chat_template_says_the_prompt_went_in_as_plai
     off = list(generation.generate_stream(generation.DEFAULT_PROMPT, 2, 0.0, None, None, 0, state, False))[-1]
     assert "has no chat template" in on.summary and "chat template" not in off.summary
     assert on.text == off.text  # the same plain prompt went in either way
+
+
+# --- which code computed the tokens -------------------------------------------------------------------------------
+def _final(decode, temperature=0.0, n=12):
+    state = session.new_state()  # the shipped default model, laid out for decoding as the app serves it
+    return list(generation.generate_stream(generation.DEFAULT_PROMPT, n, temperature, None, None, 0, state, True,
+                                           decode))[-1]
+
+
+def test_the_tab_decodes_with_the_modules_by_default_and_says_so(monkeypatch):
+    from models.speed import step as speed_step
+
+    monkeypatch.setattr(speed_step, "_torch_step", lambda *a: pytest.fail("the fast step ran by default"))
+    monkeypatch.setattr(speed_step, "run_cpu_step", lambda *a: pytest.fail("the fast step ran by default"))
+    view = list(generation.generate_stream(generation.DEFAULT_PROMPT, 6, 0.0, None, None, 0, session.new_state(),
+                                           True))[-1]
+    assert generation.DEFAULT_DECODE == "the modules"
+    assert view.summary.startswith("**Computed by the modules**")
+
+
+def test_the_fast_step_gives_the_modules_tokens_and_the_tab_checks_it_live():
+    modules, fast = _final("the modules"), _final("the fast step")
+    assert fast.text == modules.text  # the same tokens on this prompt
+    assert "**Computed by the fast step**" in fast.summary and "the 11 tokens after it through" in fast.summary
+    assert "same tokens as the modules on this prompt" in fast.summary
+    sampled = _final("the fast step", temperature=0.8)
+    assert "Sampled at temperature 0.8" in sampled.summary and "not checked here" in sampled.summary
+    assert "same tokens as the modules" not in sampled.summary
+
+
+def test_the_check_catches_an_edit_of_the_teaching_code_the_fast_step_cannot_see(monkeypatch):
+    """A student edits RMSNorm.forward: the modules' tokens change, the fast step's do not, and the tab says that its
+    tokens are not the modules' instead of claiming they are."""
+    from models.layers import RMSNorm
+
+    real = RMSNorm.forward
+    before = _final("the fast step")
+    monkeypatch.setattr(RMSNorm, "forward", lambda self, x: real(self, x) * torch.linspace(0.1, 3.0, x.shape[-1]))
+    edited = _final("the fast step")
+    assert "picks **another token at step" in edited.summary and "same tokens as the modules" not in edited.summary
+    assert _final("the modules").text != before.text  # the modules show the edit
+
+
+def test_the_fast_step_stepping_aside_is_said(monkeypatch):
+    model, _ = session.load_default()
+    handle = model.blocks[0].attn.hook_pattern.register_forward_hook(lambda m, a, o: None)
+    try:
+        view = _final("the fast step", n=4)
+    finally:
+        handle.remove()
+    assert "stepped aside" in view.summary and "a hook or an edit is attached" in view.summary
+    assert view.summary.startswith("**Computed by the modules**")
+
+
+def test_an_unknown_decode_path_is_refused_with_a_sentence():
+    with pytest.raises(Exception, match="decode with must be one of"):
+        _final("the fastest step")

@@ -75,3 +75,17 @@ def test_mark_puts_each_terms_definition_on_its_first_use_only():
     assert logit.count("<abbr") == 1 and "softmax" in logit
     # a longer term wins over the shorter one inside it; a plural is the same term
     assert ">logit lens</abbr>" in glossary.mark("the logit lens") and ">logits</abbr>" in glossary.mark("two logits")
+
+
+def test_a_link_can_choose_the_generation_tabs_decode_path():
+    from explorer.panels import generation
+
+    with gr.Blocks() as demo:
+        generation.build_generation(demo, gr.State(None))
+    views = links.views(demo)
+    decode = views["generation"].params["decode"]
+    assert isinstance(decode, gr.Radio) and decode.value == generation.DEFAULT_DECODE
+    tab, values, notes = links.read_query({"tab": "generation", "decode": "the fast step"}, views)
+    assert tab == "generation" and values == {decode: "the fast step"} and notes == []
+    _, values, notes = links.read_query({"tab": "generation", "decode": "fastest"}, views)
+    assert values == {} and "must be one of the modules, the fast step" in notes[0]

@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from models import Decoder, ModelConfig, load_pretrained, optimize_for_decode, save_pretrained
+from models import Decoder, ModelConfig, load_pretrained, save_pretrained
+from models.speed import optimize_for_decode
 from models.lora import (LoRALinear, adapter_mode, attach_lora, check_lora, count_parameters, detach_lora, merge_lora,
                          set_adapter_mode, set_lora_enabled, unmerge_lora)
 from models.quant import Int8Linear, quantize_int8

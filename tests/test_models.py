@@ -9,8 +9,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models import Decoder, Encoder, KVCache, ModelConfig, check_tokens, generate, optimize_for_decode
-from models.fast import fused, prepared_copy
+from models import Decoder, Encoder, KVCache, ModelConfig, check_tokens, generate
+from models.speed import fused, optimize_for_decode, prepared_copy
 from models.attention import build_mask
 from models.generate import decode_one, prefill, sampling_probs
 from models.rope import apply_rope, rope_angles, rope_tables, sinusoidal_table

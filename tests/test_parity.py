@@ -3,7 +3,8 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from models import generate, optimize_for_decode
+from models import generate
+from models.speed import fast_step, optimize_for_decode
 from models.loading import save_pretrained
 from tests.llama_pair import llama_pair
 
@@ -64,7 +65,9 @@ def test_greedy_tokens_equal_transformers_generate(case, tmp_path):
                                 min_new_tokens=32, do_sample=False)
     assert torch.equal(generate(ours, prompt, 32), expected)
     assert torch.equal(generate(ours, prompt, 32, use_cache=False), expected)
-    assert torch.equal(generate(optimize_for_decode(ours), prompt, 32), expected)  # the layout the app serves
+    served = optimize_for_decode(ours)  # the layout the app serves, decoded by the modules and by the fast step
+    assert torch.equal(generate(served, prompt, 32), expected)
+    assert torch.equal(generate(served, prompt, 32, step=fast_step), expected)
 
 
 def test_save_pretrained_round_trips_into_transformers(tmp_path):

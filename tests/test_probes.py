@@ -11,7 +11,7 @@ from explorer import probes
 
 from explorer.state import locks
 from models import Decoder, Encoder, ModelConfig, generate
-from models.hooks import HookPoint
+from models.hooks import HookPoint, module_hooked
 from tests.llama_pair import llama_pair
 
 IMPLS = ["naive", "sdpa", "tiled"]
@@ -44,7 +44,7 @@ def _tokens(T, vocab=50, n=1, seed=1):
 
 
 def _no_hooks(model):
-    return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    return not any(module_hooked(m) for m in model.modules())
 
 
 def _acquire_and_release_elsewhere(model):

@@ -26,6 +26,7 @@ from explorer.figures import walkthrough as fw
 from explorer.figures.common import head_label, token_labels
 from explorer.panels import walkthrough as pw
 from models import Decoder, ModelConfig
+from models.hooks import module_hooked
 from tests.llama_pair import llama_pair
 from tests.plotly_payload import arr, fig
 
@@ -262,7 +263,7 @@ def test_walk_leaves_no_hooks_and_does_not_change_the_output(model):
     with torch.no_grad():
         before = model(x)
     wt.walk(model, IDS, 3)
-    assert not any(m._forward_hooks for m in model.modules())
+    assert not any(module_hooked(m) for m in model.modules())
     with torch.no_grad():
         assert torch.equal(model(x), before)
 

@@ -14,8 +14,7 @@ import torch
 from lens import device as dev
 from explorer import measure
 from models.decoder import Decoder
-from models.fast import optimize_for_decode
-from models.fast_decode import decode_blas
+from models.speed import decode_blas, optimize_for_decode
 from models.loading import load_pretrained
 
 from .experiments import bench_experiments
@@ -51,7 +50,7 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
     torch.manual_seed(0)
     model = Decoder(cfg).to(device=device, dtype=torch_dtype).eval()  # N(0, 0.02) weights from the initializer
     optimize_for_decode(model)  # the (in, out) weight layout the app serves
-    report["machine"]["decode_blas"] = decode_blas(model)  # the one-token products' library (measured, see models.fast_cpu)
+    report["machine"]["decode_blas"] = decode_blas(model)  # the fast step's products' library (models.speed.cpu)
     n_params = model.num_parameters()
     report["model"] = {"config": cfg.to_dict(), "parameters": n_params,
                        "description": f"SmolLM2-135M shape, random N(0, 0.02) weights: {cfg.n_layers} layers, "

@@ -8,14 +8,15 @@ import torch
 
 from explorer.measure import formats as fm
 from models.decoder import Decoder
-from models.fast import optimize_for_decode
+from models.speed import fast_step, optimize_for_decode
 from models.generate import generate
 
 from .targets import HF_TOKENS
 
 
 def bench_formats(model: Decoder, hf, prompt: torch.Tensor, settings: dict[str, Any], log) -> dict[str, Any]:
-    """Read bandwidth, then decode tokens/s (``decode_speed``: prefill cancelled out) of each format and of
+    """Read bandwidth, then decode tokens/s (``decode_speed``: prefill cancelled out) of each format (decoded with
+    ``models.speed.fast_step``, which steps aside for bf16 and int8: the modules decode those) and of
     transformers, bytes read per token counted on each model at the continuation's middle length, the limit and
     the fraction of it reached. ``prompt`` (1, T); ``hf`` may be None (then its row is absent)."""
     bw = fm.read_bandwidth(settings["bandwidth_bytes"], repeats=7, device=prompt.device)
@@ -25,7 +26,7 @@ def bench_formats(model: Decoder, hf, prompt: torch.Tensor, settings: dict[str, 
     speeds = {}
     for fmt in fm.FORMATS:
         m = model if fmt == "fp32" else optimize_for_decode(fm.convert(model, fmt))
-        speeds[f"ours {fmt}"] = (fm.decode_speed(lambda n, m=m: generate(m, prompt, n), HF_TOKENS,
+        speeds[f"ours {fmt}"] = (fm.decode_speed(lambda n, m=m: generate(m, prompt, n, step=fast_step), HF_TOKENS,
                                                  repeats=settings["decode_repeats"], device=prompt.device),
                                  fm.bytes_per_token(m, kv_len), fm.int8_kernel(m))
         del m

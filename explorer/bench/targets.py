@@ -58,7 +58,7 @@ TARGETS: tuple[Target, ...] = (
     Target(f"Generation tab stream, {GENERATION_TARGET_TOKENS} tokens, {SMOL_NAME}: first token <= 1 s",
            "gen_first_token", "<=", 1.0, "issue 12"),
     Target(f"Generation tab stream, {GENERATION_TARGET_TOKENS} tokens with the uncached comparison at 8 steps, "
-           f"{SMOL_NAME}: total <= 15 s", "gen_total", "<=", 15.0, "issue 12"),
+           f"{SMOL_NAME}, the tab's default decode path: total <= 15 s", "gen_total", "<=", 15.0, "issue 12"),
     *(t for key, limit in APP_LIMITS for t in (
         Target(f"Attention tab, {APP_PROMPT_TOKENS}-token prompt, {key}: server time <= {limit * 1e3:.0f} ms",
                f"app_seconds:{key}", "<=", limit, "issue 7"),
@@ -111,8 +111,11 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
     gen = report.get("generation")
     if gen:
         m["gen_first_token"] = (gen["first_token_seconds"], f"{gen['first_token_seconds'] * 1e3:.0f} ms")
+        others = "".join(f"; {name}: {p['total_seconds']:.1f} s" for name, p in (gen.get("paths") or {}).items()
+                         if name != gen.get("path"))
         m["gen_total"] = (gen["total_seconds"], f"{gen['total_seconds']:.1f} s ({gen['new_tokens']} tokens, "
-                                                f"{gen['tokens_per_second']:.1f} tok/s)")
+                                                f"{gen['tokens_per_second']:.1f} tok/s, {gen.get('path', 'default')}"
+                                                f"{others})")
     rows = {(r["seq_len"], r["impl"]): r for r in report.get("attention") or []}
     naive, sdpa, tiled = (rows.get((TARGET_T, i)) for i in ("naive", "sdpa", "tiled"))
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lens import device as dev
-from models.fast import prepared_copy
+from models.speed import prepared_copy
 from models.generate import generate
 from models.layers import RMSNorm
 from models.quant import Int8Linear, quantize_int8
@@ -199,12 +199,14 @@ def next_token_top(model: nn.Module, ids: torch.Tensor, k: int = 10) -> list[tup
 
 
 def compare_formats(models: dict[str, nn.Module], prompt: torch.Tensor, held_out: torch.Tensor, *,
-                    new_tokens: int = 64, repeats: int = 3, top_k: int = 10) -> dict[str, dict[str, Any]]:
+                    new_tokens: int = 64, repeats: int = 3, top_k: int = 10, step=None) -> dict[str, dict[str, Any]]:
     """Each converted model beside the first (the fp32 reference): weight bytes, decode tokens/s, bytes per
     decoded token at the continuation's mean cache length, greedy agreement over ``new_tokens``, max |Δlogit| on
     ``held_out``, held-out loss (nats/token), the prompt's next-token top-k and which int8 kernel ran.
 
-    prompt (1, T) and held_out (1, T') token ids; ``prompt`` + ``new_tokens`` must fit the context.
+    prompt (1, T) and held_out (1, T') token ids; ``prompt`` + ``new_tokens`` must fit the context. step: the
+    one-token path decoding uses (``models.speed.fast_step``; None: the modules), for every format alike (the fast
+    step steps aside for the formats it does not compute: bf16, int8).
     """
     names = list(models)
     ref = models[names[0]]
@@ -212,7 +214,7 @@ def compare_formats(models: dict[str, nn.Module], prompt: torch.Tensor, held_out
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         model = models[name]
-        speed = decode_speed(lambda n, m=model: generate(m, prompt, n), new_tokens, repeats=repeats,
+        speed = decode_speed(lambda n, m=model: generate(m, prompt, n, step=step), new_tokens, repeats=repeats,
                              device=prompt.device)
         out[name] = {"weight_bytes": weight_bytes(model), "tokens_per_s": speed["tokens_per_s"],
                      "bytes_per_token": bytes_per_token(model, T + new_tokens // 2),

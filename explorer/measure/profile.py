@@ -2,8 +2,9 @@
 
 On CUDA the peak comes from the caching allocator's statistics (``lens.device.cuda_peak_bytes``); on CPU from the profiler's allocation events
 (``torch.profiler.profile(profile_memory=True)``), replayed in time order to find the highest point above the
-start. The CPU path reads torch's private event tree (``torch._C._profiler``); it is checked against the torch
-versions it was written for, and any other version raises a clear error instead of a wrong number.
+start. The CPU path reads the profiler's flat event list (``kineto_results.events()``, the list torch's own
+``key_averages`` is built from); its memory events' layout is checked against the torch versions it was written for,
+and any other version raises a clear error instead of a wrong number.
 """
 from __future__ import annotations
 
@@ -22,9 +23,8 @@ def sync(device: str | torch.device | None = None) -> None:
     dev.synchronize(device)
 
 
-# The private profiler API read below (torch._C._profiler._EventType, kineto_results.experimental_event_tree,
-# extra_fields.alloc_size) as it stands in the torch releases this was checked on (the pinned one); another
-# release may move it.
+# The profiler's memory events as read below ("[memory]" events of kineto_results.events(), with nbytes, start_ns and
+# device_type) as they stand in the torch releases this was checked on (the pinned one); another release may move them.
 PROFILER_TORCH_VERSIONS = ((2, 13), (2, 13))
 
 
@@ -45,20 +45,15 @@ def peak_bytes_cpu(fn: Callable[[], Any]) -> tuple[Any, int]:
     counted; frees of them would only lower the curve.
     """
     _check_profiler_api()
-    from torch._C._profiler import _EventType
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     # torch's profiler is one per process: two threads profiling at once crash it (seen in the app)
     with PROFILER_LOCK, profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
-    events: list[tuple[int, int]] = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        if node.tag == _EventType.Allocation and node.extra_fields.device == dev.HOST:
-            events.append((node.start_time_ns, node.extra_fields.alloc_size))
-        stack.extend(node.children)
-    events.sort(key=lambda ev: ev[0])
+    # every allocation (bytes > 0) and free (< 0) is one "[memory]" event
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]" and e.device_type() == DeviceType.CPU)
     now = peak = 0
     for _, size in events:
         now += size

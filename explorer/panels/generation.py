@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 import weakref
 from typing import Any, NamedTuple
 
@@ -34,13 +35,21 @@ DEFAULT_PROMPT = "Once upon a time, there was a little girl named Lily. She"  # 
 THIS_MODEL = "this app's model"
 KV_DTYPES = ("float16", "bfloat16", "float32")
 MAX_KV_SEQ = 1 << 20
+# The modules by default: they are the code every other tab shows and the students edit, and they decode the shipped
+# model (the one a class opens) as fast as a reader reads; the fast step is one click away for a 135M model, and the
+# summary says which path made the tokens and whether the modules pick the same ones.
+DECODE_CHOICES = (probes.generation.MODULES, probes.generation.FAST)
+DEFAULT_DECODE = probes.generation.MODULES
 
 INTRO = """### KV cache and generation: one token at a time
 The model reads the prompt once (prefill), then produces one token per step. At each step the bar chart
 shows the candidates it weighed: black ticks mark the model's own softmax, bars the distribution actually
 sampled from after temperature, top-k and top-p (red = the token chosen). For a model with a chat template,
 "chat" wraps the prompt as a user turn; generation ends at the model's end tokens, shown as ⟨…⟩. The cache keeps every
-layer's keys and values, so a step computes one new position instead of the whole sequence again."""
+layer's keys and values, so a step computes one new position instead of the whole sequence again. "Decode with"
+chooses the code that computes the tokens after the prompt: the modules (the code the other tabs show) or the fast
+step (the same math without module calls, faster on a 135M model); the summary says which ran and checks the fast
+step's tokens against the modules."""
 
 KV_INTRO = """#### How big is the KV cache of a real model?
 Per token the cache holds 2 (keys and values) × layers × KV heads × head_dim numbers. Multi-head attention
@@ -49,8 +58,8 @@ query heads, and multi-query attention (MQA) keeps a single one. Configurations 
 published config.json."""
 
 
-def check_settings(max_new_tokens, temperature, top_k, top_p, seed, context: int) -> dict:
-    """The sampling settings as clean numbers; ValueError with what to change otherwise."""
+def check_settings(max_new_tokens, temperature, top_k, top_p, seed, context: int, decode=DEFAULT_DECODE) -> dict:
+    """The sampling settings as clean numbers and the decode path; ValueError with what to change otherwise."""
     max_new = as_whole(max_new_tokens, "new tokens", 1, MAX_NEW_TOKENS)
     temperature = as_number(temperature, "temperature", finite=False)
     if temperature < 0:
@@ -75,8 +84,12 @@ def check_settings(max_new_tokens, temperature, top_k, top_p, seed, context: int
             raise ValueError(f"top-p must lie in (0, 1] (1 = no cut-off), got {top_p:g}.")
         top_p = None if top_p == 1 else top_p
     seed = 0 if seed in (None, "") else as_whole(seed, "seed", 0, 2**31 - 1)
+    decode = DEFAULT_DECODE if decode in (None, "") else decode
+    if decode not in DECODE_CHOICES:
+        raise ValueError(f"decode with must be one of {', '.join(map(repr, DECODE_CHOICES))}, got "
+                         f"{short(repr(decode), 40)}.")
     return {"max_new_tokens": max_new, "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
-            "context": context}
+            "context": context, "decode": decode}
 
 
 def _settings_text(s: dict) -> str:
@@ -99,17 +112,27 @@ def _with_adapter(model, name: str) -> str:
     return name if mode is None else f"{name} + your LoRA adapter ({mode})"
 
 
-_warmed: "weakref.WeakSet" = weakref.WeakSet()
+# The models (and decode paths) already warmed up, so that only a model's first generation pays the one-off costs; a
+# model leaves with its last user (weak keys), and past _WARMED_MAX models the oldest is forgotten (warmed again).
+_warmed: "weakref.WeakKeyDictionary[Any, set]" = weakref.WeakKeyDictionary()
+_WARMED_MAX = 64
+_warmed_lock = threading.Lock()
 
 
-def _warm_up(model, ids: list[int]) -> None:
+def _warm_up(model, ids: list[int], decode: str) -> None:
     """One short untimed run per model and path, so the first visitor's timings do not include one-off
-    start-up costs (first allocations, kernel selection)."""
-    if model in _warmed:
+    start-up costs (first allocations, kernel selection, the fast step choosing its products' library)."""
+    if decode in _warmed.get(model, ()):
         return
+    step = probes.generation.DECODE_PATHS[decode]
     for use_cache in (True, False):
-        probes.generation_trace(model, ids[:8], 2, use_cache=use_cache)
-    _warmed.add(model)
+        probes.generation_trace(model, ids[:8], 2, use_cache=use_cache, step=step)
+    with _warmed_lock:
+        if model not in _warmed:
+            while len(_warmed) >= _WARMED_MAX:
+                _warmed.pop(next(iter(_warmed)), None)
+            _warmed[model] = set()
+        _warmed[model].add(decode)
 
 
 class GenerationView(NamedTuple):
@@ -153,21 +176,63 @@ def _run(model, tokenizer, name, prompt, s: dict, chat):
         raise ValueError(f"ask for fewer new tokens: the model's context is {c.max_seq_len} tokens in all.")
     ids, use_chat = _encode_prompt(tokenizer, prompt, chat, room, c.max_seq_len, s["max_new_tokens"])
     stops = text.stop_token_ids(tokenizer, c)
+    step = probes.generation.DECODE_PATHS[s["decode"]]
     with session.default_threads(), model_lock(model):
-        _warm_up(model, ids)
+        _warm_up(model, ids, s["decode"])
+        stood_aside = None if step is None else step.why_not(model)  # under the lock: no other user's hooks on it
     schedule = probes.uncached_schedule(s["max_new_tokens"])
     steps: list[dict] = []
     stream = probes.stream_generation(
         model, ids, s["max_new_tokens"], temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"],
         seed=s["seed"], stop_tokens=stops, uncached_at=schedule, top=TOP, step_lock=model_lock(model),
-        measure_lock=MEASURE_LOCK)
+        measure_lock=MEASURE_LOCK, step=step)
     ctx = {"ids": ids, "chat": use_chat, "chat_ignored": bool(chat) and not use_chat, "stops": stops,
-           "schedule": schedule, "name": name}
+           "schedule": schedule, "name": name, "stood_aside": stood_aside, "check": None}
     with session.default_threads():
         for st in stream:
             steps.append(st)
             yield steps, False, ctx
+        if any(st["fast_step"] for st in steps):  # the fast step's tokens, checked against the modules
+            with model_lock(model):
+                ctx["check"] = probes.generation.modules_check(model, ids, steps)
     yield steps, True, ctx
+
+
+def _path_text(steps: list[dict], ctx: dict, s: dict) -> str:
+    """Which code computed the tokens, and, for the fast step's, whether the modules pick the same ones."""
+    decode = len(steps) - 1  # the steps after the prompt's
+    fast = sum(st["fast_step"] for st in steps)
+    if s["decode"] == probes.generation.MODULES:
+        return ("**Computed by the modules**: every token went through the model's own modules (models/layers.py, "
+                "attention.py, ...), the code the other tabs show.")
+    if decode == 0:
+        return ("**Computed by the modules**: the one new token comes from the prompt's forward, which always runs "
+                "through the modules (the fast step computes only the tokens after it).")
+    if fast == 0:
+        why = ctx["stood_aside"] or "a hook or an edit appeared"
+        return (f"**Computed by the modules**: you chose the fast step, but it does not compute this model exactly "
+                f"({why}), so it stepped aside and the modules computed every token.")
+    check = ctx["check"]
+    where = (f"the prompt and the first new token through the modules, the {decode} tokens after it through **the "
+             "fast step**" if fast == decode else
+             f"the prompt, the first new token and {decode - fast} of the {decode} after it through the modules, "
+             f"{fast} through **the fast step** (it stepped aside where a hook or an edit appeared)")
+    head = (f"**Computed by the fast step** (models/speed: the same math as flat array operations, not the modules' "
+            f"code): {where}. One forward of the modules over the finished sequence "
+            f"({check['seconds'] * 1e3:.0f} ms) ")
+    if s["temperature"] == 0:
+        differ = [i for i, ok in enumerate(check["same_greedy"]) if not ok]
+        if not differ:
+            return head + ("picks the same greedy token at every step: **same tokens as the modules on this "
+                           f"prompt** (probabilities within {check['max_abs_dprob']:.1g}).")
+        return head + (f"picks **another token at step {differ[0]}** ({len(differ)} steps differ): these are not "
+                       "the modules' tokens (an edit of the teaching code, which the fast step cannot see, or a "
+                       "near-tie rounding broke). Choose “the modules” to see theirs.")
+    agree = sum(check["same_top"])
+    return head + (f"ranks the same token first at {agree} of {len(steps)} steps, probabilities within "
+                   f"{check['max_abs_dprob']:.1g} of the fast step's. Sampled at temperature {s['temperature']:g}, "
+                   "the draws decide the tokens: whether the modules would have drawn the same ones is not "
+                   "checked here; set temperature 0 to check.")
 
 
 def _final_view(model, tokenizer, steps: list[dict], ctx: dict, s: dict) -> GenerationView:
@@ -217,6 +282,7 @@ def _final_view(model, tokenizer, steps: list[dict], ctx: dict, s: dict) -> Gene
     used = steps[-1]["cache_bytes_used_per_layer"] * c.n_layers
     alloc = steps[0]["cache_bytes_allocated_per_layer"] * c.n_layers
     summary = (
+        _path_text(steps, ctx, s) + "\n\n"
         f"**Model:** {ctx['name']} · prompt {len(ids)} tokens"
         + (" (wrapped by the chat template)" if ctx["chat"] else "")
         + (" (as plain text: this model's tokenizer has no chat template)"
@@ -246,22 +312,25 @@ def _final_view(model, tokenizer, steps: list[dict], ctx: dict, s: dict) -> Gene
 
 
 @user_errors
-def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state=None, chat=True) -> GenerationView:
+def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, state=None, chat=True,
+             decode=DEFAULT_DECODE) -> GenerationView:
     """The finished view of ``generate_stream`` (for callers that want the result, not the stream)."""
     view = None
-    for view in generate_stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, state, chat):
+    for view in generate_stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, state, chat, decode):
         pass
     return view
 
 
 @user_errors
 @gpu(120)
-def generate_stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, state=None, chat=True):
+def generate_stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, state=None, chat=True,
+                    decode=DEFAULT_DECODE):
     """Stream a generation with the KV cache (text after every token, the charts at the end); the uncached
-    forward is timed at a few steps beside it. Stop (the button) ends it between two steps."""
+    forward is timed at a few steps beside it. Stop (the button) ends it between two steps. ``decode``: which code
+    computes the tokens after the prompt (``DECODE_CHOICES``)."""
     model, tokenizer, name = session.get_model(state)
     name = _with_adapter(model, name)
-    s = check_settings(max_new_tokens, temperature, top_k, top_p, seed, model.config.max_seq_len)
+    s = check_settings(max_new_tokens, temperature, top_k, top_p, seed, model.config.max_seq_len, decode)
     for steps, done, ctx in _run(model, tokenizer, name, prompt, s, chat):
         if done:
             yield _final_view(model, tokenizer, steps, ctx, s)
@@ -274,11 +343,12 @@ def generate_stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, sta
 
 
 @user_errors
-def generate_example(prompt, max_new_tokens, temperature, top_k, top_p, seed, state=None, chat=True):
+def generate_example(prompt, max_new_tokens, temperature, top_k, top_p, seed, state=None, chat=True,
+                     decode=DEFAULT_DECODE):
     """The opening example: computed once per model (and weights) at first use, served to every session."""
     model, tokenizer, name = session.get_model(state)
     name = _with_adapter(model, name)
-    s = check_settings(max_new_tokens, temperature, top_k, top_p, seed, model.config.max_seq_len)
+    s = check_settings(max_new_tokens, temperature, top_k, top_p, seed, model.config.max_seq_len, decode)
 
     def compute():
         steps = ctx = None
@@ -378,6 +448,7 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
             with gr.Row():
                 run = gr.Button("Generate", variant="primary")
                 stop = gr.Button("Stop", variant="stop")
+                decode = gr.Radio(list(DECODE_CHOICES), value=DEFAULT_DECODE, label="decode with", min_width=220)
             step = gr.Slider(0, 1, value=0, step=1, label="step")  # the chart beside it shows this step
             output = gr.HighlightedText(label="Prompt + generated text", combine_adjacent=False,
                                         color_map={"generated": "#ffd37a", "special": "#c5b0d5"})
@@ -419,7 +490,7 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
             kv_plot = gr.Plot(label="KV cache size vs sequence length")
     kv_table = gr.Dataframe(headers=KV_HEADERS, label="All configurations at this length", interactive=False)
 
-    gen_inputs = [prompt, max_new, temperature, top_k, top_p, seed, state, chat]
+    gen_inputs = [prompt, max_new, temperature, top_k, top_p, seed, state, chat, decode]
     gen_outputs = outputs_of(GenerationView, text=output, view=view_state, step=step, probs=probs, cache=cache_plot,
                              timing=timing_plot, summary=summary, table=table)
     runs = [run.click(generate_stream, gen_inputs, gen_outputs, api_name="generate"),
@@ -439,4 +510,4 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
     demo.load(kv_calculator, kv_inputs, kv_outputs, api_name="kv_calculator_example", api_visibility="undocumented")
     links.register(demo, "generation", generate_example, gen_inputs, gen_outputs, api_name="generate_example",
                    params=dict(prompt=prompt, tokens=max_new, temperature=temperature, top_k=top_k, top_p=top_p,
-                               seed=seed))
+                               seed=seed, decode=decode))

@@ -14,8 +14,15 @@ from torch import nn
 
 from explorer.measure import runtime_info
 from models.generate import check_sampling, generate, sampling_probs
+from models.speed import fast_step
 
 from lens.hooks import as_tokens, effective_impl
+
+# The two ways the generation tab computes each token after the prompt: the model's own modules (the code every other
+# tab shows), or the fast step (models.speed: the same math as flat array operations, which steps aside for anything
+# it does not compute exactly). The prompt always runs through the modules.
+MODULES, FAST = "the modules", "the fast step"
+DECODE_PATHS = {MODULES: None, FAST: fast_step}
 
 
 class GenerationStep(TypedDict):
@@ -72,7 +79,7 @@ def provenance(model: nn.Module) -> dict[str, str]:
 
 def generation_trace(model: nn.Module, tokens, max_new_tokens: int, *, temperature: float = 0.0,
                      top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                     use_cache: bool = True, top: int = 10) -> GenerationTrace:
+                     use_cache: bool = True, top: int = 10, step=None) -> GenerationTrace:
     """Generate from one prompt and record every step. Built on ``models.generate.generate``'s ``on_step``.
 
     Returns a ``GenerationTrace``:
@@ -94,6 +101,8 @@ def generation_trace(model: nn.Module, tokens, max_new_tokens: int, *, temperatu
             tokens_per_second (decode steps only, NaN with fewer than 2 steps), cache_bytes_allocated,
             cache_bytes_used (all layers, bytes).
         settings: the sampling settings; provenance: device, dtype, torch version, attention implementation.
+
+    step: the one-token path for the cached steps (``DECODE_PATHS``' values; None: the modules).
     """
     check_sampling(temperature, top_k, top_p)
     if not isinstance(top, int) or top < 1:
@@ -136,7 +145,7 @@ def generation_trace(model: nn.Module, tokens, max_new_tokens: int, *, temperatu
     synchronize(tokens.device)
     last[0] = time.perf_counter()
     out = generate(model, tokens, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                   use_cache=use_cache, seed=seed, on_step=on_step)
+                   use_cache=use_cache, seed=seed, on_step=on_step, step=step)
     seconds = [s["seconds"] for s in steps]
     decode = seconds[1:]
     cache = final_cache[0]
@@ -196,13 +205,15 @@ def uncached_schedule(max_new_tokens: int, points: int = 8) -> set[int]:
 def stream_generation(model: nn.Module, tokens, max_new_tokens: int, *, temperature: float = 0.0,
                       top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                       stop_tokens=(), uncached_at: set[int] = frozenset(), top: int = 10,
-                      step_lock=None, measure_lock=None):
+                      step_lock=None, measure_lock=None, step=None):
     """``models.generate``'s prefill / decode_one loop, one step per ``next()``: yields a ``GenerationStep``
     as each token is chosen, plus ``uncached_seconds``, ``uncached_max_abs_dlogit`` and ``uncached_same_top``
     (the whole sequence recomputed without the cache: its time, its next-token logits vs the cached ones, and
     whether both rank the same token first) at the steps in ``uncached_at``
     (None elsewhere), and ``shared_cores`` (True when ``measure_lock`` was busy: another measurement may have
-    run on the same cores during this step). Stops after ``max_new_tokens`` or at a token of ``stop_tokens``.
+    run on the same cores during this step), and ``fast_step`` (True when ``step``, the caller's one-token path,
+    computed this token's logits; False for the prefill and wherever the modules did). Stops after
+    ``max_new_tokens`` or at a token of ``stop_tokens``.
 
     step_lock (the model's lock) and measure_lock are held around each step's computation only, never while
     the caller holds the step, so a stopped or slow consumer blocks nobody; measure_lock is only tried,
@@ -227,25 +238,33 @@ def stream_generation(model: nn.Module, tokens, max_new_tokens: int, *, temperat
     cache = None
     logits = None
     step_lock = step_lock or _NoLock()
-    for step in range(max_new_tokens):
+    ran = []  # whether ``step`` computed each decode step (it returns None where it steps aside)
+
+    def counted(*args):
+        logits = step(*args)
+        ran.append(logits is not None)
+        return logits
+
+    path = counted if step is not None else None
+    for i in range(max_new_tokens):
         with step_lock:
             shared = measure_lock is not None and not measure_lock.acquire(blocking=False)
             try:
                 synchronize(tokens.device)
                 start = time.perf_counter()
-                if step == 0:
+                if i == 0:
                     cache = model.new_cache(1, T + max_new_tokens)
                     logits = prefill(model, tokens, cache)
                 else:
-                    logits = decode_one(model, seq[:, T + step - 1:T + step], cache, T + step - 1)
+                    logits = decode_one(model, seq[:, T + i - 1:T + i], cache, T + i - 1, path)
                 nxt = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
                 synchronize(tokens.device)
                 seconds = time.perf_counter() - start
-                seq[:, T + step] = nxt
+                seq[:, T + i] = nxt
                 uncached_seconds = dlogit = same_top = None
-                if step in uncached_at:
+                if i in uncached_at:
                     start = time.perf_counter()
-                    full = model(seq[:, :T + step], last_only=True)[:, -1]  # the same logits, recomputed
+                    full = model(seq[:, :T + i], last_only=True)[:, -1]  # the same logits, recomputed
                     synchronize(tokens.device)
                     uncached_seconds = time.perf_counter() - start
                     dlogit = float((full.float() - logits.float()).abs().max())
@@ -259,18 +278,48 @@ def stream_generation(model: nn.Module, tokens, max_new_tokens: int, *, temperat
             top_ids = torch.topk(row, min(top, row.shape[-1])).indices
             chosen = int(nxt[0])
             item = {
-                "step": step, "position": T + step, "token": chosen, "top_ids": top_ids.tolist(),
+                "step": i, "position": T + i, "token": chosen, "top_ids": top_ids.tolist(),
                 "top_probs": probs[top_ids].tolist(), "model_probs": plain[top_ids].tolist(),
                 "chosen_prob": float(probs[chosen]), "chosen_rank": int((row > row[chosen]).sum()),
-                "positions_computed": T if step == 0 else 1, "cache_length": cache.length,
+                "positions_computed": T if i == 0 else 1, "cache_length": cache.length,
                 "cache_bytes_allocated_per_layer": cache.bytes_per_layer(),
                 "cache_bytes_used_per_layer": cache.bytes_used // cache.n_layers, "seconds": seconds,
                 "uncached_seconds": uncached_seconds, "uncached_max_abs_dlogit": dlogit, "uncached_same_top": same_top,
-                "shared_cores": shared,
+                "shared_cores": shared, "fast_step": i > 0 and bool(ran) and ran[-1],
             }
         yield item
         if chosen in stop:
             return
+
+
+@torch.inference_mode()
+def modules_check(model: nn.Module, prompt: list[int], steps: list[dict]) -> dict[str, Any]:
+    """Whether the modules agree with a finished stream, one token at a time: one teacher-forced forward of the
+    modules over prompt + new tokens (the prompt, then every new token but the last in one call with a fresh cache,
+    so memory stays at (new tokens, V) logits) gives their next-token logits at every step.
+
+    Returns same_top (per step: the modules rank first the token the stream's logits ranked first, ``top_ids[0]``),
+    same_greedy (per step: the modules' first choice is the token chosen; the same thing under greedy decoding),
+    max_abs_dprob (largest difference between the modules' softmax and the stream's ``model_probs`` over the
+    candidates shown) and seconds (the forward's wall time)."""
+    tokens = as_tokens(model, prompt)  # (1, T)
+    new = [st["token"] for st in steps]
+    start = time.perf_counter()
+    cache = model.new_cache(1, tokens.shape[1] + len(new))
+    logits = [model(tokens, start_pos=0, cache=cache, last_only=True)[0, -1:]]  # (1, V): step 0
+    if len(new) > 1:
+        rest = torch.tensor([new[:-1]], dtype=torch.long, device=tokens.device)  # (1, n - 1)
+        logits.append(model(rest, start_pos=tokens.shape[1], cache=cache)[0])  # (n - 1, V): steps 1 .. n - 1
+    logits = torch.cat(logits).float()  # (n, V)
+    synchronize(tokens.device)
+    seconds = time.perf_counter() - start
+    top = logits.argmax(-1).tolist()
+    probs = torch.softmax(logits, -1)
+    dprob = max(float((probs[i, st["top_ids"]] - torch.tensor(st["model_probs"], device=probs.device)).abs().max())
+                for i, st in enumerate(steps))
+    return {"same_top": [t == st["top_ids"][0] for t, st in zip(top, steps)],
+            "same_greedy": [t == st["token"] for t, st in zip(top, steps)], "max_abs_dprob": dprob,
+            "seconds": seconds}
 
 
 class _NoLock:

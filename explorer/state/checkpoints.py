@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from lens.device import place
-from models import Decoder, ModelConfig, load_pretrained, optimize_for_decode
+from models import Decoder, ModelConfig, load_pretrained
+from models.speed import optimize_for_decode
 from models.loading import REPO_ID, fetch_hub, load_tokenizer
 
 from explorer import measure

@@ -21,8 +21,8 @@ import threading
 from typing import Any
 
 from lens.device import place
-from models import Decoder, load_pretrained, optimize_for_decode
-from models.fast import prepared_copy
+from models import Decoder, load_pretrained
+from models.speed import optimize_for_decode, prepared_copy
 from models.loading import load_tokenizer
 
 from .checkpoints import default_model_dir, default_model_name
@@ -80,7 +80,7 @@ def private_model(state: dict) -> tuple[Decoder, Any, str]:
     if is_shared(model):
         with PRIVATE_LOCK:
             reserve_private(model_bytes(model), "Your own copy of the model")
-            model = prepared_copy(model)  # a deepcopy, laid out for decoding again (models.fast)
+            model = prepared_copy(model)  # a deepcopy, laid out for decoding again (models.speed)
             add_private(model)
             state["model"], state["tokenizer"] = model, tokenizer
             private_models.register_owner(state)

@@ -1,6 +1,10 @@
 """The one-token decode step on the CPU: the matrix products in torch (or numpy's BLAS), everything between them
-in numpy on the same memory. ``models.fast_decode.decode_step`` sends one token here when the model and its
-cache are on the CPU.
+in numpy on the same memory. ``models.speed.step.FastStep`` sends one token here when the model and its cache are
+on the CPU.
+
+Between two products a step is a few dozen small operations on vectors of a few thousand numbers; a numpy call on
+one costs about a microsecond, a torch kernel 5-10, so the rest is written in numpy and the products write into
+buffers numpy reads in place (measurements: bench/notes/decode-step.md).
 
 Notation: C model dim, H query heads, Hkv key/value heads, g = H / Hkv query heads per KV head, D head dim,
 F feed-forward dim, S positions attended (the cache so far), V vocabulary.
@@ -10,35 +14,19 @@ from __future__ import annotations
 import math
 import os
 import time
-import weakref
 from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 
-from .fast import fused, structure_version
-from .kv_cache import KVCache
-from .rope import rope_matrix
+from ..kv_cache import KVCache
+from ..rope import rope_matrix
+from .layout import fused
 
 # Which library computes the CPU step's one-token matrix products: "auto" (measured once per model shape and thread
 # count, see cpu_products), "torch" or "numpy". EXPLORER_DECODE_BLAS sets it for the process.
 DECODE_BLAS = os.environ.get("EXPLORER_DECODE_BLAS", "auto").strip().lower() or "auto"
-
-# Where a step's time goes, SmolLM2-135M shape, fp32, one token after 48 (Intel Xeon with AMX, 2 cores, 2 torch
-# threads; perf_counter sums per section over 32 steps): the 211 matrix products take 18.2 of about 21 ms (every
-# weight read once at 29-33 GB/s, against 28-32 GB/s for torch.sum over 512 MiB on the same machine) and everything
-# else about 90 us a layer. Written as torch operations, that rest was 330 us a layer (30 ms a step). A small torch
-# kernel costs 5-10 us to dispatch, a numpy call on a vector of a few thousand numbers about 1 us; but after a
-# product has streamed megabytes of weights through the caches, every call finds its code and data cold (the same
-# numpy calls took 3-6x longer between products than in a loop of their own), so fewer calls is the lever: the
-# CPU step below runs only the products in torch (or numpy's BLAS, see ``cpu_products``) and everything between
-# them in numpy on the same memory, writes each result into a buffer made once per step, lets RMSNorm's one scale
-# per token ride on the next product (BLAS's alpha) and the attention's 1/sqrt(D) on the queries' rotation.
-# Measured and left out: torch's fused F.rms_norm and SDPA between the products (37 and 40 us a layer in the step
-# against 19 and 30 in numpy); the GNU OpenMP threads told to sleep between products (OMP_WAIT_POLICY=PASSIVE:
-# 39 ms a step, each wake-up costs more than the product it serves); transparent huge pages for the weights
-# (THP_MEM_ALLOC_ENABLE=1: the same 30 GB/s).
 
 
 class _Layer(NamedTuple):
@@ -64,29 +52,20 @@ class _Plan(NamedTuple):
     cos: torch.Tensor  # (T_max, D) RoPE tables
     sin: torch.Tensor
     heads: tuple[int, int, int]  # H, Hkv, D
-    version: tuple  # the model's structure_version when it was made
     viewed: list[torch.Tensor]  # every parameter and buffer viewed above ...
     pointers: list[int]  # ... and where its memory was
 
 
-_PLANS: "weakref.WeakKeyDictionary[nn.Module, _Plan]" = weakref.WeakKeyDictionary()  # dies with its model
-
-
 def weights_plan(model: nn.Module) -> _Plan | None:
-    """The model's weights as ``_cpu_step`` reads them, kept beside the model (not on it: a deepcopy would copy
-    the views' memory) and made again when any tensor it views was replaced (a new parameter, new storage from
-    ``.to()`` or a reassigned ``.data``); values changed in place (``load_state_dict``, LoRA's merge) are seen
-    through the views. None for a model whose weights are not on the CPU."""
-    kept = _PLANS.get(model)
-    version = structure_version(model)
-    if kept is not None and kept.version == version and list(map(torch.Tensor.data_ptr, kept.viewed)) == kept.pointers:
-        return kept
+    """The model's weights as ``_cpu_step`` reads them: views of the modules' own memory, nothing copied, so values
+    changed in place (``load_state_dict``, LoRA's merge) are seen through them; ``plan_current`` says whether a
+    tensor viewed was replaced since. None for a model whose weights are not on the CPU. The model is read through
+    its attributes (``block.attn.q_proj.weight``), as ``models.speed.step.why_not`` checked it."""
     if not model.lm_head.weight.is_cpu:
         return None
     viewed: list[torch.Tensor] = []
 
-    def view(owner: nn.Module, name: str = "weight", *, buffer: bool = False) -> torch.Tensor:
-        t = (owner._buffers if buffer else owner._parameters)[name]
+    def view(t: torch.Tensor) -> torch.Tensor:
         viewed.append(t)
         return t.detach()
 
@@ -95,20 +74,23 @@ def weights_plan(model: nn.Module) -> _Plan | None:
         attn, mlp = block.attn, block.mlp
         qkv = fused(attn.q_proj, attn.k_proj, attn.v_proj)  # (C, (H + 2 Hkv) D) or None
         gate_up = fused(mlp.gate_proj, mlp.up_proj)  # (C, 2 F) or None
-        qkv_views = tuple(view(lin) for lin in (attn.q_proj, attn.k_proj, attn.v_proj))
-        gate_up_views = tuple(view(lin) for lin in (mlp.gate_proj, mlp.up_proj))
+        qkv_views = tuple(view(lin.weight) for lin in (attn.q_proj, attn.k_proj, attn.v_proj))
+        gate_up_views = tuple(view(lin.weight) for lin in (mlp.gate_proj, mlp.up_proj))
         layers.append(_Layer(
-            view(block.input_layernorm).numpy(), block.input_layernorm.eps,
-            qkv_views if qkv is None else (qkv.t(),), view(attn.o_proj),
-            view(block.post_attention_layernorm).numpy(), block.post_attention_layernorm.eps,
-            gate_up_views if gate_up is None else (gate_up.t(),), view(mlp.down_proj)))
+            view(block.input_layernorm.weight).numpy(), block.input_layernorm.eps,
+            qkv_views if qkv is None else (qkv.t(),), view(attn.o_proj.weight),
+            view(block.post_attention_layernorm.weight).numpy(), block.post_attention_layernorm.eps,
+            gate_up_views if gate_up is None else (gate_up.t(),), view(mlp.down_proj.weight)))
     c = model.config
-    plan = _Plan(layers, view(model.norm).numpy(), model.norm.eps, view(model.lm_head),
-                 view(model.embed_tokens).numpy(),
-                 view(model, "rope_cos", buffer=True), view(model, "rope_sin", buffer=True),
-                 (c.n_heads, c.n_kv_heads, c.head_dim), version, viewed, [t.data_ptr() for t in viewed])
-    _PLANS[model] = plan
-    return plan
+    return _Plan(layers, view(model.norm.weight).numpy(), model.norm.eps, view(model.lm_head.weight),
+                 view(model.embed_tokens.weight).numpy(), view(model.rope_cos), view(model.rope_sin),
+                 (c.n_heads, c.n_kv_heads, c.head_dim), viewed, [t.data_ptr() for t in viewed])
+
+
+def plan_current(plan: _Plan) -> bool:
+    """Whether every tensor ``plan`` views still has the memory it had (a reassigned ``.data`` or ``.to()`` moves
+    it); 270 pointer reads for a 30-layer model, cheap enough for every step."""
+    return list(map(torch.Tensor.data_ptr, plan.viewed)) == plan.pointers
 
 
 class Vec(NamedTuple):
@@ -229,8 +211,7 @@ def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Pr
 
 def run_cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Products) -> torch.Tensor:
     """``_cpu_step``; with numpy's products, torch on one intra-op thread meanwhile (put back afterwards):
-    OpenBLAS brings its own threads, and torch's beside them wait for cores (measured on a 2-core AMD EPYC when
-    the step's small operations were torch's: 2.3 tokens/s against 31-38)."""
+    OpenBLAS brings its own threads, and torch's spinning beside them would take the cores they need."""
     if products is TORCH_PRODUCTS:
         return _cpu_step(plan, token_id, cache, pos, products)
     threads = torch.get_num_threads()
@@ -241,9 +222,10 @@ def run_cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products:
         torch.set_num_threads(threads)
 
 
-# The library each model shape's products ran faster with, measured here (see cpu_products); a few entries.
+# Measuring which library is faster takes 8 steps (a second for a 135M model), so its answer is kept for each
+# model shape and thread count this process decodes; a few shapes at most, the oldest forgotten past 16.
 _CHOSEN: dict[tuple, Products] = {}
-_CHOSEN_MAX = 64
+_CHOSEN_MAX = 16
 
 
 def cpu_products(model: nn.Module, plan: _Plan | None = None) -> Products:
@@ -252,9 +234,7 @@ def cpu_products(model: nn.Module, plan: _Plan | None = None) -> Products:
     (``_measure_products``: 8 steps on a scratch cache, once per model shape and torch thread count).
 
     Which wins is a fact of the machine, not of the code: the one-token product streams a weight at the speed
-    its BLAS reads memory. At the SmolLM2-135M shape, a whole step's products took 18-21 ms through numpy's
-    OpenBLAS and 32-36 ms through torch's MKL on a 2-core AMD EPYC, and 19.8 against 17.7 ms on a 2-core Intel
-    Xeon; for the shipped 1M model the per-call cost decides (numpy's is lower)."""
+    its BLAS reads memory, and the two libraries differ by up to 2x between CPUs (bench/notes/decode-step.md)."""
     if DECODE_BLAS in PRODUCTS:
         return PRODUCTS[DECODE_BLAS]
     c = model.config

@@ -1,0 +1,607 @@
+"""models.speed: the fast step a caller passes to ``generate(..., step=fast_step)``, and the teaching path that runs
+when none is passed.
+
+Checked against the modules' own forward (the teaching code, independent of the flat step): logits within float
+rounding at every step, identical greedy tokens, the same KV cache contents; never taken where it would skip
+something (a hook, an edit, LoRA, int8, bf16, another attention implementation, a module or option it does not know);
+and never taken unless passed: an edit of the teaching code changes what ``generate`` computes."""
+import copy
+import gc
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from models import Decoder, generate
+from models.generate import decode_one, prefill
+from models.layers import RMSNorm, SwiGLU
+from models.lora import attach_lora
+from models.quant import quantize_int8
+from models.speed import decode_blas, fast_step, optimize_for_decode, torch_step, why_not
+from models.speed.layout import LAID_OUT
+from tests.tiny_decoder import spread
+from tests.tiny_decoder import tiny as tiny_config
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = [fast_step, torch_step]
+
+
+def tiny(**kw):
+    return tiny_config(**{"vocab_size": 97, "n_layers": 3, "n_heads": 6, **kw})
+
+
+def _pair(config, seed=0):
+    """(plain, prepared): the same weights, one as the tutorial builds it, one through optimize_for_decode."""
+    torch.manual_seed(seed)
+    plain = spread(Decoder(config), norms=True)
+    return plain, optimize_for_decode(copy.deepcopy(plain))
+
+
+class _Counted:
+    """A step that counts how often it computed a token (not None) and how often it stepped aside."""
+
+    def __init__(self, step):
+        self.step, self.ran, self.aside = step, 0, 0
+
+    def __call__(self, *args):
+        logits = self.step(*args)
+        if logits is None:
+            self.aside += 1
+        else:
+            self.ran += 1
+        return logits
+
+
+def _step_by_step(model, prompt, n, *, step=None):
+    """Greedy decoding by hand: logits of each step from ``step`` (which must not step aside) or the model's forward."""
+    cache = model.new_cache(prompt.shape[0], prompt.shape[1] + n)
+    logits, steps, tokens = prefill(model, prompt, cache), [], []
+    with torch.inference_mode():
+        for i in range(n):
+            tok = logits.argmax(-1, keepdim=True)  # (B, 1)
+            tokens.append(tok)
+            pos = prompt.shape[1] + i
+            if step is not None:
+                logits = step(model, tok, cache, pos)
+                assert logits is not None
+            else:
+                logits = model(tok, start_pos=pos, cache=cache, last_only=True)[:, -1]
+            steps.append(logits)
+    return torch.cat(tokens, 1), torch.stack(steps), cache
+
+
+@pytest.mark.parametrize("batch", [1, 2], ids=["one-token-cpu-step", "batch-torch-step"])
+@pytest.mark.parametrize("kw", [dict(), dict(n_kv_heads=6, tie_embeddings=False), dict(n_kv_heads=1)],
+                         ids=["gqa-tied", "mha-untied", "mqa"])
+def test_decode_step_matches_the_modules_forward(kw, batch):
+    plain, fast = _pair(tiny(**kw))
+    assert why_not(fast) is None and why_not(plain) is None  # the layout is a speed choice, not a condition
+    prompt = torch.randint(0, 97, (batch, 7), generator=torch.Generator().manual_seed(1))
+    ref_tokens, ref_logits, ref_cache = _step_by_step(plain, prompt, 20)
+    for model, step in [(fast, fast_step), (fast, torch_step), (plain, fast_step)]:
+        tokens, logits, cache = _step_by_step(model, prompt, 20, step=step)
+        assert torch.equal(tokens, ref_tokens)
+        torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
+        assert logits.abs().max() > 1  # logits of a spread model, not a degenerate zero
+        for layer in range(plain.config.n_layers):  # the KV-cache views see the same keys and values
+            torch.testing.assert_close(cache.k[layer], ref_cache.k[layer], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(cache.v[layer], ref_cache.v[layer], atol=1e-5, rtol=1e-5)
+        assert cache.length == ref_cache.length
+    counted = _Counted(fast_step)
+    assert torch.equal(generate(fast, prompt, 24, step=counted), generate(plain, prompt, 24))
+    assert counted.ran == 23 and counted.aside == 0
+    assert torch.equal(generate(fast, prompt, 24, step=fast_step), generate(fast, prompt, 24, use_cache=False))
+
+
+def test_decode_step_on_the_shipped_default_model():
+    from explorer.state import session
+
+    model, tokenizer = session.load_default()  # the app's copy, laid out by optimize_for_decode
+    assert fast_step.why_not(model) is None
+    plain = copy.deepcopy(model)
+    prompt = torch.tensor([tokenizer("Once upon a time, there was a little girl named Lily.")["input_ids"]])
+    ref_tokens, ref_logits, _ = _step_by_step(plain, prompt, 48)
+    tokens, logits, _ = _step_by_step(model, prompt, 48, step=fast_step)
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-5)
+    counted = _Counted(fast_step)
+    assert torch.equal(generate(model, prompt, 48, step=counted), generate(plain, prompt, 48))
+    assert counted.ran == 47
+    assert torch.equal(generate(model, prompt, 48), generate(plain, prompt, 48))  # the default: the modules
+
+
+# --- the teaching path is the default -----------------------------------------------------------------------------
+@pytest.mark.parametrize("cls", [RMSNorm, SwiGLU])
+def test_an_edit_of_the_teaching_code_changes_what_generate_computes_unless_the_fast_step_was_passed(monkeypatch,
+                                                                                                      cls):
+    """A student who edits models/layers.py sees the generated text change: every step runs the modules. The fast
+    step is a second implementation: passed explicitly, it keeps computing the original math (which is why the
+    generation tab checks its tokens against the modules and says so)."""
+    _, model = _pair(tiny())  # laid out as the app serves it
+    prompt = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(5))
+    before = generate(model, prompt, 16)
+    with_step = generate(model, prompt, 16, step=fast_step)
+    assert torch.equal(before, with_step)
+    real = cls.forward
+    calls, prompt_only, decoding = [], [False], [False]
+
+    def edited(self, x):
+        calls.append(x.shape[1])
+        out = real(self, x)
+        if prompt_only[0] and decoding[0]:
+            return out
+        return -out if cls is SwiGLU else out * torch.linspace(0.2, 3.0, out.shape[-1])
+
+    monkeypatch.setattr(cls, "forward", edited)
+    after = generate(model, prompt, 16)
+    assert not torch.equal(after[:, 6:], before[:, 6:])  # the edit changed the generated tokens
+    assert calls.count(1) >= 15 * model.config.n_layers  # every decode step ran the edited module
+    calls.clear()
+    with torch.inference_mode():
+        prefill(model, prompt, model.new_cache(1, 6))
+    in_prefill, calls[:] = len(calls), []
+    fast = generate(model, prompt, 16, step=fast_step)
+    assert len(calls) == in_prefill > 0  # only the prompt ran the modules
+    assert not torch.equal(fast[:, 7:], after[:, 7:])  # so the edit is missing from every later token:
+    prompt_only[0] = True  # the reference: the modules, edited for the prompt only
+    ref = generate(model, prompt, 16, on_step=lambda i, *a: decoding.__setitem__(0, True))
+    assert torch.equal(fast, ref)  # they are the original math's, after an edited prompt
+
+
+def test_generate_imports_no_speed_code():
+    source = (REPO / "models" / "generate.py").read_text()
+    assert "speed" not in re.sub(r'""".*?"""|#.*', "", source, flags=re.S)  # docstrings and comments may name it
+    proc = subprocess.run([sys.executable, "-c", "import json, sys, models; print(json.dumps(sorted(sys.modules)))"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert not [m for m in json.loads(proc.stdout) if m.startswith("models.speed")]  # not even imported
+    assert decode_one.__defaults__ == (None,)  # step=None: the modules
+
+
+# --- stepping aside -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("step", STEPS, ids=["fast", "torch"])
+def test_a_hook_anywhere_sends_decoding_through_the_modules(step):
+    _, fast = _pair(tiny())
+    prompt = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(2))
+    for where in (fast.blocks[1].attn.hook_pattern, fast.blocks[2].mlp.hook_post, fast.norm.hook_scale,
+                  fast.blocks[0], fast.lm_head, fast):
+        seen = []
+        handle = where.register_forward_hook(lambda m, i, o: seen.append(1))
+        try:
+            assert step.why_not(fast) == "a hook or an edit is attached"
+            cache = fast.new_cache(1, 8)
+            prefill(fast, prompt, cache)
+            n = len(seen)
+            counted = _Counted(step)
+            decode_one(fast, prompt[:, :1], cache, 5, counted)
+            assert len(seen) > n, f"the decode step skipped the hook on {type(where).__name__}"
+            assert counted.aside == 1 and counted.ran == 0
+        finally:
+            handle.remove()
+        assert step.why_not(fast) is None
+    handle = fast.blocks[0].attn.register_forward_pre_hook(lambda m, a: None)
+    assert step.why_not(fast) is not None
+    cache = fast.new_cache(1, 8)
+    prefill(fast, prompt, cache)
+    assert step(fast, prompt[:, :1], cache, 5) is None
+    handle.remove()
+    handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: None)  # a global hook
+    try:
+        assert step.why_not(fast) is not None
+        cache = fast.new_cache(1, 8)
+        prefill(fast, prompt, cache)
+        assert step(fast, prompt[:, :1], cache, 5) is None
+    finally:
+        handle.remove()
+    assert step.why_not(fast) is None
+
+
+@pytest.mark.parametrize("step", STEPS, ids=["fast", "torch"])
+def test_an_edit_or_a_hook_added_during_a_generation_is_seen_at_the_next_step(step):
+    """The full check runs once per generation; each step re-checks hooks and edits on every module."""
+    _, fast = _pair(tiny())
+    prompt = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(3))
+    plain_tokens = generate(fast, prompt, 12)
+    point = fast.blocks[1].hook_resid_mid
+    handles = []
+
+    def attach_at_4(kind):
+        def on_step(i, logits, nxt, cache):
+            if i == 4:  # after the 5th token was chosen, before the 5th decode step: that step must see it
+                handles.append(point.add_edit(lambda x, p: -x) if kind == "edit"
+                               else point.register_forward_hook(lambda m, a, o: None))
+        return on_step
+
+    for kind in ("edit", "hook"):
+        counted = _Counted(step)
+        out = generate(fast, prompt, 12, step=counted, on_step=attach_at_4(kind))
+        assert counted.ran == 4 and counted.aside == 7, (kind, counted.ran, counted.aside)
+        assert why_not(fast) == "a hook or an edit is attached"
+        handles.pop().remove()
+        ref = generate(fast, prompt, 12, on_step=attach_at_4(kind))  # the modules throughout, the same edit
+        handles.pop().remove()
+        assert torch.equal(out, ref)
+        assert torch.equal(out[:, :10], plain_tokens[:, :10])
+        if kind == "edit":
+            assert not torch.equal(out, plain_tokens)  # the edit changed the later tokens
+        assert why_not(fast) is None
+
+
+def test_an_edit_is_computed_by_the_modules_with_the_fast_step_passed():
+    """With an edit present the fast step steps aside for the whole generation: the tokens are the modules' edited
+    ones, different from the unedited tokens."""
+    _, fast = _pair(tiny())
+    prompt = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(4))
+    unedited = generate(fast, prompt, 12, step=fast_step)
+    handle = fast.blocks[1].hook_resid_post.add_edit(lambda x, p: -x)
+    try:
+        counted = _Counted(fast_step)
+        edited = generate(fast, prompt, 12, step=counted)
+        assert counted.ran == 0 and counted.aside == 11
+        assert torch.equal(edited, generate(fast, prompt, 12))  # the modules' edited tokens
+        assert not torch.equal(edited, unedited)
+    finally:
+        handle.remove()
+    assert torch.equal(generate(fast, prompt, 12, step=fast_step), unedited)
+
+
+def test_lora_int8_bf16_and_other_attention_implementations_take_the_modules_path():
+    plain, fast = _pair(tiny())
+    prompt = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(3))
+
+    lora = copy.deepcopy(fast)
+    generate(lora, prompt, 3, step=fast_step)  # a generation checked it: attaching LoRA afterwards must be seen
+    assert why_not(lora) is None
+    attach_lora(lora, rank=2)
+    assert "LoRALinear" in why_not(lora)
+    with torch.no_grad():
+        for m in lora.modules():
+            if hasattr(m, "lora_B"):
+                m.lora_B.normal_(0, 0.3)  # a trained adapter: it changes the output
+    ref = lora(torch.cat([prompt, generate(lora, prompt, 1)[:, -1:]], 1))[:, -1]
+    cache = lora.new_cache(1, 8)
+    prefill(lora, prompt, cache)
+    counted = _Counted(fast_step)
+    torch.testing.assert_close(decode_one(lora, generate(lora, prompt, 1)[:, -1:], cache, 6, counted), ref,
+                               atol=1e-5, rtol=1e-5)  # the adapter's contribution is in the decode step
+    assert counted.aside == 1
+
+    int8, _ = quantize_int8(fast)
+    assert why_not(int8) is not None
+    assert why_not(copy.deepcopy(fast).to(torch.bfloat16)) == "weights not in float32"
+    for impl in ("naive", "tiled"):
+        assert "attention" in why_not(copy.deepcopy(fast).set_attn_impl(impl))
+    assert why_not(copy.deepcopy(fast)) is None and why_not(copy.deepcopy(fast).to(torch.float32)) is None
+    assert fast_step(fast, prompt[:, :2], fast.new_cache(1, 8), 0) is None  # two tokens: the model's forward
+    switched = copy.deepcopy(fast)  # set_attn_impl during a generation swaps no module: seen at the next step
+    cache = switched.new_cache(1, 10)
+    with torch.inference_mode():
+        prefill(switched, prompt, cache)
+        assert fast_step(switched, prompt[:, :1], cache, 6) is not None
+        switched.set_attn_impl("naive")
+        assert fast_step(switched, prompt[:, :1], cache, 7) is None
+
+
+def test_modules_and_options_the_step_does_not_know_send_decoding_to_the_modules():
+    """Conservative by construction: anything not in the step's own list takes the modules, such as a bias, an extra
+    module (a QK norm), an extra setting on an attention layer (a sliding window) or an unknown config field."""
+    import dataclasses
+
+    from models.config import ModelConfig
+
+    _, fast = _pair(tiny())
+    cases = []
+    biased = copy.deepcopy(fast)
+    old = biased.blocks[1].attn.q_proj
+    biased.blocks[1].attn.q_proj = nn.Linear(old.in_features, old.out_features, bias=True)
+    cases.append(("bias", biased))
+    qk_norm = copy.deepcopy(fast)
+    qk_norm.blocks[0].attn.q_norm = RMSNorm(qk_norm.config.head_dim)
+    cases.append(("QK norm", qk_norm))
+    window = copy.deepcopy(fast)
+    window.blocks[2].attn.sliding_window = 4
+    cases.append(("sliding window", window))
+
+    @dataclasses.dataclass
+    class WindowConfig(ModelConfig):
+        sliding_window: int | None = None
+
+    configured = copy.deepcopy(fast)
+    configured.config = WindowConfig(**fast.config.to_dict())
+    cases.append(("config field", configured))
+    subclassed = copy.deepcopy(fast)
+
+    class MyNorm(RMSNorm):
+        pass
+
+    subclassed.norm.__class__ = MyNorm
+    cases.append(("subclass", subclassed))
+    unbound = copy.deepcopy(fast)
+    unbound.blocks[0].mlp.forward = lambda x: x  # an instance-level forward
+    cases.append(("instance forward", unbound))
+    prompt = torch.randint(0, 97, (1, 4), generator=torch.Generator().manual_seed(6))
+    for label, model in cases:
+        assert why_not(model) is not None, label
+        cache = model.new_cache(1, 8)
+        with torch.inference_mode():
+            prefill(model, prompt, cache)
+            assert fast_step(model, prompt[:, :1], cache, 4) is None, label
+            assert torch_step(model, prompt[:, :1], cache, 4) is None, label
+    assert "sliding_window" in why_not(configured)
+
+
+@pytest.mark.parametrize("head_dim", [8, 32, 64])
+def test_the_rope_matrix_rotates_as_apply_rope_does(head_dim):
+    from models.rope import apply_rope, rope_matrix, rope_tables
+
+    cos, sin = rope_tables(64, head_dim, 10000.0)
+    x = torch.randn(3, 5, 1, head_dim)
+    for pos in (0, 1, 7, 63):
+        c, s = cos[pos:pos + 1], sin[pos:pos + 1]
+        R = rope_matrix(c, s)
+        assert R.shape == (head_dim, head_dim) and int((R != 0).sum()) <= 2 * head_dim  # two coefficients a column
+        torch.testing.assert_close(x @ R, apply_rope(x, c, s), atol=1e-6, rtol=1e-6)
+
+
+def test_qkv_and_gate_up_lie_side_by_side_and_a_copy_is_laid_out_again():
+    from models.speed import fused, prepared_copy
+
+    plain, prepared = _pair(tiny())
+    attn, mlp = prepared.blocks[0].attn, prepared.blocks[0].mlp
+    qkv = fused(attn.q_proj, attn.k_proj, attn.v_proj)
+    assert qkv is not None and fused(mlp.gate_proj, mlp.up_proj) is not None
+    # the side-by-side matrix is the three weights' transposes, in order, and the weights kept their values
+    want = torch.cat([lin.weight.t() for lin in (attn.q_proj, attn.k_proj, attn.v_proj)], 1)
+    assert torch.equal(qkv, want)
+    assert torch.equal(attn.q_proj.weight, plain.blocks[0].attn.q_proj.weight)
+    # a deepcopy clones each parameter (contiguous): no longer side by side, and the fast step still agrees
+    copied = copy.deepcopy(prepared)
+    assert fused(copied.blocks[0].attn.q_proj, copied.blocks[0].attn.k_proj, copied.blocks[0].attn.v_proj) is None
+    prompt = torch.tensor([[1, 5, 9, 2]])
+    a = _step_by_step(copied, prompt, 4, step=fast_step)[1]
+    b = _step_by_step(prepared, prompt, 4, step=fast_step)[1]
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    again = prepared_copy(prepared)
+    assert fused(again.blocks[0].attn.q_proj, again.blocks[0].attn.k_proj, again.blocks[0].attn.v_proj) is not None
+    assert fused(plain.blocks[0].mlp.gate_proj, plain.blocks[0].mlp.up_proj) is None  # plain: never laid out
+    assert optimize_for_decode(again) is again and fused(again.blocks[0].mlp.gate_proj,
+                                                         again.blocks[0].mlp.up_proj) is not None
+    cast = prepared_copy(prepared, torch.bfloat16)  # laid out after the cast, which alone would undo it
+    assert cast.blocks[0].attn.q_proj.weight.dtype == torch.bfloat16
+    assert fused(cast.blocks[0].attn.q_proj, cast.blocks[0].attn.k_proj, cast.blocks[0].attn.v_proj) is not None
+    assert torch.equal(cast.blocks[0].mlp.up_proj.weight, prepared.blocks[0].mlp.up_proj.weight.bfloat16())
+    assert prepared.blocks[0].attn.q_proj.weight.dtype == torch.float32  # the original untouched
+    assert getattr(again, LAID_OUT) and not hasattr(plain, LAID_OUT)
+    assert not hasattr(prepared_copy(plain), LAID_OUT)  # a copy of a plain model stays plain
+
+
+def test_optimize_for_decode_leaves_int8_and_lora_layers_as_they_are():
+    plain, _ = _pair(tiny())
+    q = quantize_int8(copy.deepcopy(plain))[0]
+    assert optimize_for_decode(q) is q
+    lora = copy.deepcopy(plain)
+    attach_lora(lora, rank=2)
+    assert optimize_for_decode(lora) is lora
+
+
+def test_each_librarys_products_are_the_same_products_on_the_same_memory():
+    from models.speed.cpu import NUMPY_PRODUCTS, TORCH_PRODUCTS, Vec
+
+    g = torch.Generator().manual_seed(3)
+    h = Vec.empty(24)
+    h.t.copy_(torch.randn(24, generator=g))
+    w = torch.randn(40, 24, generator=g, requires_grad=True)  # (out, in), as nn.Linear holds it
+    want = (w.detach().double() @ h.t.double()).float()  # float64 reference
+    for layout in (w.detach(), w.detach().t().contiguous().t()):  # (out, in) memory, and (in, out) memory viewed
+        for products in (TORCH_PRODUCTS, NUMPY_PRODUCTS):
+            out = Vec.empty(40)
+            out.a[:] = np.nan  # never read: the product overwrites it
+            products.mv(layout, h, out, 1.0)
+            torch.testing.assert_close(out.t, want, atol=1e-5, rtol=1e-5)
+            products.mv(layout, h, out, -0.5)  # the scale RMSNorm passes in
+            torch.testing.assert_close(out.t, -0.5 * want, atol=1e-5, rtol=1e-5)
+            x = Vec.empty(40)
+            x.t.copy_(torch.randn(40, generator=g))
+            before = x.t.clone()
+            assert products.mv_add(x, layout, h) is None
+            torch.testing.assert_close(x.t, before + want, atol=1e-5, rtol=1e-5)  # the residual, in place
+            assert np.shares_memory(x.a, x.t.numpy())
+    side = torch.randn(60, 24, generator=g)
+    for products in (TORCH_PRODUCTS, NUMPY_PRODUCTS):  # a slice of a side-by-side matrix, read in place; a slice of out
+        out = Vec.empty(50)
+        products.mv(side[10:30], h, out.part(5, 25), 2.0)
+        torch.testing.assert_close(out.t[5:25], 2.0 * (side[10:30] @ h.t), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("library", ["torch", "numpy"])
+def test_the_cpu_step_agrees_with_the_modules_with_either_library_and_puts_the_thread_count_back(monkeypatch,
+                                                                                                  library):
+    import models.speed.cpu as cpu
+
+    plain, prepared = _pair(tiny())
+    prompt = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(2))
+    monkeypatch.setattr(cpu, "DECODE_BLAS", library)
+    threads = torch.get_num_threads()
+    seen, real = [], cpu._cpu_step
+    monkeypatch.setattr(cpu, "_cpu_step", lambda *a: seen.append((a[-1].name, torch.get_num_threads())) or real(*a))
+    tokens, logits, cache = _step_by_step(prepared, prompt, 12, step=fast_step)
+    assert {name for name, _ in seen} == {library} and len(seen) == 12
+    assert {n for _, n in seen} == ({1} if library == "numpy" else {threads})  # OpenBLAS brings its own threads
+    assert torch.get_num_threads() == threads
+    ref_tokens, ref_logits, ref_cache = _step_by_step(plain, prompt, 12)
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
+    for layer in range(plain.config.n_layers):
+        torch.testing.assert_close(cache.k[layer], ref_cache.k[layer], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(cache.v[layer], ref_cache.v[layer], atol=1e-5, rtol=1e-5)
+    assert cache.length == ref_cache.length
+    assert decode_blas(prepared).startswith(library)
+    seen.clear()
+    _step_by_step(prepared, prompt, 3, step=torch_step)  # the torch step never takes the numpy one
+    assert seen == []
+
+
+def test_the_library_is_measured_once_per_model_shape_and_the_memo_is_bounded(monkeypatch):
+    import models.speed.cpu as cpu
+
+    monkeypatch.setattr(cpu, "DECODE_BLAS", "auto")
+    monkeypatch.setattr(cpu, "_CHOSEN", {})
+    calls = []
+    real = cpu._measure_products
+    monkeypatch.setattr(cpu, "_measure_products", lambda plan: calls.append(plan) or real(plan))
+    _, a = _pair(tiny())
+    _, b = _pair(tiny(), seed=1)  # the same shape
+    _, c = _pair(tiny(n_layers=2))
+    chosen = cpu.cpu_products(a)
+    assert chosen in (cpu.TORCH_PRODUCTS, cpu.NUMPY_PRODUCTS)
+    assert cpu.cpu_products(b) is chosen and cpu.cpu_products(a) is chosen
+    cpu.cpu_products(c)
+    assert len(calls) == 2
+    monkeypatch.setattr(cpu, "DECODE_BLAS", "numpy")  # EXPLORER_DECODE_BLAS decides without measuring
+    assert cpu.cpu_products(a) is cpu.NUMPY_PRODUCTS and len(calls) == 2
+    monkeypatch.setattr(cpu, "DECODE_BLAS", "auto")
+    monkeypatch.setattr(cpu, "_measure_products", lambda plan: cpu.TORCH_PRODUCTS)
+    for vocab in range(100, 100 + 2 * cpu._CHOSEN_MAX):
+        cpu.cpu_products(Decoder(tiny(vocab_size=vocab, n_layers=1)))
+    assert len(cpu._CHOSEN) == cpu._CHOSEN_MAX
+
+
+def test_the_cpu_steps_views_follow_the_weights():
+    """The CPU step reads the modules' memory through views made once per generation: values changed in place are
+    seen at once, replaced storage (``.data =``, a new parameter) is seen at the next generation (and ``.data =``
+    at the next step), a deepcopy gets its own."""
+    plain, prepared = _pair(tiny())
+    prompt = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(4))
+
+    def agree():
+        a = _step_by_step(prepared, prompt, 3, step=fast_step)[1]
+        b = _step_by_step(plain, prompt, 3)[1]
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+    other = spread(Decoder(plain.config), norms=True)
+    agree()
+    plain.load_state_dict(other.state_dict())
+    prepared.load_state_dict(other.state_dict())  # copy_ into the same memory: the views see it
+    agree()
+    with torch.no_grad():
+        for model in (plain, prepared):
+            model.blocks[1].mlp.down_proj.weight.data = model.blocks[1].mlp.down_proj.weight.data * 1.5
+            model.blocks[0].input_layernorm.weight = nn.Parameter(model.blocks[0].input_layernorm.weight * -2)
+    agree()
+    copied = copy.deepcopy(prepared)
+    torch.testing.assert_close(_step_by_step(copied, prompt, 3, step=fast_step)[1],
+                               _step_by_step(plain, prompt, 3)[1], atol=1e-5, rtol=1e-5)
+    # .data replaced during a generation: the step makes its views again before the next token
+    cache = prepared.new_cache(1, 10)
+    ref_cache = plain.new_cache(1, 10)
+    with torch.inference_mode():
+        prefill(prepared, prompt, cache), prefill(plain, prompt, ref_cache)
+        fast_step(prepared, prompt[:, :1], cache, 6)
+        plain(prompt[:, :1], start_pos=6, cache=ref_cache)
+        for model in (plain, prepared):
+            model.blocks[2].attn.o_proj.weight.data = model.blocks[2].attn.o_proj.weight.data * 0.25
+        got = fast_step(prepared, prompt[:, 1:2], cache, 7)
+        want = plain(prompt[:, 1:2], start_pos=7, cache=ref_cache, last_only=True)[:, -1]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_swapped_or_removed_module_is_seen():
+    _, prepared = _pair(tiny())
+    assert why_not(prepared) is None
+    with torch.no_grad():
+        old = prepared.blocks[2].attn.o_proj
+        prepared.blocks[2].attn.o_proj = nn.Linear(old.in_features, old.out_features, bias=True)
+    assert why_not(prepared) is not None  # a bias the flat step would skip
+    prepared.blocks[2].attn.o_proj = old
+    assert why_not(prepared) is None
+    del prepared.blocks[2]
+    assert why_not(prepared) is not None  # two blocks, a config of three
+    prepared.config.n_layers = 2  # keep the model consistent: two blocks now
+    assert why_not(prepared) is None
+    prompt = torch.randint(0, 97, (1, 4), generator=torch.Generator().manual_seed(7))
+    counted = _Counted(fast_step)
+    assert torch.equal(generate(prepared, prompt, 6, step=counted), generate(prepared, prompt, 6))
+    assert counted.ran == 5
+
+
+def test_the_step_remembers_a_bounded_number_of_generations():
+    _, model = _pair(tiny())
+    prompt = torch.randint(0, 97, (1, 4), generator=torch.Generator().manual_seed(8))
+    caches = []
+    for _ in range(fast_step._MAX_RUNS + 10):  # caches kept alive: the memo still stays bounded
+        cache = model.new_cache(1, 6)
+        with torch.inference_mode():
+            prefill(model, prompt, cache)
+            assert fast_step(model, prompt[:, :1], cache, 4) is not None
+        caches.append(cache)
+    assert len(fast_step._runs) <= fast_step._MAX_RUNS
+    caches.clear()
+    del cache
+    gc.collect()
+    assert len(fast_step._runs) == 0  # a generation's entry goes with its cache
+
+
+def test_the_torch_step_reads_nothing_from_the_device_and_autograd_runs_the_modules():
+    from tests.test_models import _HostReads
+
+    _, model = _pair(tiny())
+    prompt = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(9))
+    cache = model.new_cache(2, 8)
+    with torch.inference_mode():
+        prefill(model, prompt, cache)
+        fast_step(model, prompt[:, :1], cache, 5)  # the first step of a generation checks the model
+        with _HostReads() as mode:
+            assert fast_step(model, prompt[:, :1], cache, 6) is not None  # a batch: the torch step
+    assert mode.count == 0
+    trainable = copy.deepcopy(model)  # parameters that require grad, autograd on: the modules record the graph
+    cache = trainable.new_cache(1, 8)
+    with torch.no_grad():
+        prefill(trainable, prompt[:1], cache)
+    logits = decode_one(trainable, prompt[:1, :1], cache, 5, fast_step)
+    assert logits.requires_grad
+    with torch.no_grad():
+        assert fast_step(trainable, prompt[:1, :1], cache, 6) is not None
+
+
+# --- nothing process-wide, nothing private ------------------------------------------------------------------------
+def test_importing_models_registers_nothing_process_wide():
+    proc = subprocess.run([sys.executable, "-m", "tests.torch_registries", "models", "models.speed", "lens.hooks",
+                           "explorer.probes"], cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    sizes = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"_global_forward_hooks", "_global_module_registration_hooks",
+            "_global_parameter_registration_hooks"} <= set(sizes["before"])  # the registries were looked at
+    assert sizes["after"] == sizes["before"]
+
+
+# Reading these couples a file to PyTorch's internals: only models/hooks.py may (it checks the torch version at
+# import), and tests/torch_registries.py, which checks that nothing registers process-wide hooks.
+PRIVATE_TORCH = re.compile(r"\._forward_hooks|\._forward_pre_hooks|\._backward_hooks|\._backward_pre_hooks|"
+                           r"\._global_|\._modules\b|\._parameters\b|\._buffers\b|\._non_persistent_buffers_set|"
+                           r"\._state_dict_hooks|\._load_state_dict_pre_hooks|\bnext_id\b|\btorch\._[A-Za-z]|"
+                           r"\bfrom torch\._|\bimport torch\._|_EventType|experimental_event_tree|\bregister_module_"
+                           r"(?:module|parameter|buffer)_registration_hook")
+ALLOWED = {"models/hooks.py", "tests/torch_registries.py"}
+
+
+def test_no_file_outside_models_hooks_reads_private_torch_state():
+    files = [p for p in REPO.rglob("*.py") if not any(part.startswith(".") for part in p.relative_to(REPO).parts)]
+    assert len(files) > 50
+    found = []
+    for path in files:
+        rel = path.relative_to(REPO).as_posix()
+        if rel in ALLOWED or rel == "tests/test_speed.py":  # this file names the patterns it looks for
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if PRIVATE_TORCH.search(line):
+                found.append(f"{rel}:{n}: {line.strip()}")
+    assert not found, "private torch state read outside models/hooks.py:\n" + "\n".join(found)
+    assert PRIVATE_TORCH.search((REPO / "models" / "hooks.py").read_text())  # the pattern does find what it is for
+    assert PRIVATE_TORCH.search("from torch._C._profiler import _EventType")
+    assert PRIVATE_TORCH.search("x = RemovableHandle.next_id") and PRIVATE_TORCH.search("m._modules.values()")
