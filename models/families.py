@@ -53,6 +53,10 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     if hf.get("mlp_bias"):
         raise ValueError("Checkpoints with MLP biases (mlp_bias) are not supported.")
     gemma = model_type == "gemma3_text"
+    own_head_dim = gemma or model_type == "qwen3"
+    if not own_head_dim and hf.get("head_dim") not in (None, hf["hidden_size"] / hf["num_attention_heads"]):
+        raise ValueError(f"{model_type} checkpoints whose head_dim * n_heads differs from hidden_size are not "
+                         "supported (Qwen3 and Gemma 3 set a head_dim of their own).")
     eos = hf.get("eos_token_id")
     common = dict(
         family=model_type,
@@ -195,6 +199,9 @@ def misfits(config: ModelConfig, model_type: str) -> list[str]:
         want("embed_scale", 1.0, f"{model_type} does not scale its embeddings")
         want("attn_scale", None, f"{model_type} scales scores by 1/sqrt(head_dim)")
         want("local_rope_theta", None, f"{model_type}'s local layers share the global RoPE")
+    if model_type not in ("qwen3", "gemma3_text") and c.head_dim * c.n_heads != c.d_model:
+        out.append(f"{model_type}'s head_dim is d_model / n_heads: head_dim must be {c.d_model / c.n_heads:g}, "
+                   f"not {c.head_dim}")
     if model_type == "llama" and c.sliding_window is not None:
         out.append("Llama has no sliding-window layers: sliding_window must be None")
     if model_type == "mistral" and c.layer_types is not None and "full_attention" in c.layer_types:

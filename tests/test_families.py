@@ -294,3 +294,98 @@ def test_gemma_norms_start_as_identity_and_the_embedding_scale_is_rounded_like_g
     # sqrt(640) = 25.30 is 25.25 in bf16, the factor transformers' Gemma multiplies by in bf16
     torch.testing.assert_close(seen["x"][0, 0], model.embed_tokens.weight[3] * torch.tensor(25.25, dtype=torch.bfloat16),
                                rtol=0, atol=0)
+
+
+# --- the app's side: sizes, the load cap, the speed path -------------------------------------------------------
+# The fields sizes depend on, as the checkpoints' config.json give them, with the totals their model cards publish
+# (parameters, and parameters outside the embedding where the card gives them).
+REAL = {
+    "Qwen/Qwen2.5-0.5B-Instruct": ({"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+                                    "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+                                    "vocab_size": 151936, "max_position_embeddings": 32768, "rope_theta": 1e6,
+                                    "tie_word_embeddings": True, "use_sliding_window": False,
+                                    "sliding_window": 32768, "max_window_layers": 21}, 0.49e9, 0.36e9),
+    "Qwen/Qwen3-0.6B": ({"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
+                         "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                         "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1e6,
+                         "tie_word_embeddings": True, "use_sliding_window": False}, 0.6e9, 0.44e9),
+    "google/gemma-3-270m": ({"model_type": "gemma3_text", "hidden_size": 640, "intermediate_size": 2048,
+                             "num_hidden_layers": 18, "num_attention_heads": 4, "num_key_value_heads": 1,
+                             "head_dim": 256, "vocab_size": 262144, "max_position_embeddings": 32768,
+                             "sliding_window": 512, "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 3,
+                             "rope_theta": 1e6, "rope_local_base_freq": 1e4, "query_pre_attn_scalar": 256},
+                            0.27e9, 0.10e9),
+    "meta-llama/Llama-3.2-1B": ({"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+                                 "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+                                 "head_dim": 64, "vocab_size": 128256, "max_position_embeddings": 131072,
+                                 "tie_word_embeddings": True, "rope_scaling": {
+                                     "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                                 "rope_theta": 5e5}, 1.23e9, None),
+}
+
+
+@pytest.mark.parametrize("name", list(REAL))
+def test_real_configs_read_to_their_published_sizes(name):
+    from explorer import measure
+
+    hf, total, beyond_embedding = REAL[name]
+    n = measure.parameter_count(ModelConfig.from_hf(hf))
+    assert n["total"] == pytest.approx(total, rel=0.02)
+    if beyond_embedding is not None:
+        assert n["total"] - n["embedding"] - n["lm_head"] == pytest.approx(beyond_embedding, rel=0.02)
+
+
+def test_parameter_count_counts_every_parameter_of_each_family(tmp_path):
+    from explorer import measure
+
+    for case in ("qwen2-gqa-tied", "qwen3-gqa-untied", "gemma3-mqa-untied-bias"):
+        _, ours = _pair(case, tmp_path / case)
+        assert measure.parameter_count(ours.config)["total"] == ours.num_parameters(), case
+
+
+def test_the_load_cap_is_the_memory_allowed_for_visitors_models(tmp_path, monkeypatch):
+    """Llama 3.2 1B (1.24 B parameters, 4.6 GiB in float32) is refused under the default 4 GiB with a sentence
+    naming the memory and its setting, and passes the size checks under 6 GiB (refused no earlier than reading
+    its weights, which this test never has)."""
+    import json
+
+    from explorer.state import checkpoints, private_models
+
+    folder = tmp_path / "llama-3.2-1b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(REAL["meta-llama/Llama-3.2-1B"][0]))
+    monkeypatch.setenv("EXPLORER_MODEL_ROOT", str(tmp_path))
+    monkeypatch.setattr(private_models, "_owners", {})
+
+    def reached(*args, **kwargs):
+        raise RuntimeError("the weights would be read now")
+
+    monkeypatch.setattr(checkpoints, "load_pretrained", reached)
+    monkeypatch.setattr(private_models, "PRIVATE_MODELS_BUDGET_BYTES", 4 * 2**30)
+    assert checkpoints.max_load_parameters() == 2**30
+    with pytest.raises(ValueError, match=r"about 1236 M parameters \(4.6 GiB in float32\).*4 GiB "
+                                         r"\(EXPLORER_PRIVATE_MODELS_BUDGET\), room for 1074 M"):
+        checkpoints.load_checkpoint("llama-3.2-1b")
+    monkeypatch.setattr(private_models, "PRIVATE_MODELS_BUDGET_BYTES", 6 * 2**30)
+    with pytest.raises(RuntimeError, match="the weights would be read now"):
+        checkpoints.load_checkpoint("llama-3.2-1b")
+
+
+@pytest.mark.parametrize("case", ["qwen3-gqa-untied", "gemma3-gqa-tied"])
+def test_the_app_never_prepares_the_llama_only_speed_path_for_another_family(case, tmp_path):
+    """models.fast's one-token step computes Llama's block only: the app lays out (and so enables) it for plain
+    Llama checkpoints alone, and another family decodes through its modules, token for token as transformers."""
+    from explorer.state.checkpoints import prepare
+    from models.fast_decode import can_decode_fast
+
+    ref, ours = _pair(case, tmp_path)
+    ours = prepare(ours)
+    assert not can_decode_fast(ours)
+    prompt = _tokens(n=1, T=8, seed=3)
+    with torch.no_grad():
+        expected = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=16,
+                                min_new_tokens=16, do_sample=False)
+    assert torch.equal(generate(ours, prompt, 16), expected)
+    llama = prepare(Decoder(ModelConfig(n_layers=1, d_model=32, n_heads=4, vocab_size=50)))
+    assert can_decode_fast(llama)  # plain Llama keeps its speed path
