@@ -192,7 +192,11 @@ def test_new_hook_points_name_the_new_steps_and_edits_reach_the_output(tmp_path)
     for name in ("attn.hook_q_normed", "attn.hook_k_normed", "pre_feedforward_layernorm.hook_normalized",
                  "post_feedforward_layernorm.hook_normalized", "attn.q_norm.hook_scale"):
         assert b + name in names, name
-    order = [names.index(b + n) for n in ("attn.hook_q", "attn.hook_q_normed", "attn.hook_rot_q", "attn.hook_z")]
+    forward = ("hook_resid_pre", "input_layernorm.hook_normalized", "attn.hook_q", "attn.q_norm.hook_normalized",
+               "attn.hook_q_normed", "attn.hook_rot_q", "attn.hook_z", "post_attention_layernorm.hook_normalized",
+               "hook_attn_out", "hook_resid_mid", "pre_feedforward_layernorm.hook_normalized", "mlp.hook_gate",
+               "post_feedforward_layernorm.hook_normalized", "hook_mlp_out", "hook_resid_post")
+    order = [names.index(b + n) for n in forward]
     assert order == sorted(order)  # listed in the order the forward reaches them
     tokens = _tokens(n=1, T=9)
     with torch.no_grad():
@@ -389,3 +393,11 @@ def test_the_app_never_prepares_the_llama_only_speed_path_for_another_family(cas
     assert torch.equal(generate(ours, prompt, 16), expected)
     llama = prepare(Decoder(ModelConfig(n_layers=1, d_model=32, n_heads=4, vocab_size=50)))
     assert can_decode_fast(llama)  # plain Llama keeps its speed path
+
+
+def test_the_walkthrough_says_it_explains_llama_only(tmp_path):
+    from explorer.probes.walkthrough import walk
+
+    _, ours = _pair("qwen3-gqa-untied", tmp_path)
+    with pytest.raises(ValueError, match=r"explains Llama's block.*\(qwen3\) changes qk_norm, head_dim"):
+        walk(ours, [1, 2, 3])
