@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import pytest
 import torch
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM, Qwen2Config,
@@ -401,3 +403,98 @@ def test_the_walkthrough_says_it_explains_llama_only(tmp_path):
     _, ours = _pair("qwen3-gqa-untied", tmp_path)
     with pytest.raises(ValueError, match=r"explains Llama's block.*\(qwen3\) changes qk_norm, head_dim"):
         walk(ours, [1, 2, 3])
+
+
+# --- what the app shows ---------------------------------------------------------------------------------------
+def test_every_switch_points_at_the_line_of_models_that_applies_it():
+    from explorer.probes.families import MODELS_ROOT, SITES, where_applied
+
+    assert set(SITES) == set(__import__("models.config", fromlist=["x"]).FAMILY_SWITCHES)
+    for switch, sites in SITES.items():
+        for place, (_, marker) in zip(where_applied(switch), sites):
+            path, line = place.rsplit(":", 1)
+            assert path.startswith("models/"), place
+            assert marker in (MODELS_ROOT / path).read_text().splitlines()[int(line) - 1], (switch, place)
+
+
+def test_the_differences_table_marks_what_a_family_changes(tmp_path):
+    from explorer.probes.families import differences_sentence, differences_table, local_layers_sentence
+
+    _, ours = _pair("gemma3-gqa-tied", tmp_path)
+    rows = differences_table(ours.config)
+    changed = [row[0][2:] for row in rows if row[0].startswith("● ")]
+    assert changed == list(ours.config.differences_from_llama())  # first, in FAMILY_SWITCHES order
+    by_name = {row[0].lstrip("● "): row for row in rows}
+    assert by_name["layer_types"][1] == "3 local, 1 global (global: 2)"
+    assert by_name["attn_scale"][1].startswith("0.2236 (1/√20")
+    assert by_name["qkv_bias"][1] == by_name["qkv_bias"][2] == "False"  # unchanged: Llama's value both sides
+    assert by_name["sliding_window"][4].count("models/") == 2  # the mask and the ring cache
+    assert "gemma3_text** differs from Llama by 10 switches" in differences_sentence(ours.config)
+    llama = ModelConfig()
+    assert not any(row[0].startswith("●") for row in differences_table(llama))
+    assert "Llama's block exactly" in differences_sentence(llama) and local_layers_sentence(llama, 0) == ""
+    said = local_layers_sentence(ours.config, 1)
+    assert "Layer 1 is **local**" in said and "itself and the 4 tokens before it" in said
+    assert "local layers (sliding window 5): 0–1, 3; global: 2." in said
+    assert "Layer 2 is **global**" in local_layers_sentence(ours.config, 2)
+
+
+def test_the_window_edge_runs_between_the_last_unseen_and_the_first_seen_key():
+    from explorer.figures.attention import attention_heatmap, window_edge_path
+
+    assert window_edge_path(4, 2) == "M 0.5,1.5 L 0.5,2.5 L 1.5,2.5 L 1.5,3.5"  # row 2 sees keys 1-2, row 3 keys 2-3
+    assert window_edge_path(4, 2, key_offset=1).startswith("M -0.5,1.5")
+    labels = [f"{i}·t" for i in range(6)]
+    fig = attention_heatmap(np.tril(np.ones((6, 6))) / np.arange(1, 7)[:, None], labels, layer=1, head=0,
+                            n_heads=4, n_kv_heads=2, window=3)
+    assert "sliding window 3" in fig.layout.title.text
+    assert fig.layout.shapes[0].path == window_edge_path(6, 3)
+    plain = attention_heatmap(np.eye(6), labels, layer=1, head=0, n_heads=4, n_kv_heads=2)
+    assert not plain.layout.shapes
+
+
+def test_the_app_loads_a_gemma_checkpoint_and_shows_its_switches_and_bands(app_url, model_root):
+    """End to end through the served app: a tiny Gemma 3 checkpoint (the fixture tokenizer) under the allowed
+    root loads; the Model tab lists its switches with the lines that apply them; the Attention tab says which
+    layers are local and marks the window on a local layer's map."""
+    import shutil
+
+    from gradio_client import Client
+
+    from explorer.figures.attention import window_edge_path
+    from explorer.panels.attention import AttentionView
+    from tests.api_answer import named
+    from tests.plotly_payload import arr, fig
+
+    folder = model_root / "tiny-gemma"
+    if not folder.exists():
+        local = load_pretrained(model_root / "tiny-local").config
+        config = ModelConfig(family="gemma3_text", vocab_size=local.vocab_size, d_model=32, n_layers=3, n_heads=4,
+                             n_kv_heads=2, head_dim=16, d_ff=64, max_seq_len=128, norm_eps=1e-6, tie_embeddings=True,
+                             qk_norm=True, norm_offset=1.0, embed_scale=math.sqrt(32), hidden_act="gelu_pytorch_tanh",
+                             sandwich_norm=True, attn_scale=16 ** -0.5, sliding_window=4,
+                             layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                             local_rope_theta=1e4, rope_theta=1e6, bos_token_id=local.bos_token_id,
+                             eos_token_id=local.eos_token_id, pad_token_id=local.pad_token_id)
+        torch.manual_seed(0)
+        save_pretrained(Decoder(config), folder)
+        for f in (model_root / "tiny-local").iterdir():
+            if f.name not in ("config.json", "model.safetensors"):
+                shutil.copy(f, folder / f.name)
+    c = Client(app_url, verbose=False)
+    status, bars, config, card, differs = c.predict("tiny-gemma", api_name="/load_model")
+    assert "Loaded" in status and "gemma3_text** differs from Llama by 10 switches" in status
+    rows = {row[0]: row for row in differs["data"]}
+    assert rows["● sandwich_norm"][1] == "True" and rows["● sandwich_norm"][4].startswith("models/block.py:")
+    prompt = "The cat sat on the mat. The dog sat on the log."
+    out = named(AttentionView, c.predict(prompt, 1, 0, "causal (as trained)", api_name="/attention"))
+    assert "Layer 1 is **local**" in out.info and "global: 2" in out.info
+    heat = fig(out.heatmap)
+    assert "sliding window 4" in heat["layout"]["title"]["text"]
+    tokens = len(out.tokens["data"])
+    assert heat["layout"]["shapes"][0]["path"] == window_edge_path(tokens, 4)
+    weights = arr(heat["data"][0]["z"])  # the band: nothing seen 4 or more tokens back
+    assert np.nanmax(np.abs(np.tril(weights, -4))) == 0 and np.nanmin(np.diag(weights)) > 0
+    out = named(AttentionView, c.predict(prompt, 2, 0, "causal (as trained)", api_name="/attention"))
+    assert "Layer 2 is **global**" in out.info
+    c.predict("default", api_name="/load_model")
