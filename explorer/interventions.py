@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from lens.hooks import as_tokens, check_layer, run_with_cache, run_with_hooks
+from models.kv_cache import KVCache
 from lens.loss import per_token_loss, token_losses  # noqa: F401 (per_token_loss is part of this API)
 
 HOWS = ("zero", "mean")
@@ -187,7 +188,7 @@ def _patch_resid_pre(model: nn.Module, target: torch.Tensor, src, answer) -> tor
     unchanged run's KV cache."""
     c = model.config
     L, T = len(model.blocks), target.shape[1]
-    kept = model.new_cache(1, T)
+    kept = _full_cache(model, 1, T)
     logits, tgt = _resid_pre(model, target, cache=kept)
     unchanged = logit_diff(logits, answer)[0]
     out = torch.empty(L, T)
@@ -203,7 +204,7 @@ def _patch_resid_pre(model: nn.Module, target: torch.Tensor, src, answer) -> tor
             q, R = int(idx[0]), len(idx)  # the first position this batch changes
             x = resid[q:].expand(R, T - q, -1).clone()  # (R, T - q, C)
             x[torch.arange(R), idx - q] = patched[idx]
-            cache = model.new_cache(R, T)
+            cache = _full_cache(model, R, T)
             for j in range(layer, L):
                 cache.k[j][:, :, :q] = kept.k[j][:, :, :q]
                 cache.v[j][:, :, :q] = kept.v[j][:, :, :q]
@@ -211,6 +212,13 @@ def _patch_resid_pre(model: nn.Module, target: torch.Tensor, src, answer) -> tor
                                     start_at_layer=layer, resid=x, last_only=True)
             out[layer, idx] = logit_diff(logits, answer).cpu()
     return out
+
+
+def _full_cache(model: nn.Module, batch: int, T: int) -> KVCache:
+    """A cache holding every position of every layer (a sliding-window layer's too, its window applied by the mask),
+    so a prefix of it can be copied position for position."""
+    c, p = model.config, model.embed_tokens.weight
+    return KVCache(c.n_layers, batch, c.n_kv_heads, T, c.head_dim, dtype=p.dtype, device=p.device)
 
 
 def _patch_heads(model: nn.Module, target: torch.Tensor, src, answer) -> torch.Tensor:

@@ -54,12 +54,17 @@ def _hook_points(model: nn.Module) -> list[tuple[str, HookPoint]]:
 # (named_modules would list a block's own hooks after its submodules').
 _BLOCK_ORDER = {"hook_resid_pre": 0, "input_layernorm": 1, "attn": 2, "hook_attn_out": 3, "hook_resid_mid": 4,
                 "post_attention_layernorm": 5, "mlp": 6, "hook_mlp_out": 7, "hook_resid_post": 8}
+# With sandwich norms (Gemma) post_attention_layernorm normalises the attention's output, and two more norms wrap
+# the MLP.
+_SANDWICH_ORDER = {"hook_resid_pre": 0, "input_layernorm": 1, "attn": 2, "post_attention_layernorm": 3,
+                   "hook_attn_out": 4, "hook_resid_mid": 5, "pre_feedforward_layernorm": 6, "mlp": 7,
+                   "post_feedforward_layernorm": 8, "hook_mlp_out": 9, "hook_resid_post": 10}
 
 
-def _forward_rank(name: str) -> tuple[int, int, int]:
+def _forward_rank(name: str, order: dict[str, int] = _BLOCK_ORDER) -> tuple[int, int, int]:
     parts = name.split(".")
     if parts[0] == "blocks" and len(parts) > 2 and parts[1].isdigit():
-        return (1, int(parts[1]), _BLOCK_ORDER.get(parts[2], len(_BLOCK_ORDER)))
+        return (1, int(parts[1]), order.get(parts[2], len(order)))
     if name == "hook_embed":
         return (0, 0, 0)
     return (3, 0, 0) if name == "hook_logits" else (2, 0, 0)
@@ -75,7 +80,9 @@ def hook_names(model: nn.Module) -> list[str]:
     ``norm.hook_scale``, ``norm.hook_normalized``, ``hook_logits``. The encoder has no ``hook_logits`` and its
     MLP hooks are ``mlp.hook_pre`` / ``mlp.hook_post``.
     """
-    return sorted((name for name, _ in _hook_points(model)), key=_forward_rank)
+    sandwich = any(getattr(block, "sandwich", False) for block in getattr(model, "blocks", ()))
+    order = _SANDWICH_ORDER if sandwich else _BLOCK_ORDER
+    return sorted((name for name, _ in _hook_points(model)), key=lambda name: _forward_rank(name, order))
 
 
 def effective_impl(model: nn.Module, attn_impl: str | None) -> str:

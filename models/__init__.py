@@ -1,15 +1,19 @@
 """From-scratch transformer models: a Llama-style decoder and a classic encoder.
 
+The decoder also runs the families that change Llama in a few named ways (Mistral, Qwen2, Qwen3, Gemma 3 text):
+each change is one switch of ModelConfig, applied where it acts; families.py says which family sets which.
+
 Reading order (each file uses only the ones above it, except that attention takes a KV cache):
-    config.py      ModelConfig: every size in one validated dataclass
+    config.py      ModelConfig: every size in one validated dataclass, and the switches other families set
+    families.py    each family's config.json read into those switches and written back
     rope.py        rotary tables (decoder) and the sinusoidal table (encoder)
     hooks.py       HookPoint: named places where probes observe activations
-    layers.py      RMSNorm, LayerNorm, SwiGLU and GELU feed-forwards
+    layers.py      RMSNorm, LayerNorm, SwiGLU (GeGLU) and GELU feed-forwards
     attention.py   naive, SDPA and tiled ("flash") attention; the grouped-query Attention module
-    block.py       the pre-norm residual block both models share
-    decoder.py     Decoder (Llama) and check_tokens
+    block.py       the pre-norm residual block both models share (Gemma's sandwich norms too)
+    decoder.py     Decoder (Llama and the families above) and check_tokens
     encoder.py     Encoder (classic, bidirectional)
-    kv_cache.py    the preallocated cache written at explicit positions
+    kv_cache.py    the preallocated cache written at explicit positions (a ring per sliding-window layer)
     generate.py    prefill, decode_one, sampling, generate
     lora.py        low-rank adapters and their off / on / merged modes
     quant.py       weight-only int8

@@ -4,10 +4,12 @@ Notation (used in every shape comment):
     B batch, T queries, S keys, H query heads, Hkv key/value heads, G = H / Hkv queries per KV head,
     D head dim, C model dim.
 
-Masks are given as two facts, never as a materialised ``(T, S)`` matrix, so the tiled path can build
+Masks are given as three facts, never as a materialised ``(T, S)`` matrix, so the tiled path can build
 each block's mask from indices:
     causal       query ``t`` sits at absolute position ``S - T + t`` (the last ``T`` of ``S`` positions,
                  which is what a KV cache holds) and sees keys at positions ``<= S - T + t``.
+    window       optional (sliding-window layers: Mistral, Gemma 3): a query sees only the keys fewer than
+                 ``window`` positions before it, itself included (without ``causal``: on either side).
     key_padding  optional bool ``(B, S)``, True where the key is a real token, False where it is padding.
 A row with no visible key (a padding query under left padding) gets uniform weights in every
 implementation instead of NaN; its output is meaningless and callers ignore it.
@@ -30,6 +32,7 @@ from torch import nn
 from .config import check_attn_impl
 from .hooks import HookPoint
 from .kv_cache import KVCache
+from .layers import RMSNorm
 from .rope import apply_rope
 
 
@@ -51,18 +54,23 @@ def build_mask(
     device: torch.device | str | None = None,
     key_start: int = 0,
     key_stop: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor | None:
     """Which keys each query may see, as bool (B or 1, 1, T, key_stop - key_start); True = visible.
 
     None means every key is visible. ``key_start``/``key_stop`` select one block of keys (the tiled path
-    builds one block at a time and never the whole T × S mask).
+    builds one block at a time and never the whole T × S mask). ``window``: see the module docstring.
     """
     key_stop = S if key_stop is None else key_stop
     mask = None
-    if causal:
+    if causal or window is not None:
         q_pos = torch.arange(S - T, S, device=device)  # (T,) absolute positions of the queries
         k_pos = torch.arange(key_start, key_stop, device=device)  # (S_block,)
-        mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, T, S_block)
+        if causal:
+            mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, T, S_block)
+        if window is not None:  # the band: a local layer sees only the keys fewer than `window` positions away
+            near = ((q_pos[:, None] - k_pos[None, :]).abs() < window)[None, None]  # (1, 1, T, S_block)
+            mask = near if mask is None else mask & near
     if key_padding is not None:
         pad = key_padding[:, None, None, key_start:key_stop].bool()  # (B, 1, 1, S_block)
         mask = pad if mask is None else mask & pad  # (B, 1, T, S_block)
@@ -89,10 +97,11 @@ def attention_weights(
     causal: bool,
     key_padding: torch.Tensor | None = None,
     scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """softmax(Q Kᵀ / √D + mask) in fp32, cast back to q's dtype. (B, H, T, S); rows sum to 1."""
     scores = attention_scores(q, k, scale=scale)  # (B, H, T, S)
-    mask = build_mask(q.shape[2], k.shape[2], causal=causal, key_padding=key_padding, device=q.device)
+    mask = build_mask(q.shape[2], k.shape[2], causal=causal, key_padding=key_padding, device=q.device, window=window)
     if mask is not None:
         scores = scores.masked_fill(~mask, _fill_value(scores.dtype))
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
@@ -106,9 +115,11 @@ def naive_attention(
     causal: bool,
     key_padding: torch.Tensor | None = None,
     scale: float | None = None,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The textbook formula. Returns out (B, H, T, D) and weights (B, H, T, S)."""
-    weights = attention_weights(q, k, causal=causal, key_padding=key_padding, scale=scale)  # (B, H, T, S)
+    weights = attention_weights(q, k, causal=causal, key_padding=key_padding, scale=scale,
+                                window=window)  # (B, H, T, S)
     out = torch.matmul(weights, repeat_kv(v, q.shape[1] // v.shape[1]))  # (B, H, T, S) @ (B, H, S, D)
     return out, weights
 
@@ -121,15 +132,18 @@ def sdpa_attention(
     causal: bool,
     key_padding: torch.Tensor | None = None,
     scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """PyTorch's fused kernels. GQA without copying K/V (``enable_gqa``). Returns (B, H, T, D)."""
     T, S = q.shape[2], k.shape[2]
+    if window is not None and window >= S and causal:
+        window = None  # a window as long as the keys hides nothing a causal mask does not
     mask = None
     is_causal = False
-    if key_padding is None and causal and T == S:
+    if key_padding is None and causal and T == S and window is None:
         is_causal = True  # SDPA's own causal flag keeps the flash kernel; it aligns top-left, right for T == S
-    elif key_padding is not None or (causal and T > 1):
-        mask = build_mask(T, S, causal=causal, key_padding=key_padding, device=q.device)
+    elif key_padding is not None or (causal and T > 1) or window is not None:
+        mask = build_mask(T, S, causal=causal, key_padding=key_padding, device=q.device, window=window)
     # (a single query at the end of the sequence sees every key: no mask at all)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
@@ -146,6 +160,7 @@ def tiled_attention(
     scale: float | None = None,
     tile_size: int = 64,
     on_block: Callable[[dict], None] | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """FlashAttention's online softmax over key blocks. Returns (B, H, T, D).
 
@@ -154,7 +169,8 @@ def tiled_attention(
     At the end ``out = acc / l``. Peak extra memory is O(T · tile_size + T · D), not O(T · S): the running
     sum and accumulator are updated in place, and each block's scores turn into its probabilities in place.
     ``on_block`` (optional) receives after every block a dict with ``block``, ``start``, ``stop`` and copies
-    of ``m`` (B, H, T), ``l`` (B, H, T) and the output so far ``acc / l`` (B, H, T, D).
+    of ``m`` (B, H, T), ``l`` (B, H, T) and the output so far ``acc / l`` (B, H, T, D). With a causal ``window``
+    the blocks wholly before every query's window are skipped: a local layer's work grows with the window, not S.
     """
     if tile_size <= 0:
         raise ValueError(f"tile_size must be a positive integer, got {tile_size}.")
@@ -166,15 +182,16 @@ def tiled_attention(
     m = torch.full((B, H, T, 1), fill, dtype=torch.float32, device=q.device)  # running row max
     l = torch.zeros((B, H, T, 1), dtype=torch.float32, device=q.device)  # running row sum of exp
     acc = torch.zeros((B, H, T, D), dtype=torch.float32, device=q.device)  # unnormalised output
-    for block, s0 in enumerate(range(0, S, tile_size)):
+    first = 0 if window is None or not causal else max(0, S - T - window + 1)  # the first query's oldest key
+    for block, s0 in enumerate(range(first - first % tile_size, S, tile_size)):
         s1 = min(s0 + tile_size, S)
         kb = repeat_kv(k[:, :, s0:s1], n_rep)  # (B, H, s1 - s0, D)
         vb = repeat_kv(v[:, :, s0:s1], n_rep)  # (B, H, s1 - s0, D)
         s = torch.matmul(q, kb.transpose(2, 3)).float().mul_(scale)  # (B, H, T, s1 - s0)
         # A causal block that even the first query sees whole needs no mask at all.
-        if key_padding is not None or (causal and s1 - 1 > S - T):
+        if key_padding is not None or (causal and s1 - 1 > S - T) or window is not None:
             mask = build_mask(T, S, causal=causal, key_padding=key_padding, device=q.device,
-                              key_start=s0, key_stop=s1)
+                              key_start=s0, key_stop=s1, window=window)
             s.masked_fill_(~mask, fill)
             del mask
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (B, H, T, 1)
@@ -202,6 +219,7 @@ def attention(
     key_padding: torch.Tensor | None = None,
     scale: float | None = None,
     tile_size: int = 64,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Dispatch to one implementation. q (B, H, T, D), k/v (B, Hkv, S, D) with H % Hkv == 0.
 
@@ -211,10 +229,11 @@ def attention(
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]}).")
     if impl == "naive":
-        return naive_attention(q, k, v, causal=causal, key_padding=key_padding, scale=scale)
+        return naive_attention(q, k, v, causal=causal, key_padding=key_padding, scale=scale, window=window)
     if impl == "sdpa":
-        return sdpa_attention(q, k, v, causal=causal, key_padding=key_padding, scale=scale), None
-    out = tiled_attention(q, k, v, causal=causal, key_padding=key_padding, scale=scale, tile_size=tile_size)
+        return sdpa_attention(q, k, v, causal=causal, key_padding=key_padding, scale=scale, window=window), None
+    out = tiled_attention(q, k, v, causal=causal, key_padding=key_padding, scale=scale, tile_size=tile_size,
+                          window=window)
     return out, None
 
 
@@ -222,10 +241,18 @@ class Attention(nn.Module):
     """Multi-head attention with grouped-query heads, optional RoPE, optional cross-attention (``context``).
 
     ``n_kv_heads`` from 1 (multi-query) to ``n_heads`` (multi-head); query head ``h`` reads KV head
-    ``h // (n_heads // n_kv_heads)``. Projections are bias-free and named like transformers' Llama.
-    Hook points (observers only): hook_q, hook_k, hook_v (B, H or Hkv, T, D) before RoPE; hook_rot_q,
-    hook_rot_k after it; hook_attn_scores (B, H, T, S) scaled scores with masked entries at -inf;
-    hook_pattern (B, H, T, S); hook_z (B, H, T, D) the heads' outputs before o_proj.
+    ``h // (n_heads // n_kv_heads)``. Projections are named like transformers' Llama and bias-free unless asked.
+    What other families change (keyword-only, each None/False/0 by default, which is Llama):
+        head_dim        D set on its own (Qwen3, Gemma 3), not d_model / n_heads: q_proj is (H·D, C).
+        qkv_bias        biases on q_proj, k_proj and v_proj (Qwen2); o_bias one on o_proj.
+        qk_norm         an RMSNorm over each head's D dims of q and of k before RoPE (Qwen3, Gemma 3), with
+                        ``norm_eps`` and ``norm_offset`` as the model's other norms.
+        scale           scores times this instead of 1/√D (Gemma 3: query_pre_attn_scalar ** -0.5).
+        sliding_window  this layer sees only the keys fewer than this many positions back (Mistral, Gemma 3).
+    Hook points (observers only): hook_q, hook_k, hook_v (B, H or Hkv, T, D) before RoPE; with qk_norm,
+    hook_q_normed, hook_k_normed after the norm; hook_rot_q, hook_rot_k after RoPE; hook_attn_scores (B, H, T, S)
+    scaled scores with masked entries at -inf; hook_pattern (B, H, T, S); hook_z (B, H, T, D) the heads' outputs
+    before o_proj.
     """
 
     def __init__(
@@ -238,23 +265,41 @@ class Attention(nn.Module):
         use_rope: bool = True,
         impl: str = "sdpa",
         tile_size: int = 64,
+        head_dim: int | None = None,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
+        norm_offset: float = 0.0,
+        scale: float | None = None,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads}).")
+        if head_dim is None and d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads}), or give head_dim.")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads}).")
+        if sliding_window is not None and sliding_window <= 0:
+            raise ValueError(f"sliding_window must be a positive number of positions or None, got {sliding_window}.")
         check_attn_impl(impl)
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
-        self.head_dim = d_model // n_heads
+        self.head_dim = d_model // n_heads if head_dim is None else head_dim
         self.causal, self.use_rope = causal, use_rope
         self.impl, self.tile_size = impl, tile_size
-        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
-        for name in ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z"):
+        self.scale, self.sliding_window = scale, sliding_window
+        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=o_bias)
+        for name in ("q", "k", "v"):
+            setattr(self, f"hook_{name}", HookPoint())
+        self.q_norm = self.k_norm = None
+        if qk_norm:  # registered here so hook names list in the order the forward reaches them
+            self.q_norm = RMSNorm(self.head_dim, norm_eps, norm_offset)
+            self.k_norm = RMSNorm(self.head_dim, norm_eps, norm_offset)
+            self.hook_q_normed, self.hook_k_normed = HookPoint(), HookPoint()
+        for name in ("rot_q", "rot_k", "attn_scores", "pattern", "z"):
             setattr(self, f"hook_{name}", HookPoint())
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
@@ -277,11 +322,13 @@ class Attention(nn.Module):
         """x (B, T, C) -> (B, T, C).
 
         rope: (cos, sin) rows for these T positions, each (T, D). context: (B, S, C) for cross-attention.
-        cache + layer + start_pos: write this step's K/V at ``start_pos`` and attend to everything cached.
+        cache + layer + start_pos: write this step's K/V at ``start_pos`` and attend to everything cached (a
+        sliding-window layer's cache gives back only the keys its window can reach).
         causal / impl: per-call overrides of the module's settings (the module itself is never changed).
         """
         impl = impl or self.impl
         causal = self.causal if causal is None else causal
+        window, scale = self.sliding_window, self.scale
         B, T, _ = x.shape
         kv_in = x if context is None else context
         q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
@@ -290,33 +337,39 @@ class Attention(nn.Module):
         q = self.hook_q(q)
         k = self.hook_k(k)
         v = self.hook_v(v)
+        if self.q_norm is not None:  # QK-norm: every head's q and k at the same RMS, whatever the residual's size
+            q = self.hook_q_normed(self.q_norm(q))
+            k = self.hook_k_normed(self.k_norm(k))
         if self.use_rope and rope is not None and context is None:
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             q = self.hook_rot_q(q)
             k = self.hook_rot_k(k)
         if cache is not None:
-            k, v = cache.update(layer, start_pos, k, v)  # (B, Hkv, start_pos + T, D) views of the cache
+            k, v = cache.update(layer, start_pos, k, v)  # (B, Hkv, S, D): S = start_pos + T, or the window's
+            if key_padding is not None and key_padding.shape[1] > k.shape[2]:
+                key_padding = key_padding[:, -k.shape[2]:]  # a local layer's cache keeps only the last keys
         if context is not None:
-            causal = False
+            causal, window = False, None
         if self.hook_pattern.edits:  # an edited pattern must be the one that weighs the values: the naive math
-            weights = self.hook_pattern(attention_weights(q, k, causal=causal, key_padding=key_padding))
+            weights = self.hook_pattern(attention_weights(q, k, causal=causal, key_padding=key_padding, scale=scale,
+                                                          window=window))
             out = torch.matmul(weights, repeat_kv(v, self.n_heads // self.n_kv_heads))  # (B, H, T, D)
         else:
             out, weights = attention(
-                q, k, v, impl=impl, causal=causal, key_padding=key_padding, tile_size=self.tile_size
+                q, k, v, impl=impl, causal=causal, key_padding=key_padding, scale=scale, tile_size=self.tile_size,
+                window=window,
             )
         if self.hook_attn_scores.active:
-            scores = attention_scores(q, k)  # (B, H, T, S)
-            mask = build_mask(T, k.shape[2], causal=causal, key_padding=key_padding, device=q.device)
+            scores = attention_scores(q, k, scale=scale)  # (B, H, T, S)
+            mask = build_mask(T, k.shape[2], causal=causal, key_padding=key_padding, device=q.device, window=window)
             self.hook_attn_scores(scores if mask is None else scores.masked_fill(~mask, float("-inf")))
         if self.hook_pattern.active and not self.hook_pattern.edits:
             # SDPA and the tiled path never form the weights: recompute them with the naive math from
             # the same rotated q and k, so the pattern shown is the one that produced this output.
             if weights is None:
-                weights = attention_weights(q, k, causal=causal, key_padding=key_padding)
+                weights = attention_weights(q, k, causal=causal, key_padding=key_padding, scale=scale, window=window)
             self.hook_pattern(weights)
         out = self.hook_z(out)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, H, T, D) -> (B, T, H*D)
         return self.o_proj(out)
-

@@ -1,8 +1,12 @@
 """One config for every model in the project.
 
 ``ModelConfig`` is validated on construction: a size that cannot build a model raises a
-``ValueError`` whose sentence says what to change. Derived fields (``head_dim``, ``n_kv_groups``)
-are computed in ``__post_init__`` and never stored twice.
+``ValueError`` whose sentence says what to change. Derived fields (``n_kv_groups``, and ``head_dim`` when not
+given) are computed in ``__post_init__`` and never stored twice.
+
+Every default is Llama's. The fields after ``pad_token_id`` are the switches by which the other families that load
+(Qwen2, Qwen3, Gemma 3, Mistral) differ from Llama, one behaviour each, applied at the one place in the model code
+where it acts (``FAMILY_SWITCHES`` says what each does; ``models.families`` reads them from config.json).
 """
 from __future__ import annotations
 
@@ -58,6 +62,32 @@ def check_attn_impl(name: str) -> str:
     return name
 
 
+# The transformers families that load (``models.families`` reads and writes their config.json): Llama, and the
+# families that change it in a few named ways (FAMILY_SWITCHES).
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+# The MLP gate's activation, by transformers' ``hidden_act`` names: SiLU makes SwiGLU (Llama, Qwen), the tanh
+# approximation of GELU makes GeGLU (Gemma).
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' names for a global and a local layer
+
+# What other families change, one switch each, with Llama's value (the default) and what it does.
+# ``explorer`` lists these for a loaded model; ``models.families`` reads and writes them in config.json.
+FAMILY_SWITCHES = {
+    "qkv_bias": (False, "biases on the q, k and v projections"),
+    "o_bias": (False, "a bias on the output projection o_proj"),
+    "qk_norm": (False, "RMSNorm on each head's q and k before RoPE (QK-norm)"),
+    "head_dim": (None, "head dim set by the checkpoint, not d_model / n_heads"),
+    "norm_offset": (0.0, "RMSNorm scales by (norm_offset + w): Gemma stores w around 0"),
+    "embed_scale": (1.0, "the token embeddings are multiplied by this (Gemma: sqrt(d_model))"),
+    "hidden_act": ("silu", "the MLP gate's activation: silu (SwiGLU) or gelu_pytorch_tanh (GeGLU)"),
+    "sandwich_norm": (False, "a norm after attention and after the MLP as well as before (4 norms a block)"),
+    "attn_scale": (None, "scores are multiplied by this instead of 1/sqrt(head_dim)"),
+    "sliding_window": (None, "a local layer sees only its last sliding_window keys (itself included)"),
+    "layer_types": (None, "which layers are local (sliding_attention) and which global (full_attention)"),
+    "local_rope_theta": (None, "the RoPE theta of local layers (None: the global layers' theta and scaling)"),
+}
+
+
 @dataclass
 class ModelConfig:
     vocab_size: int = 4096
@@ -76,7 +106,20 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
-    head_dim: int = field(init=False)
+    # --- what other families change (FAMILY_SWITCHES); every default is Llama's --------------------------------
+    family: str = "llama"  # the transformers model_type these values came from: what save_pretrained writes
+    head_dim: int | None = None  # None: d_model / n_heads
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    norm_offset: float = 0.0
+    embed_scale: float = 1.0
+    hidden_act: str = "silu"
+    sandwich_norm: bool = False
+    attn_scale: float | None = None  # None: 1 / sqrt(head_dim)
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None  # None: every layer full_attention
+    local_rope_theta: float | None = None
     n_kv_groups: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -92,21 +135,23 @@ class ModelConfig:
             self.d_ff = 64 * -(-(8 * self.d_model // 3) // 64)
         if not isinstance(self.d_ff, int) or self.d_ff <= 0:
             raise ValueError(f"d_ff must be a positive integer, got {self.d_ff!r}.")
-        if self.d_model % self.n_heads:
+        if self.head_dim is None and self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}): "
-                f"choose n_heads among {_divisors(self.d_model)}."
+                f"choose n_heads among {_divisors(self.d_model)}, or set head_dim."
             )
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}): "
                 f"choose n_kv_heads among {_divisors(self.n_heads)}."
             )
-        self.head_dim = self.d_model // self.n_heads
+        if self.head_dim is None:
+            self.head_dim = self.d_model // self.n_heads
+        if not isinstance(self.head_dim, int) or isinstance(self.head_dim, bool) or self.head_dim <= 0:
+            raise ValueError(f"head_dim must be a positive integer or None (d_model / n_heads), got {self.head_dim!r}.")
         if self.head_dim % 2:
             raise ValueError(
-                f"head_dim = d_model / n_heads = {self.head_dim} must be even for rotary positions: "
-                "change d_model or n_heads."
+                f"head_dim = {self.head_dim} must be even for rotary positions: change d_model, n_heads or head_dim."
             )
         self.n_kv_groups = self.n_heads // self.n_kv_heads
         if not self.rope_theta > 1.0:
@@ -115,12 +160,73 @@ class ModelConfig:
         if not 0.0 < self.norm_eps < 1.0:
             raise ValueError(f"norm_eps must be between 0 and 1, got {self.norm_eps!r}.")
         check_attn_impl(self.attn_impl)
+        self._check_family_switches()
+
+    def _check_family_switches(self) -> None:
+        if self.family not in MODEL_TYPES:
+            raise ValueError(f"family must be one of the model types {MODEL_TYPES}, got {self.family!r}.")
+        for name in ("qkv_bias", "o_bias", "qk_norm", "sandwich_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}.")
+        if not _finite(self.norm_offset):
+            raise ValueError(f"norm_offset must be a number (0 for Llama, 1 for Gemma), got {self.norm_offset!r}.")
+        if not _finite(self.embed_scale) or self.embed_scale <= 0:
+            raise ValueError(f"embed_scale must be a positive number (1 for Llama), got {self.embed_scale!r}.")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act must be one of {ACTIVATIONS}, got {self.hidden_act!r}.")
+        if self.attn_scale is not None and (not _finite(self.attn_scale) or self.attn_scale <= 0):
+            raise ValueError(f"attn_scale must be a positive number or None (1/sqrt(head_dim)), got {self.attn_scale!r}.")
+        window = self.sliding_window
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window <= 0):
+            raise ValueError(f"sliding_window must be a positive integer or None, got {window!r}.")
+        if self.layer_types is not None:
+            if isinstance(self.layer_types, str) or len(self.layer_types) != self.n_layers \
+                    or any(t not in LAYER_TYPES for t in self.layer_types):
+                raise ValueError(f"layer_types must name each of the {self.n_layers} layers with one of {LAYER_TYPES}, "
+                                 f"got {self.layer_types!r}.")
+            self.layer_types = tuple(self.layer_types)
+        local = self.layer_types is not None and "sliding_attention" in self.layer_types
+        if local and window is None:
+            raise ValueError("layer_types has sliding_attention layers but sliding_window is None: set the window.")
+        if window is not None and not local:
+            raise ValueError(f"sliding_window is {window} but no layer is local: mark the local layers "
+                             "'sliding_attention' in layer_types, or set sliding_window to None.")
+        if self.local_rope_theta is not None and (not _finite(self.local_rope_theta) or self.local_rope_theta <= 1):
+            raise ValueError(f"local_rope_theta must be greater than 1 or None, got {self.local_rope_theta!r}.")
+
+    # --- per layer ---------------------------------------------------------------------------
+    def layer_window(self, layer: int) -> int | None:
+        """How many keys layer ``layer`` sees (itself included), or None for a global layer."""
+        if self.layer_types is not None and self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    def layer_rope(self, layer: int) -> tuple[float, dict[str, Any] | None]:
+        """(theta, scaling) of layer ``layer``'s rotary tables: a local layer's own theta when set."""
+        if self.local_rope_theta is not None and self.layer_window(layer) is not None:
+            return self.local_rope_theta, None
+        return self.rope_theta, self.rope_scaling
+
+    def differences_from_llama(self) -> dict[str, Any]:
+        """{switch: value} for every FAMILY_SWITCHES switch whose value is not Llama's (head_dim only when it is
+        not d_model / n_heads)."""
+        out = {}
+        for name, (llama, _) in FAMILY_SWITCHES.items():
+            value = getattr(self, name)
+            if name == "head_dim":
+                llama = self.d_model // self.n_heads if self.d_model % self.n_heads == 0 else None
+            if value != llama:
+                out[name] = value
+        return out
 
     # --- conversions -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for derived in ("head_dim", "n_kv_groups"):
-            d.pop(derived)
+        d.pop("n_kv_groups")
+        if self.d_model == self.n_heads * self.head_dim:
+            d["head_dim"] = None  # derived again, so a dict edited to another d_model or n_heads stays consistent
+        if d["layer_types"] is not None:
+            d["layer_types"] = list(d["layer_types"])
         return d
 
     @classmethod
@@ -130,68 +236,20 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
-        """From a transformers ``LlamaConfig`` dict (``config.json``)."""
-        model_type = hf.get("model_type", "llama")
-        if model_type not in ("llama", "mistral"):
-            raise ValueError(
-                f"Only Llama-family checkpoints (model_type 'llama') can be loaded, this one is {model_type!r}."
-            )
-        # transformers 5 keeps theta and scaling together in rope_parameters; older files have rope_theta at the
-        # top and the scaling (its type under "type" or "rope_type") in rope_scaling
-        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-        if rope.get("partial_rotary_factor", 1.0) != 1.0:
-            raise ValueError("Checkpoints that rotate only part of each head (partial_rotary_factor) are not supported.")
-        if rope.get("rope_type", rope.get("type")) == "llama3":  # transformers' own fallback for a missing length
-            rope.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings"))
-        scaling = check_rope_scaling(rope)
-        theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-        head_dim = hf.get("head_dim")
-        if head_dim is not None and head_dim * hf["num_attention_heads"] != hf["hidden_size"]:
-            raise ValueError("Checkpoints whose head_dim * n_heads differs from hidden_size are not supported.")
-        if hf.get("attention_bias") or hf.get("mlp_bias"):
-            raise ValueError("Checkpoints with attention or MLP biases are not supported.")
-        eos = hf.get("eos_token_id")
-        return cls(
-            vocab_size=hf["vocab_size"],
-            d_model=hf["hidden_size"],
-            n_layers=hf["num_hidden_layers"],
-            n_heads=hf["num_attention_heads"],
-            n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-            d_ff=hf["intermediate_size"],
-            max_seq_len=hf.get("max_position_embeddings", 2048),
-            rope_theta=float(theta),
-            rope_scaling=scaling,
-            norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_id=eos[0] if isinstance(eos, list) else eos,
-            pad_token_id=hf.get("pad_token_id"),
-        )
+        """From a transformers ``config.json`` dict of a family that loads (``models.families.FAMILIES``)."""
+        from .families import config_from_hf
+
+        return config_from_hf(hf)
 
     def to_hf(self) -> dict[str, Any]:
-        """A transformers ``LlamaConfig`` dict for ``config.json``."""
-        return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.d_model,
-            "intermediate_size": self.d_ff,
-            "num_hidden_layers": self.n_layers,
-            "num_attention_heads": self.n_heads,
-            "num_key_value_heads": self.n_kv_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": "silu",
-            "max_position_embeddings": self.max_seq_len,
-            "rms_norm_eps": self.norm_eps,
-            "rope_parameters": {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta},
-            "tie_word_embeddings": self.tie_embeddings,
-            "attention_bias": False,
-            "mlp_bias": False,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": self.eos_token_id,
-            "pad_token_id": self.pad_token_id,
-            "dtype": "float32",
-        }
+        """A transformers ``config.json`` dict whose model_type is this config's ``family`` (``models.families``)."""
+        from .families import config_to_hf
+
+        return config_to_hf(self)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _divisors(n: int) -> list[int]:

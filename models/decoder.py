@@ -1,6 +1,11 @@
 """A Llama-style decoder: token embedding, pre-norm blocks (RMSNorm, RoPE attention with grouped-query
 heads, SwiGLU), final RMSNorm, LM head (optionally tied to the embedding).
 
+The other families that load differ by the switches of ``ModelConfig`` (``config.FAMILY_SWITCHES``), each applied
+where it acts: here the embedding scale (Gemma) and, per layer, the sliding window and the RoPE tables of local
+layers; the rest in ``layers`` (norm offset, activation), ``attention`` (biases, QK-norm, head dim, scale, window
+mask) and ``block`` (sandwich norms).
+
 Notation: B batch, T positions in this call, S positions attended (cache included), V vocabulary,
 C model dim, H query heads, Hkv key/value heads, D head dim.
 
@@ -25,13 +30,22 @@ from .rope import rope_tables
 
 
 class DecoderBlock(PreNormBlock):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int = 0) -> None:
+        c = config
+
+        def norm(dim: int = c.d_model) -> RMSNorm:
+            return RMSNorm(dim, c.norm_eps, c.norm_offset)
+
         super().__init__(
-            RMSNorm(config.d_model, config.norm_eps),
-            Attention(config.d_model, config.n_heads, config.n_kv_heads, causal=True, use_rope=True,
-                      impl=config.attn_impl, tile_size=config.tile_size),
-            RMSNorm(config.d_model, config.norm_eps),
-            SwiGLU(config.d_model, config.d_ff),
+            norm(),
+            Attention(c.d_model, c.n_heads, c.n_kv_heads, causal=True, use_rope=True, impl=c.attn_impl,
+                      tile_size=c.tile_size, head_dim=c.head_dim, qkv_bias=c.qkv_bias, o_bias=c.o_bias,
+                      qk_norm=c.qk_norm, norm_eps=c.norm_eps, norm_offset=c.norm_offset, scale=c.attn_scale,
+                      sliding_window=c.layer_window(layer)),
+            norm(),
+            SwiGLU(c.d_model, c.d_ff, c.hidden_act),
+            pre_feedforward_layernorm=norm() if c.sandwich_norm else None,
+            post_feedforward_layernorm=norm() if c.sandwich_norm else None,
         )
 
 
@@ -40,8 +54,8 @@ class Decoder(SwitchableAttention, nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
-        self.blocks = nn.ModuleList(DecoderBlock(config) for _ in range(config.n_layers))
-        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.blocks = nn.ModuleList(DecoderBlock(config, i) for i in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps, config.norm_offset)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -49,6 +63,11 @@ class Decoder(SwitchableAttention, nn.Module):
                                config.rope_scaling)  # (T_max, D) each
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        cos = sin = None
+        if config.local_rope_theta is not None:  # Gemma 3: local layers turn at their own speeds
+            cos, sin = rope_tables(config.max_seq_len, config.head_dim, config.local_rope_theta)  # (T_max, D) each
+        self.register_buffer("rope_local_cos", cos, persistent=False)
+        self.register_buffer("rope_local_sin", sin, persistent=False)
         self.hook_embed = HookPoint()
         self.hook_logits = HookPoint()
         self.apply(init_weights)
@@ -75,7 +94,7 @@ class Decoder(SwitchableAttention, nn.Module):
         attn_impl: use this implementation for this call only.
         rope_theta: rotate q and k with tables for this theta, this call only (the model's own tables and
         config stay as they are): the same weights seen through other rotary frequencies (the model's RoPE
-        scaling, if any, applied to them as to its own).
+        scaling, if any, applied to them as to its own), in every layer, local ones included.
         start_at_layer, resid: begin at block ``start_at_layer`` with ``resid`` (B, T, C), the residual stream
         entering it, instead of the embedded ``tokens`` (which still give B and T): an intervention at layer l
         need not recompute the layers before it (TransformerLens' ``start_at_layer``).
@@ -95,15 +114,20 @@ class Decoder(SwitchableAttention, nn.Module):
                                         tuple(scaling.items()) if scaling else None,
                                         self.rope_cos.dtype, self.rope_cos.device)  # (start_pos + T, D) each
         rope = (cos[start_pos:start_pos + T], sin[start_pos:start_pos + T])  # (T, D) each
+        local_rope = rope
+        if self.rope_local_cos is not None and rope_theta is None:
+            local_rope = (self.rope_local_cos[start_pos:start_pos + T], self.rope_local_sin[start_pos:start_pos + T])
         if resid is None and start_at_layer == 0:
             x = self.embed_tokens(tokens)  # (B, T, C)
+            if self.config.embed_scale != 1.0:  # Gemma: times sqrt(C), rounded to the weights' dtype as Gemma rounds it
+                x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
             x = self.hook_embed(x)
         else:
             x = _check_resid(resid, start_at_layer, tokens.shape, self.config)
         for i in range(start_at_layer, len(self.blocks)):
             block = self.blocks[i]
-            x = block(x, rope=rope, cache=cache, layer=i, start_pos=start_pos, key_padding=key_padding,
-                      causal=causal, impl=attn_impl)
+            x = block(x, rope=rope if block.attn.sliding_window is None else local_rope, cache=cache, layer=i,
+                      start_pos=start_pos, key_padding=key_padding, causal=causal, impl=attn_impl)
         if last_only:
             x = x[:, -1:]  # (B, 1, C): generation needs only the next-token logits
         logits = self.lm_head(self.norm(x))  # (B, T, V)

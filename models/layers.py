@@ -1,4 +1,4 @@
-"""Norms and feed-forwards: RMSNorm + SwiGLU for the decoder, LayerNorm + GELU for the encoder.
+"""Norms and feed-forwards: RMSNorm + SwiGLU (or GeGLU) for the decoder, LayerNorm + GELU for the encoder.
 
 Notation: B batch, T positions, C model dim, F feed-forward dim.
 """
@@ -8,19 +8,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import ACTIVATIONS
 from .hooks import HookPoint
 
 
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x²) + eps) * weight, computed in fp32 whatever the input dtype (as Llama does).
 
+    offset (Gemma: 1.0): scale by ``offset + weight`` instead, multiplied in fp32 before the cast back (as Gemma
+    does); such a checkpoint stores weights around 0, so a new one starts at ``1 - offset`` (a scale of 1).
     Hooks: hook_scale (B, T, 1) the RMS each position was divided by; hook_normalized (B, T, C) the output.
     """
 
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+    def __init__(self, dim: int, eps: float = 1e-5, offset: float = 0.0) -> None:
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps, self.offset = eps, offset
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
 
@@ -30,7 +33,10 @@ class RMSNorm(nn.Module):
         variance = x.pow(2).mean(-1, keepdim=True)  # (B, T, 1)
         if self.hook_scale.active:
             self.hook_scale(torch.sqrt(variance + self.eps))
-        out = self.weight * (x * torch.rsqrt(variance + self.eps)).to(dtype)
+        if self.offset:  # Gemma: (offset + w), in fp32
+            out = (x * torch.rsqrt(variance + self.eps) * (self.offset + self.weight.float())).to(dtype)
+        else:
+            out = self.weight * (x * torch.rsqrt(variance + self.eps)).to(dtype)
         out = self.hook_normalized(out)
         return out
 
@@ -52,13 +58,18 @@ class LayerNorm(nn.LayerNorm):
 
 
 class SwiGLU(nn.Module):
-    """down_proj(silu(gate_proj(x)) * up_proj(x)), bias-free, Llama's names.
+    """down_proj(act(gate_proj(x)) * up_proj(x)), bias-free, Llama's names. ``act`` "silu" is SwiGLU (Llama, Qwen);
+    "gelu_pytorch_tanh", GELU's tanh approximation, makes it GeGLU (Gemma).
 
-    Hooks: hook_gate (B, T, F) gate before SiLU; hook_up (B, T, F); hook_post (B, T, F) the product fed to down_proj.
+    Hooks: hook_gate (B, T, F) gate before the activation; hook_up (B, T, F); hook_post (B, T, F) the product fed to
+    down_proj.
     """
 
-    def __init__(self, d_model: int, d_ff: int) -> None:
+    def __init__(self, d_model: int, d_ff: int, act: str = "silu") -> None:
         super().__init__()
+        if act not in ACTIVATIONS:
+            raise ValueError(f"the MLP activation must be one of {ACTIVATIONS}, got {act!r}.")
+        self.act = act
         self.gate_proj = nn.Linear(d_model, d_ff, bias=False)
         self.up_proj = nn.Linear(d_model, d_ff, bias=False)
         self.down_proj = nn.Linear(d_ff, d_model, bias=False)
@@ -70,7 +81,10 @@ class SwiGLU(nn.Module):
         gate, up = self.gate_proj(x), self.up_proj(x)
         gate = self.hook_gate(gate)
         up = self.hook_up(up)
-        h = F.silu(gate) * up
+        if self.act == "silu":
+            h = F.silu(gate) * up
+        else:  # Gemma's GeGLU
+            h = F.gelu(gate, approximate="tanh") * up
         h = self.hook_post(h)
         return self.down_proj(h)
 

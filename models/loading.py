@@ -1,9 +1,13 @@
-"""Checkpoints: transformers' Llama format (``config.json`` + ``*.safetensors``) in and out.
+"""Checkpoints: transformers' format (``config.json`` + ``*.safetensors``) in and out, for Llama and the families
+that change it in a few named ways (``models.families``: Mistral, Qwen2, Qwen3, Gemma 3 text).
 
-Safetensors only: no file is ever unpickled. Our parameter names are transformers' Llama names with
-three prefix changes, so no per-parameter renaming table exists:
+Safetensors only: no file is ever unpickled. Our parameter names are transformers' names with three prefix
+changes, so no per-parameter renaming table exists:
     model.layers.{i}.self_attn.q_proj.weight  <->  blocks.{i}.attn.q_proj.weight
     model.embed_tokens.weight / model.norm.weight  <->  embed_tokens.weight / norm.weight
+The families' extra weights keep their transformers leaf names too: q_proj.bias (Qwen2), self_attn.q_norm.weight
+and k_norm (Qwen3, Gemma 3), pre_feedforward_layernorm and post_feedforward_layernorm (Gemma 3's sandwich).
+The config is read and written by ``models.families``; every family's config.json fields have their own reader.
 """
 from __future__ import annotations
 
@@ -92,7 +96,8 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 
 def load_pretrained(source: str | os.PathLike, dtype: torch.dtype = torch.float32,
                     device: str | torch.device | None = None) -> Decoder:
-    """A Llama-family ``LlamaForCausalLM`` checkpoint (folder or Hub id) as our ``Decoder``, in eval mode.
+    """A checkpoint of a family that loads (folder or Hub id; ``models.families.FAMILIES``) as our ``Decoder``,
+    in eval mode.
 
     device: where to build it (None: torch's default device, the CPU unless changed).
     """
@@ -107,7 +112,8 @@ def load_pretrained(source: str | os.PathLike, dtype: torch.dtype = torch.float3
     try:
         config = ModelConfig.from_hf(hf)
     except KeyError as exc:
-        raise ValueError(f"{config_path} lacks the field {exc.args[0]!r} of a Llama config.") from exc
+        raise ValueError(f"{config_path} lacks the field {exc.args[0]!r} of a {hf.get('model_type', 'llama')} "
+                         "config.") from exc
     state = {hf_to_ours(k): v for k, v in read_state_dict(folder).items()}
     if config.tie_embeddings:
         state.pop("lm_head.weight", None)
@@ -128,16 +134,19 @@ def load_pretrained(source: str | os.PathLike, dtype: torch.dtype = torch.float3
 
 
 def save_pretrained(model: Decoder, folder: str | os.PathLike) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` that transformers' ``LlamaForCausalLM`` loads."""
+    """Write ``config.json`` and ``model.safetensors`` that the transformers class of ``model.config.family``
+    loads (``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ...). Raises ValueError, before writing anything, when the
+    config's switches do not fit that class."""
     from safetensors.torch import save_file
 
+    hf_config = model.config.to_hf()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {ours_to_hf(k): v.detach().contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_embeddings:
         state.pop("lm_head.weight")
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2) + "\n")
+    (folder / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     return folder
 
 

@@ -195,7 +195,7 @@ def test_loaded_model_is_per_user(app_url, served, model_root):
 
     default, _ = served
     alice, bob = Client(app_url, verbose=False), Client(app_url, verbose=False)
-    status, bars, config, card = alice.predict("tiny-local", api_name="/load_model")
+    status, bars, config, card, differs = alice.predict("tiny-local", api_name="/load_model")
     assert "Loaded" in status and "tiny-local" in status
     rows = dict(map(tuple, config["data"]))
     assert rows["n_layers"] == "3"
@@ -213,7 +213,7 @@ def test_loaded_model_is_per_user(app_url, served, model_root):
 
 def test_model_card_counts_parameters(client, served):
     model, _ = served
-    status, bars, config, card = client.predict("default", api_name="/load_model")
+    status, bars, config, card, differs = client.predict("default", api_name="/load_model")
     parts = fig(bars)["data"][0]
     assert arr(parts["x"]).sum() == model.num_parameters()
     assert list(parts["y"]) == ["embedding", "attention", "MLP", "norms", "LM head"]

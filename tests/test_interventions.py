@@ -295,3 +295,37 @@ def test_induction_circuit_reports_four_losses_and_checks_the_order():
     torch.testing.assert_close(out["neither"], want.mean(-1), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="earlier layer"):
         iv.induction_circuit(model, x, (1, 0), (1, 2), span)
+
+
+def test_patching_a_sliding_window_sandwich_model_equals_a_plain_edit():
+    """Gemma 3's switches (QK-norm, (1 + w) norms, sandwich norms, GELU gate, local layers with a window shorter
+    than the prompt): the trimmed resid_pre patching equals an edit at hook_resid_pre over the whole forward."""
+    torch.manual_seed(30)
+    cfg = ModelConfig(vocab_size=61, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=48, max_seq_len=64,
+                      qk_norm=True, norm_offset=1.0, embed_scale=32 ** 0.5, hidden_act="gelu_pytorch_tanh",
+                      sandwich_norm=True, sliding_window=4, layer_types=("sliding_attention", "full_attention",
+                                                                         "sliding_attention"),
+                      local_rope_theta=10000.0, rope_theta=1e6, family="gemma3_text")
+    model = Decoder(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    clean, corrupt = tokens(31), tokens(32)
+    answer = (4, 9)
+    got = iv.patched_metrics(model, corrupt, clean, "resid_pre", answer)
+    with torch.no_grad():
+        src = {}
+        handles = [model.blocks[i].hook_resid_pre.register_forward_hook(
+            lambda m, a, o, i=i: src.setdefault(i, o.detach().clone())) for i in range(3)]
+        model(clean)
+        for h in handles:
+            h.remove()
+    for layer, pos in [(0, 1), (1, 5), (2, 9), (0, 11)]:
+        def put(x, point, pos=pos, layer=layer):
+            x = x.clone()
+            x[:, pos] = src[layer][:, pos]
+            return x
+        logits = run_with_hooks(model, corrupt, [(f"blocks.{layer}.hook_resid_pre", put)])
+        torch.testing.assert_close(got[layer, pos], iv.logit_diff(logits, answer)[0], rtol=1e-4, atol=1e-4)
+    heads = iv.patched_metrics(model, corrupt, clean, "head", answer)
+    assert heads.shape == (3, 4) and torch.isfinite(heads).all()

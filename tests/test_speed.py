@@ -20,6 +20,7 @@ from torch import nn
 
 from models import Decoder, generate
 from models.generate import decode_one, prefill
+from models.hooks import HookPoint
 from models.layers import RMSNorm, SwiGLU
 from models.lora import attach_lora
 from models.quant import quantize_int8
@@ -302,7 +303,9 @@ def test_modules_and_options_the_step_does_not_know_send_decoding_to_the_modules
     biased.blocks[1].attn.q_proj = nn.Linear(old.in_features, old.out_features, bias=True)
     cases.append(("bias", biased))
     qk_norm = copy.deepcopy(fast)
-    qk_norm.blocks[0].attn.q_norm = RMSNorm(qk_norm.config.head_dim)
+    for x in "qk":
+        setattr(qk_norm.blocks[0].attn, f"{x}_norm", RMSNorm(qk_norm.config.head_dim))
+        setattr(qk_norm.blocks[0].attn, f"hook_{x}_normed", HookPoint())
     cases.append(("QK norm", qk_norm))
     window = copy.deepcopy(fast)
     window.blocks[2].attn.sliding_window = 4
@@ -310,7 +313,7 @@ def test_modules_and_options_the_step_does_not_know_send_decoding_to_the_modules
 
     @dataclasses.dataclass
     class WindowConfig(ModelConfig):
-        sliding_window: int | None = None
+        attention_sinks: int = 0  # a field ModelConfig does not have
 
     configured = copy.deepcopy(fast)
     configured.config = WindowConfig(**fast.config.to_dict())
@@ -333,7 +336,10 @@ def test_modules_and_options_the_step_does_not_know_send_decoding_to_the_modules
             prefill(model, prompt, cache)
             assert fast_step(model, prompt[:, :1], cache, 4) is None, label
             assert torch_step(model, prompt[:, :1], cache, 4) is None, label
-    assert "sliding_window" in why_not(configured)
+    assert "attention_sinks" in why_not(configured)
+    switched = _pair(tiny())[1]
+    switched.config = dataclasses.replace(switched.config, qk_norm=True)  # a family switch the step does not compute
+    assert "qk_norm" in why_not(switched)
 
 
 @pytest.mark.parametrize("head_dim", [8, 32, 64])

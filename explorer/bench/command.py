@@ -76,7 +76,9 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
     from explorer.state.checkpoints import default_model_dir
 
     if (default_model_dir() / "config.json").is_file():
-        shipped = optimize_for_decode(load_pretrained(default_model_dir()))
+        shipped = load_pretrained(default_model_dir())
+        if not shipped.config.differences_from_llama():  # the fast step computes plain Llama only
+            optimize_for_decode(shipped)
         app_models = {SHIPPED_NAME: shipped, **app_models}
         report["induction"] = bench_induction(shipped, shipped.config.bos_token_id)
     report["app"] = bench_app(app_models, settings) if not dev.is_cuda(device) and torch_dtype == torch.float32 else {

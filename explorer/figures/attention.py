@@ -54,23 +54,42 @@ def attention_heatmap(
     n_kv_heads: int,
     causal: bool = True,
     sink_hidden: bool = False,
+    window: int | None = None,
 ) -> go.Figure:
     """One head's weights: row t is token t looking at the tokens it may see.
 
     ``weights`` (T, T); with ``sink_hidden`` (T, T - 1): key 0 removed and rows renormalised
-    (``lens.heads.without_sink``), so the keys are ``labels[1:]`` and row 0 is blank.
+    (``lens.heads.without_sink``), so the keys are ``labels[1:]`` and row 0 is blank. ``window``: the layer's
+    sliding window (a local layer): a dashed staircase marks the band's lower edge, the keys a row can no longer see.
     """
     weights = np.asarray(weights, dtype=float)
     keys = list(labels[1:]) if sink_hidden else list(labels)
+    title = attention_title(layer, head, n_heads, n_kv_heads, causal=causal, sink_hidden=sink_hidden)
+    if window is not None:
+        title += f" · local layer, sliding window {window}"
     fig = heatmap_figure(
         weights, keys, labels,
-        title=attention_title(layer, head, n_heads, n_kv_heads, causal=causal, sink_hidden=sink_hidden),
+        title=title,
         x_title=KEY_AXIS + (" · key 0 hidden" if sink_hidden else ""), y_title=QUERY_AXIS,
         height=auto_height(len(labels), per_row=16 if len(labels) > 24 else 22, hi=1200),
         colorbar_title=SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR, hoverongaps=False,
     )
     _label_every_token(fig, keys, labels)
+    if window is not None and len(labels) > window:
+        fig.add_shape(type="path", path=window_edge_path(len(labels), window, 1 if sink_hidden else 0),
+                      line=dict(color="white", width=2, dash="dash"), xref="x", yref="y")
     return fig
+
+
+def window_edge_path(T: int, window: int, key_offset: int = 0) -> str:
+    """SVG path of the sliding window's lower edge on a (T, T) map in category coordinates: row t sees keys
+    t - window + 1 .. t, so the edge runs between key t - window and t - window + 1 (``key_offset`` keys dropped
+    from the left of the map shift it)."""
+    points = []
+    for t in range(window, T):
+        x = t - window + 0.5 - key_offset
+        points += [(x, t - 0.5), (x, t + 0.5)]
+    return "M " + " L ".join(f"{x},{y}" for x, y in points)
 
 
 def grid_page(layer: int, n_layers: int, page: int = GRID_PAGE) -> range:

@@ -39,10 +39,13 @@ def projection_shapes(config: ModelConfig | dict) -> dict[str, tuple[int, int]]:
 
 
 def parameter_count(config: ModelConfig | dict) -> dict[str, int]:
-    """Parameters by part: embedding V·C, per layer (projections + two norms), final norm, untied LM head."""
+    """Parameters by part: embedding V·C, per layer (projections, their biases if any, two norms, or four with
+    sandwich norms, and QK-norm's two D-wide norms), final norm, untied LM head."""
     c = _cfg(config)
     embedding = c.vocab_size * c.d_model
-    per_layer = sum(i * o for i, o in projection_shapes(c).values()) + 2 * c.d_model
+    biases = c.qkv_bias * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim + c.o_bias * c.d_model
+    norms = (4 if c.sandwich_norm else 2) * c.d_model + (2 * c.head_dim if c.qk_norm else 0)
+    per_layer = sum(i * o for i, o in projection_shapes(c).values()) + biases + norms
     lm_head = 0 if c.tie_embeddings else c.vocab_size * c.d_model
     total = embedding + c.n_layers * per_layer + c.d_model + lm_head
     return {"embedding": embedding, "per_layer": per_layer, "layers": c.n_layers * per_layer, "final_norm": c.d_model,

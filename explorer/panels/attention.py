@@ -21,6 +21,7 @@ from explorer.state import session
 from explorer.state.cache import results, weights_key
 from explorer.figures import attention as figs
 from explorer.figures.common import head_label, kv_head_of
+from explorer.probes.families import local_layers_sentence
 
 from explorer.panels.controls import as_index, head_choices, layer_choices, outputs_of
 from explorer.panels.errors import user_errors
@@ -168,7 +169,7 @@ def _attention_view(prompt, layer, head, view, state, span=None, sink=False):
     patterns, source = fwd["patterns"], fwd["source"]  # (L, H, T, T)
     shown_heat = heads.without_sink(patterns[layer, head]).numpy() if sink else patterns[layer, head]
     heat = figs.attention_heatmap(shown_heat, labels, layer=layer, head=head, n_heads=H,
-                                  n_kv_heads=Hkv, causal=causal, sink_hidden=sink)
+                                  n_kv_heads=Hkv, causal=causal, sink_hidden=sink, window=c.layer_window(layer))
     page = figs.grid_page(layer, L)
 
     def grid_figure():
@@ -203,6 +204,9 @@ def _attention_view(prompt, layer, head, view, state, span=None, sink=False):
             f"{'causal' if causal else 'bidirectional view (the model was trained causal)'}"]
     if notice:
         info.append(f"⚠️ {notice}")
+    local = local_layers_sentence(c, layer)
+    if local:
+        info.append(local)
     info.append(f"Weights shown: {source}." + (" Sink hidden: key 0 is dropped and each row renormalised over the "
                                                "keys left (row 0, which sees only key 0, is blank)." if sink else ""))
     info.append(f"The grid shows layers {page.start}–{page.stop - 1} of {L}: the block of "

@@ -12,6 +12,7 @@ from explorer import measure
 from explorer.state import session
 from explorer.state import checkpoints
 from explorer.figures.common import parameter_bars
+from explorer.probes.families import differences_sentence, differences_table
 
 from explorer.panels.errors import user_errors
 from explorer.state.openings import cached_opening
@@ -20,7 +21,11 @@ INTRO = """### Model: what you are looking at
 Every tab runs the model chosen here, for your browser session only (other visitors keep theirs). The shipped
 default is a small Llama-style decoder trained on simple stories. You can also type a Hugging Face repo id such as
 `HuggingFaceTB/SmolLM2-135M` (fetched only when this machine is online) or a checkpoint folder under
-`{root}` (Llama-family, safetensors only: pickled weights are never loaded)."""
+`{root}` (safetensors only: pickled weights are never loaded). Llama loads, and the families that change it in
+a few named ways: Qwen2 / Qwen2.5, Qwen3, Gemma 3 (text) and Mistral, such as `Qwen/Qwen2.5-0.5B-Instruct`,
+`Qwen/Qwen3-0.6B` or `google/gemma-3-270m`. The table under the chart says how the loaded model differs from
+Llama, switch by switch, and which line of `models/` applies each switch."""
+DIFFERS_HEADERS = ["switch", "this model", "Llama", "what it does", "applied at"]
 
 def local_checkpoints() -> list[str]:
     """Folders under the allowed root that hold a config.json (what "a local folder" can name)."""
@@ -53,7 +58,8 @@ def _folder(state: dict) -> Path | None:
 
 
 def model_card(state):
-    """(summary markdown, parameter figure, config rows, model card markdown) for the user's model."""
+    """(summary markdown, parameter figure, config rows, model card markdown, rows of how the model differs from
+    Llama) for the user's model."""
     model, _, name = session.get_model(state)
     c = model.config
     parts = measure.parameters_by_component(model)
@@ -65,11 +71,12 @@ def model_card(state):
     summary = (f"**{name}** · {total:,} parameters · dtype **{info['dtype']}** · device {info['device']} · "
                f"weights **{measure.format_bytes(held['parameters'])}** in memory "
                f"(+ {measure.format_bytes(held['buffers'])} of RoPE "
-               f"tables) · torch {info['torch']} · {'shared default (read-only)' if session.is_shared(model) else 'your own copy'}")
+               f"tables) · torch {info['torch']} · {'shared default (read-only)' if session.is_shared(model) else 'your own copy'}"
+               f"\n\n{differences_sentence(c)}")
     rows = [[k, str(v)] for k, v in c.to_dict().items()]
     rows += [["head_dim (derived)", str(c.head_dim)], ["n_kv_groups (derived)", str(c.n_kv_groups)]]
     card = _card_text(_folder(state))
-    return summary, fig, rows, card
+    return summary, fig, rows, card, differences_table(c)
 
 
 @user_errors
@@ -85,13 +92,12 @@ def load_model(source, state, progress=gr.Progress()):
     else:
         session.set_model(state, model, tokenizer, name, cleaned)
         status = f"✅ Loaded **{name}** for your session: every tab now recomputes its view on it."
-    summary, fig, rows, card = model_card(state)
-    return f"{status}\n\n{summary}", fig, rows, card, state
+    summary, fig, rows, card, differs = model_card(state)
+    return f"{status}\n\n{summary}", fig, rows, card, differs, state
 
 
 def show_card(state):
-    summary, fig, rows, card = model_card(state)
-    return summary, fig, rows, card
+    return model_card(state)
 
 
 def build_model(demo: gr.Blocks, state: gr.State) -> None:
@@ -111,14 +117,17 @@ def build_model(demo: gr.Blocks, state: gr.State) -> None:
             status = gr.Markdown()
         with gr.Column(scale=3):
             bars = gr.Plot(label="Parameters by component")
+    differs = gr.Dataframe(headers=DIFFERS_HEADERS, label="How this model differs from Llama", interactive=False,
+                           wrap=True)
     config = gr.Dataframe(headers=["setting", "value"], label="Config", interactive=False)
     with gr.Accordion("Model card (README.md of the checkpoint)", open=False):
         card = gr.Markdown()
-    outputs = [status, bars, config, card, state]
+    outputs = [status, bars, config, card, differs, state]
     loads = [load.click(load_model, [source, state], outputs, api_name="load_model"),
              source.submit(load_model, [source, state], outputs, api_name="load_model_submit", api_visibility="private"),
              reset.click(lambda: "default", None, [source], api_name="model_reset_text", api_visibility="private").then(
                  load_model, [source, state], outputs, api_name="model_reset", api_visibility="private")]
-    links.register(demo, "model", cached_opening("model_card", show_card), [state], [status, bars, config, card], api_name="model_card",
+    links.register(demo, "model", cached_opening("model_card", show_card), [state], [status, bars, config, card, differs],
+                   api_name="model_card",
                    follow_model=False)
     links.register_model_loads(demo, *loads)

@@ -208,10 +208,15 @@ def _np(t: torch.Tensor) -> np.ndarray:
 def walk(model: nn.Module, ids, position: int | None = None) -> Walkthrough:
     """Run ``model`` once on ``ids`` (one prompt) with every hook recorded; keep the token at ``position``.
 
-    position: 0 .. T - 1, None for the last token. Raises ValueError for empty or out-of-vocabulary ids and
-    for a position outside the prompt.
+    position: 0 .. T - 1, None for the last token. Raises ValueError for empty or out-of-vocabulary ids, for
+    a position outside the prompt, and for a model of another family than Llama (its steps say what Llama does).
     """
     config = model.config
+    changed = config.differences_from_llama()
+    if changed:
+        raise ValueError(f"The walkthrough explains Llama's block step by step; this model ({config.family}) "
+                         f"changes {', '.join(changed)}, which its steps do not explain yet. Load a Llama "
+                         "checkpoint such as the default model to walk through it.")
     ids = check_ids(ids, config)
     p = check_position(position, len(ids))
     _, cache = probes.run_with_cache(model, [list(ids)])

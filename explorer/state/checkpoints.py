@@ -15,12 +15,32 @@ from models.speed import optimize_for_decode
 from models.loading import REPO_ID, fetch_hub, load_tokenizer
 
 from explorer import measure
+from . import private_models
 from .private_models import PRIVATE_LOCK, add_private, reserve_private
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# Checkpoints larger than this are refused before their weights are read (fp32 bytes on a 2-core CPU box).
-MAX_LOAD_PARAMETERS = 600_000_000
+
+def max_load_parameters() -> int:
+    """The most parameters a checkpoint may have to be loaded: its float32 weights (4 bytes each) must fit the
+    memory this server allows visitors' own models (``EXPLORER_PRIVATE_MODELS_BUDGET``, default 4 GiB: about
+    1,070 M parameters). Read at each load, so a changed setting counts."""
+    return private_models.PRIVATE_MODELS_BUDGET_BYTES // 4
+
+
+def rope_table_bytes(config: ModelConfig) -> int:
+    """Bytes of a decoder's rotary cos/sin tables, (max_seq_len, head_dim) fp32 each: a second pair when local
+    layers turn at their own theta (Gemma 3)."""
+    pairs = 1 if config.local_rope_theta is None else 2
+    return pairs * 2 * config.max_seq_len * config.head_dim * 4
+
+
+def prepare(model: Decoder) -> Decoder:
+    """``model`` on the app's device and dtype, and laid out for the fast one-token decode (``models.fast``) when it
+    is plain Llama. That step computes Llama's block and nothing else: a model of another family (biases, QK-norm,
+    GeGLU, sandwich norms, sliding windows, ...) keeps the modules' own path, which applies every switch."""
+    model = place(model)
+    return optimize_for_decode(model) if not model.config.differences_from_llama() else model
 
 
 def default_model_dir() -> Path:
@@ -142,13 +162,14 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
         config = ModelConfig.from_hf(hf)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as exc:
         raise ValueError(f"{name}: config.json is not a readable Llama config ({exc}).") from exc
-    budget, format_bytes = measure.MEMORY_BUDGET_BYTES, measure.format_bytes
+    budget, format_bytes = private_models.PRIVATE_MODELS_BUDGET_BYTES, measure.format_bytes
     n = measure.parameter_count(config)["total"]
-    limit = min(MAX_LOAD_PARAMETERS, budget // 4)  # fp32 weights must fit the memory budget
+    limit = max_load_parameters()
     if n > limit:
-        raise ValueError(f"{name} has about {n / 1e6:.0f} M parameters ({4 * n / 2**30:.1f} GiB in float32); this "
-                         f"app loads at most {limit / 1e6:.0f} M on this machine. Choose a smaller checkpoint.")
-    tables = 2 * config.max_seq_len * config.head_dim * 4  # rotary cos/sin tables, (max_seq_len, head_dim) fp32 each
+        raise ValueError(f"{name} has about {n / 1e6:.0f} M parameters ({format_bytes(4 * n)} in float32); this "
+                         f"server allows visitors' models {format_bytes(budget)} (EXPLORER_PRIVATE_MODELS_BUDGET), "
+                         f"room for {limit / 1e6:.0f} M parameters in float32. Choose a smaller checkpoint.")
+    tables = rope_table_bytes(config)
     if 4 * n + tables > budget:
         raise ValueError(f"{name}: max_position_embeddings {config.max_seq_len:,} needs {format_bytes(tables)} of rotary "
                          f"tables besides the weights, over the {format_bytes(budget)} budget. Choose a "
@@ -163,7 +184,7 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
                          "they were not read. Choose a checkpoint whose files match its config.")
     with PRIVATE_LOCK:  # one load at a time: two loads must not both pass the check below
         reserve_private(4 * n + tables, f"{name} (float32 weights and rotary tables)")
-        model = optimize_for_decode(place(load_pretrained(folder)))  # the app's device and dtype, once
+        model = prepare(load_pretrained(folder))  # the app's device and dtype, once
         add_private(model)
     for p in model.parameters():
         p.requires_grad_(False)

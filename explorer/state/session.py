@@ -20,12 +20,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from lens.device import place
 from models import Decoder, load_pretrained
-from models.speed import optimize_for_decode, prepared_copy
+from models.speed import prepared_copy
 from models.loading import load_tokenizer
 
-from .checkpoints import default_model_dir, default_model_name
+from .checkpoints import default_model_dir, default_model_name, prepare
 from . import private_models
 from .private_models import PRIVATE_LOCK, add_private, model_bytes, reserve_private
 # Re-exported: what a panel needs to read a user's text and run on their model, from one import.
@@ -44,7 +43,7 @@ def load_default() -> tuple[Decoder, Any]:
             folder = default_model_dir()
             if not (folder / "config.json").is_file():
                 raise RuntimeError(f"the default model is missing: {folder} has no config.json.")
-            model = optimize_for_decode(place(load_pretrained(folder)))  # the app's device and dtype, once
+            model = prepare(load_pretrained(folder))  # the app's device and dtype, once
             for p in model.parameters():
                 p.requires_grad_(False)
             _default = (model, load_tokenizer(folder))

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import Attention
+from ..config import FAMILY_SWITCHES
 from ..decoder import Decoder, DecoderBlock
 from ..hooks import HookPoint, HookWatch, has_global_hooks, module_hooked
 from ..kv_cache import KVCache
@@ -50,15 +51,16 @@ KNOWN_MODULES: dict[type, dict] = {  # type -> children (name: type), parameters
     DecoderBlock: dict(children={"input_layernorm": RMSNorm, "attn": Attention, "post_attention_layernorm": RMSNorm,
                                  "mlp": SwiGLU, **{f"hook_{n}": HookPoint for n in (
                                      "resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")}},
-                       params=(), buffers=(), attrs={"training"}),
+                       params=(), buffers=(), attrs={"sandwich", "training"}),
     Attention: dict(children={**{f"{n}_proj": nn.Linear for n in "qkvo"}, **{f"hook_{n}": HookPoint for n in (
         "q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z")}}, params=(), buffers=(),
-                    attrs={"causal", "head_dim", "impl", "n_heads", "n_kv_heads", "tile_size", "training", "use_rope"}),
+                    attrs={"causal", "head_dim", "impl", "k_norm", "n_heads", "n_kv_heads", "q_norm", "scale",
+                           "sliding_window", "tile_size", "training", "use_rope"}),
     RMSNorm: dict(children={"hook_scale": HookPoint, "hook_normalized": HookPoint}, params=("weight",), buffers=(),
-                  attrs={"eps", "training"}),
+                  attrs={"eps", "offset", "training"}),
     SwiGLU: dict(children={**{f"{n}_proj": nn.Linear for n in ("gate", "up", "down")},
                            **{f"hook_{n}": HookPoint for n in ("gate", "up", "post")}},
-                 params=(), buffers=(), attrs={"training"}),
+                 params=(), buffers=(), attrs={"act", "training"}),
     nn.Linear: dict(children={}, params=("weight",), buffers=(), attrs={"in_features", "out_features", "training"}),
     nn.Embedding: dict(children={}, params=("weight",), buffers=(), attrs={
         "embedding_dim", "max_norm", "norm_type", "num_embeddings", "padding_idx", "scale_grad_by_freq", "sparse",
@@ -116,9 +118,11 @@ def _check(model: nn.Module, seen: list, params: dict) -> str | None:
     if type(model) is not Decoder:
         return f"a {type(model).__name__}, not the tutorial's Decoder"
     c = model.config
-    unknown = sorted({f.name for f in dataclasses.fields(c)} - KNOWN_CONFIG)
+    unknown = sorted({f.name for f in dataclasses.fields(c)} - KNOWN_CONFIG - set(FAMILY_SWITCHES) - {"family"})
     if unknown:
         return f"config options the fast step does not know ({', '.join(unknown)})"
+    if c.differences_from_llama():  # the step computes Llama's block only
+        return f"not Llama's block ({', '.join(c.differences_from_llama())})"
     hooked = "a hook or an edit is attached"
     if has_global_hooks():
         return hooked
@@ -149,6 +153,10 @@ def _check(model: nn.Module, seen: list, params: dict) -> str | None:
             return f"{attn.impl} attention (the fast step is SDPA's math)"
         if not (attn.causal and attn.use_rope and (attn.n_heads, attn.n_kv_heads, attn.head_dim) == (H, Hkv, D)):
             return "an attention layer set up otherwise than the config says"
+        if block.sandwich or attn.q_norm is not None or attn.k_norm is not None or attn.scale is not None or \
+                attn.sliding_window is not None or mlp.act != "silu" or \
+                any(n.offset != 0.0 for n in (block.input_layernorm, block.post_attention_layernorm, model.norm)):
+            return "a layer switched to another family's block (see ModelConfig's FAMILY_SWITCHES)"
         shapes = [(attn.q_proj, (H * D, C)), (attn.k_proj, (Hkv * D, C)), (attn.v_proj, (Hkv * D, C)),
                   (attn.o_proj, (C, H * D)), (mlp.gate_proj, (c.d_ff, C)), (mlp.up_proj, (c.d_ff, C)),
                   (mlp.down_proj, (C, c.d_ff)), (block.input_layernorm, (C,)), (block.post_attention_layernorm, (C,))]
