@@ -3,7 +3,8 @@
 The decoder also runs the families that change Llama in a few named ways (Mistral, Qwen2, Qwen3, Gemma 3 text):
 each change is one switch of ModelConfig, applied where it acts; families.py says which family sets which.
 
-Reading order (each file uses only the ones above it, except that attention takes a KV cache):
+Reading order (each file uses only the ones above it, except that attention takes a KV cache and that
+ModelConfig.from_hf / to_hf hand over to families.py):
     config.py      ModelConfig: every size in one validated dataclass, and the switches other families set
     families.py    each family's config.json read into those switches and written back
     rope.py        rotary tables (decoder) and the sinusoidal table (encoder)
