@@ -6,6 +6,7 @@ in-process). Nothing else lives here.
 from __future__ import annotations
 
 import importlib.util
+import time
 
 if importlib.util.find_spec("spaces"):  # Hugging Face ZeroGPU: its package must load before torch sets up CUDA
     import spaces  # noqa: F401
@@ -20,6 +21,7 @@ from explorer.state import session
 
 from explorer.web import serving
 
+from explorer.web import gradio_adapter
 from explorer.web import middleware
 from explorer.panels.attention import build_attention
 from explorer.panels.encoder_decoder import build_encoder_decoder
@@ -153,14 +155,14 @@ def mark_terms(block) -> None:
     marked where they first appear: hovering one shows its definition."""
     for child in getattr(block, "children", []):
         if isinstance(child, gr.Markdown) and isinstance(child.value, str) and child.value:
-            child.value = glossary.mark(child.value)
+            gradio_adapter.set_initial(child, glossary.mark(child.value))
         mark_terms(child)
 
 
 PROJECTOR_JS = "(on) => { document.body.classList.toggle('projector', !!on); window.dispatchEvent(new Event('resize')); if (window.explorerFit) setTimeout(window.explorerFit, 200); }"
 
-# Concurrency per event, the queue's size and each session's share of it are set in explorer/serving.py.
-QUEUE = {"default_concurrency_limit": 1, "max_size": serving.QUEUE_MAX_SIZE}
+# Concurrency per event, the queue's size and each session's share of it are set in explorer/web/serving.py.
+QUEUE = serving.QUEUE
 MAX_UPLOAD = "1mb"  # per file; no component takes files, so explorer/middleware.py refuses every upload request
 
 
@@ -172,6 +174,7 @@ def launch_kwargs() -> dict:
 
 
 def build_demo() -> gr.Blocks:
+    started = time.time()
     session.load_default()  # the shipped model, loaded once at start-up from assets/ (no network)
     with gr.Blocks(title=TITLE, analytics_enabled=False, fill_width=True) as demo:  # no calls home
         state = gr.State(session.new_state())  # per browser session: the model this user looks at
@@ -187,7 +190,7 @@ def build_demo() -> gr.Blocks:
                               min_width=180, elem_id="view-link", lines=1, max_lines=1,
                               placeholder="the view's link appears here")
         notice = gr.Textbox(label="About this link", visible=False, interactive=False, elem_id="link-notice")
-        with gr.Accordion("About · glossary of the words used here", open=False, elem_id="glossary") as about:
+        with gr.Accordion(about_label(started), open=False, elem_id="glossary"):
             gr.Markdown("A Llama-style decoder written from scratch, and what happens inside it. Every number on "
                         "screen is computed now, on this machine, by the code that is running. The model picker "
                         "above loads a model for every tab (a Hub id or a folder under the model root; the Model "
@@ -214,15 +217,14 @@ def build_demo() -> gr.Blocks:
         projector.change(None, [projector], None, js=PROJECTOR_JS, api_name="projector", api_visibility="private")
     demo.queue(**QUEUE)
     serving.apply(demo)  # computes every tab's opening example into the page
-    about.label = about_label(serving.opened(demo)[0])
     return demo
 
 
-def about_label(opened_at: float) -> str:
+def about_label(started: float) -> str:
     """The About line, always in sight: it says that the opening examples were computed at start-up, and when."""
     import datetime
 
-    when = datetime.datetime.fromtimestamp(opened_at, datetime.timezone.utc).strftime("%H:%M UTC")
+    when = datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%H:%M UTC")
     return f"About · glossary · each tab opens on an example computed at start-up ({when}); what you change is computed now"
 
 

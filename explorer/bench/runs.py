@@ -193,12 +193,16 @@ def weight_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
 
 def _payload_bytes(outputs) -> int:
     """Bytes of JSON the browser receives for one update: plotly figures as JSON, the rest as Gradio sends it."""
+    import gradio as gr
+
+    from explorer.web import gradio_adapter
+
     total = 0
     for out in outputs:
         if hasattr(out, "to_json"):
             total += len(out.to_json().encode())
-        elif hasattr(out, "constructor_args"):  # a gr.update-style component (dropdown choices)
-            total += len(json.dumps(out.constructor_args, default=str).encode())
+        elif isinstance(out, gr.components.Component):  # a gr.update-style component (dropdown choices)
+            total += len(json.dumps(gradio_adapter.update_props(out), default=str).encode())
         else:
             total += len(json.dumps(out, default=str).encode())
     return total
@@ -206,10 +210,9 @@ def _payload_bytes(outputs) -> int:
 
 def app_handler(demo, api_name: str) -> Callable:
     """The function the app runs for its public endpoint ``api_name`` (e.g. "attention" for ``/attention``)."""
-    for fn in demo.fns.values():
-        if fn.api_name == api_name:
-            return fn.fn
-    raise KeyError(f"the app has no endpoint /{api_name}")
+    from explorer.web import gradio_adapter
+
+    return gradio_adapter.event_function(demo, api_name)
 
 
 def bench_app(models: dict[str, Decoder], settings) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import gradio as gr
 import torch
 
-from explorer.web import links
+from explorer.web import links, serving
 from lens.device import gpu
 from explorer import finetune, glossary, measure, probes
 from explorer.state import session
@@ -372,7 +372,7 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     cmp_outputs = [cmp_plot, before_text, after_text, cmp_md]
     ft_event = train.click(lora_finetune, [rank, alpha, targets, text, steps, lr, max_seconds, state],
                            outputs_of(FinetuneUpdate, curve=loss_plot, status=ft_md, state=state),
-                           api_name="lora_finetune")
+                           api_name="lora_finetune", **serving.concurrency("lora_finetune"))
     ft_event.success(lambda: "on", None, [mode], api_name="lora_mode_after_finetune", api_visibility="private").then(
         lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_finetune", api_visibility="private")
     stop.click(None, None, None, cancels=[ft_event], api_name="lora_stop", api_visibility="private")
@@ -383,6 +383,6 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     links.register(demo, "lora", cached_opening("lora_compare", lora_compare), cmp_inputs, cmp_outputs, api_name="lora_compare_example",
                    params=dict(prompt=prompt, layer=layer, head=head, tokens=new_tokens),
                    then=[(cached_opening("lora", lora), p_inputs, p_outputs, "lora", "public")])
-    demo.load(lambda: figs.loss_curve_figure([], [], max_steps=40), None, [loss_plot], api_name="lora_empty_curve",
-              api_visibility="private")
+    demo.load(cached_opening("lora_empty_curve", lambda: figs.loss_curve_figure([], [], max_steps=40)), None,
+              [loss_plot], api_name="lora_empty_curve", api_visibility="private")
     build_formats(demo, state)  # Weight formats: fp32 · bf16 · int8, and the measured summary table

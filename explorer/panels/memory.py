@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
-from explorer.web import links
+from explorer.web import links, serving
 from lens import device as dev
 from lens.device import gpu
 from explorer import measure
@@ -342,7 +342,8 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
 
     sweep_inputs = [max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype]
     sweep_outputs = [plot, summary, table]
-    event = run.click(memory_compare, sweep_inputs, sweep_outputs, api_name="memory_compare")
+    event = run.click(memory_compare, sweep_inputs, sweep_outputs, api_name="memory_compare",
+                      **serving.concurrency("memory_compare"))
     stop.click(None, None, None, cancels=[event], api_name="memory_stop", api_visibility="private")
     trace_inputs = [t_len, t_block, t_causal, t_head]
     trace_outputs = outputs_of(TraceView, trace=trace_state, block=block, figure=trace_plot, info=trace_info)
@@ -350,7 +351,8 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
     block.input(memory_trace_step, [trace_state, block, t_head], [trace_plot], api_name="memory_trace_step",
                 show_progress="hidden")
     play.click(user_errors(memory_trace_play), [trace_state, t_head], [block, trace_plot],
-               api_name="memory_trace_play", api_visibility="private", show_progress="hidden")
+               api_name="memory_trace_play", api_visibility="private", show_progress="hidden",
+               **serving.concurrency("memory_trace_play"))
     t_head.input(memory_trace_step, [trace_state, block, t_head], [trace_plot], api_name="memory_trace_head",
                  api_visibility="private")
     budget_inputs = [n_heads, head_dim, n_kv_heads, impls, causal, dtype]
@@ -359,8 +361,9 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
                       api_visibility="private", show_progress="hidden")
     demo.load(cached_opening("memory_budget", memory_budget), budget_inputs, [budget_md], api_name="memory_budget", api_visibility="undocumented")
     links.register(demo, "memory", memory_example, [], sweep_outputs, api_name="memory_example", follow_model=False)
-    demo.load(memory_trace, trace_inputs, trace_outputs, api_name="memory_trace_example",
-              api_visibility="undocumented")
+    demo.load(cached_opening("memory_trace_example", memory_trace), trace_inputs, trace_outputs,
+              api_name="memory_trace_example", api_visibility="undocumented",
+              **serving.concurrency("memory_trace_example", memory_trace))
 
 
 def _warm_opening() -> None:

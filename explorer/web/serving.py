@@ -9,31 +9,30 @@ series on an idle second core. Here each event gets a concurrency group by what 
     view      everything else (cached opening examples, hooked forward passes on small models, predictions):
               a few side by side; runs on one model still serialise on its model lock (explorer.state.locks)
 
-A session (one browser tab or API client) may hold at most ``EXPLORER_SESSION_QUEUE_CAP`` events in the
-queue at once (queued or running); one more is refused with a sentence, so one client cannot fill the queue
-that everyone shares; a page load sends at most a link's three events.
+A listener takes its group as ``**concurrency(api_name)``; views take the queue's default (``QUEUE``). A session
+(one browser tab or API client) may hold at most ``EXPLORER_SESSION_QUEUE_CAP`` events in the queue at once
+(queued or running); one more is refused with a sentence, so one client cannot fill the queue that everyone
+shares; a page load sends at most a link's three events.
 
 Page loads cost little: every tab's opening example is computed once at start-up into the page itself
 (``explorer.web.opening``), so a page opened without a link sends no event; a link runs its own tab's view, from the
-shared result cache (its figures kept as the JSON Gradio sends). Gradio's timing summary is not recomputed after
-every event. The page cache and the upload limit are HTTP middleware (``explorer.web.middleware``); idle sessions are
-swept by ``explorer.web.sweeper``.
+shared result cache (``explorer.state.openings``). What Gradio offers no public API for is done by
+``explorer.web.gradio_adapter``. The page cache and the upload limit are HTTP middleware (``explorer.web.middleware``);
+idle sessions are swept by ``explorer.web.sweeper``.
 
-    apply(demo)     after demo.queue(): sets each event's group and limit, the per-session cap, the cached page
-                    loads and the opening examples, the upload switch and the sweeper
+    demo.queue(**QUEUE)    the queue's size and the views' limit
+    apply(demo)            after demo.queue(): the groups of events registered without theirs, the per-session
+                           cap, the opening examples, the upload switch and the sweeper
 """
 from __future__ import annotations
 
-import inspect
 import os
-import time
-import weakref
 
 import gradio as gr
 
-from explorer.web import sweeper
-
+from explorer.web import gradio_adapter as adapter
 from explorer.web import middleware
+from explorer.web import sweeper
 
 
 def _env_int(name: str, default: int, lo: int = 1) -> int:
@@ -53,6 +52,9 @@ VIEW_CONCURRENCY = _env_int("EXPLORER_VIEW_CONCURRENCY", 4)
 #: Gradio's timing summary (its monitoring page) is recomputed after this many events, not after each one.
 ANALYTICS_EVERY = 1000
 
+#: ``demo.queue(**QUEUE)``: room for the events of 64 sessions' page loads at once, views a few at a time.
+QUEUE = {"max_size": QUEUE_MAX_SIZE, "default_concurrency_limit": VIEW_CONCURRENCY}
+
 # (api_name prefix, group, limit); first match wins, anything unmatched is a view.
 GROUPS: list[tuple[str, str, int | None]] = [
     ("memory_compare", "measure", 1),
@@ -70,79 +72,46 @@ def group_of(api_name: str | None) -> tuple[str | None, int | None]:
     return None, VIEW_CONCURRENCY
 
 
+def concurrency(api_name: str, handler=None) -> dict:
+    """The listener arguments that put the event ``api_name`` in its group: ``run.click(fn, ..., api_name=name,
+    **concurrency(name))``. A view takes the queue's default limit in its function's group (Gradio's default);
+    a listener given a wrapper of ``handler`` (a cached opening) names ``handler``, to wait in its group."""
+    group, limit = group_of(api_name)
+    if group is not None:
+        return {"concurrency_id": group, "concurrency_limit": limit}
+    return {} if handler is None else {"concurrency_id": adapter.default_group(handler)}
+
+
 def refused_sentence(cap: int) -> str:
     return (f"This page already has {cap} requests waiting or running: wait for them to finish (or reload the "
             "page) before sending more.")
 
 
+def bad_value_sentence(api_name: str | None, exc: Exception) -> str:
+    """A value Gradio refused before any handler ran, as one sentence quoting a short, escaped prefix of why."""
+    from explorer.panels.errors import no_paths, short
+
+    reason = short(no_paths(str(exc) or type(exc).__name__), 120)
+    return short(f"A value sent to {api_name or 'this control'} is not one its controls accept ({reason}): use the "
+                 "page's own choices and ranges, or reload the page.")
+
+
 def apply(demo: gr.Blocks) -> gr.Blocks:
-    """Set each event's concurrency group and limit, size the queue, and cap each session's share of it."""
-    queue = getattr(demo, "_queue", None)
-    if queue is None:
-        raise RuntimeError("serving.apply(demo) needs demo.queue() to have been called first.")
-    for fn in demo.fns.values():
-        if fn.fn is None:  # front-end only (Stop buttons): nothing runs on the server
-            fn.concurrency_limit = None
-            continue
-        group, limit = group_of(fn.api_name)
-        fn.concurrency_limit = limit
-        if group is not None:
-            fn.concurrency_id = group
-    queue.max_size = QUEUE_MAX_SIZE
-    if not os.environ.get("GRADIO_ANALYTICS_CACHE_FREQUENCY"):
-        # Gradio recomputes its per-function timing summary (a pandas group-by over the last 10,000 events) after
-        # every event by default: under a class's page loads that alone took a fifth of the server's time.
-        queue.ANAYLTICS_CACHE_FREQUENCY = ANALYTICS_EVERY
-    push = queue.push
-
-    async def push_within_cap(body, request, username):
-        if body.session_hash in sweeper.RETURNING:
-            sweeper.tell_returning_visitor(demo, body.session_hash)
-        held = queue.pending_event_ids_session.get(body.session_hash) if body.session_hash else None
-        if held is not None and len(held) >= SESSION_QUEUE_CAP:
-            return False, refused_sentence(SESSION_QUEUE_CAP), "queue_full"
-        return await push(body, request, username)
-
-    queue.push = push_within_cap
-    _sentence_for_bad_values(demo)
-    serve_page_loads_from_cache(demo)
+    """After ``demo.queue(**QUEUE)``: every event in its group, each session's share of the queue capped, the
+    opening examples computed into the page, uploads switched off when nothing takes files, the sweeper started."""
+    for i, name in adapter.server_events(demo).items():
+        group, limit = group_of(name)
+        if group is not None and adapter.event_group(demo, i) != (group, limit):
+            adapter.set_group(demo, i, group, limit)  # a listener registered without **concurrency(name)
+    adapter.compute_summary_every(demo, ANALYTICS_EVERY)  # after each event, it costs a class's page loads dearly
+    adapter.cap_per_session(demo, SESSION_QUEUE_CAP, refused_sentence(SESSION_QUEUE_CAP),
+                            on_join=lambda session_hash: sweeper.tell_returning_visitor(demo, session_hash))
+    adapter.sentence_for_bad_values(demo, bad_value_sentence)
     open_in_page(demo)
     middleware.ACCEPTS_FILES = middleware.takes_files(demo)
     sweeper.limit_heap_arenas()
     sweeper.start_sweeper(demo)
     return demo
-
-
-def page_load_fns(demo: gr.Blocks) -> list:
-    """Every event the page's load or a link runs on the server: the panels' ``demo.load`` events, the link
-    triggers (``explorer.web.links``) and every event chained after one of them."""
-    from explorer.web import links
-    from explorer.web import opening
-
-    return [demo.fns[i] for i in opening.chain_of(demo, opening.page_load_roots(demo) + links.link_events(demo))]
-
-
-def _takes_request_or_progress(fn) -> bool:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return True
-    return any("Request" in str(p.annotation) or isinstance(p.default, gr.Progress) for p in params)
-
-
-def serve_page_loads_from_cache(demo: gr.Blocks) -> None:
-    """Every page-load event answers from the shared result cache (``explorer.state.openings``): a class opening
-    the page at once computes each opening example, and serialises each of its figures, once. Events that read the
-    request (the link's query) or stream are left as they are."""
-    from explorer.state.openings import cached_opening
-
-    for fn in page_load_fns(demo):
-        if inspect.isgeneratorfunction(fn.fn) or _takes_request_or_progress(fn.fn):
-            continue
-        fn.fn = cached_opening(fn.api_name or fn.name, fn.fn)
-
-
-_OPENED: "weakref.WeakKeyDictionary[gr.Blocks, tuple[float, float]]" = weakref.WeakKeyDictionary()
 
 
 def open_in_page(demo: gr.Blocks) -> dict[str, float]:
@@ -151,34 +120,7 @@ def open_in_page(demo: gr.Blocks) -> dict[str, float]:
     from explorer.web import links
     from explorer.web import opening
 
-    at, t0 = time.time(), time.perf_counter()
-    roots = opening.page_load_roots(demo)
+    roots = adapter.page_load_events(demo)
     taken = opening.open_in_page(demo, links.opening_events(demo) + roots)
-    opening.detach_page_loads(demo, roots)
-    _OPENED[demo] = (at, time.perf_counter() - t0)
+    adapter.detach_page_loads(demo, roots)
     return taken
-
-
-def opened(demo: gr.Blocks) -> tuple[float, float]:
-    """(when, as a Unix time, and in how many seconds) ``demo``'s opening examples were computed."""
-    return _OPENED[demo]
-
-
-def _sentence_for_bad_values(demo: gr.Blocks) -> None:
-    """Gradio checks each value against its component (a dropdown's choices, a slider's number) before any
-    handler runs, and answers a bad one with a bare "Error" or a message that echoes the whole value. Turn
-    that into one sentence with a short, escaped prefix of the reason."""
-    from explorer.panels.errors import no_paths, short
-
-    preprocess = demo.preprocess_data
-
-    async def preprocess_with_sentence(block_fn, inputs, state, explicit_call=False):
-        try:
-            return await preprocess(block_fn, inputs, state, explicit_call)
-        except Exception as exc:  # noqa: BLE001 - every failure here is a value the page would never send
-            reason = short(no_paths(str(exc) or type(exc).__name__), 120)
-            raise gr.Error(short(f"A value sent to {block_fn.api_name or 'this control'} is not one its controls "
-                                 f"accept ({reason}): use the page's own choices and ranges, or reload the page."),
-                           print_exception=False) from None
-
-    demo.preprocess_data = preprocess_with_sentence

@@ -14,19 +14,21 @@ from collections import OrderedDict
 
 import gradio as gr
 
+from explorer.web import gradio_adapter as adapter
 
-def _state_dicts(session_state):
-    """(state component id, value) for each dict a Gradio session's state holds (our session states are dicts)."""
-    for key, value in list(getattr(session_state, "state_data", {}).items()):
+
+def _state_dicts(values: dict):
+    """(state component id, value) for each dict among a session's state values (our session states are dicts)."""
+    for key, value in values.items():
         if isinstance(value, dict):
             yield key, value
 
 
-def _holds_own_model(session_state) -> bool:
-    """Whether a Gradio session's state holds a visitor's own model, or a notice that it was freed."""
+def _holds_own_model(values: dict) -> bool:
+    """Whether a session's state values hold a visitor's own model, or a notice that it was freed."""
     from explorer.state.private_models import EVICTED_KEY
 
-    return any(value.get("model") is not None or value.get(EVICTED_KEY) for _, value in _state_dicts(session_state))
+    return any(value.get("model") is not None or value.get(EVICTED_KEY) for _, value in _state_dicts(values))
 
 
 #: session hash -> (state component id, the sentence): sessions dropped while their owner had not yet been told
@@ -35,11 +37,10 @@ RETURNING: "OrderedDict[str, tuple[int, str]]" = OrderedDict()
 MAX_RETURNING = 10_000
 
 
-def _notice_of(session_state) -> tuple[int, str] | None:
+def _notice_of(values: dict) -> tuple[int, str] | None:
     from explorer.state.private_models import EVICTED_KEY
 
-    return next(((key, value[EVICTED_KEY]) for key, value in _state_dicts(session_state) if value.get(EVICTED_KEY)),
-                None)
+    return next(((key, value[EVICTED_KEY]) for key, value in _state_dicts(values) if value.get(EVICTED_KEY)), None)
 
 
 def tell_returning_visitor(demo: gr.Blocks, session_hash: str) -> None:
@@ -48,14 +49,12 @@ def tell_returning_visitor(demo: gr.Blocks, session_hash: str) -> None:
     from explorer.state.private_models import EVICTED_KEY
 
     entry = RETURNING.pop(session_hash, None)
-    holder = getattr(demo, "state_holder", None)
-    if entry is None or holder is None:
+    if entry is None:
         return
     key, sentence = entry
-    with contextlib.suppress(KeyError, TypeError):
-        value = holder[session_hash][key]  # a fresh copy of the state's default value
-        if isinstance(value, dict):
-            value[EVICTED_KEY] = sentence
+    value = adapter.fresh_state_value(demo, session_hash, key)  # a fresh copy of the state's default value
+    if isinstance(value, dict):
+        value[EVICTED_KEY] = sentence
 
 
 def forget_idle_sessions(demo: gr.Blocks, idle_seconds: float, now: float | None = None) -> int:
@@ -66,31 +65,21 @@ def forget_idle_sessions(demo: gr.Blocks, idle_seconds: float, now: float | None
     given to the session's fresh state when it comes back. How many were dropped."""
     import datetime
 
-    holder = getattr(demo, "state_holder", None)
-    queue = getattr(demo, "_queue", None)
-    if holder is None or queue is None:
-        return 0
     now_dt = datetime.datetime.now() if now is None else datetime.datetime.fromtimestamp(now)
     dropped = 0
-    for session_hash, last in list(holder.time_last_used.items()):
+    for session_hash, last in adapter.sessions_last_used(demo).items():
         idle = (now_dt - last).total_seconds()
-        if idle <= idle_seconds or queue.pending_event_ids_session.get(session_hash):
+        if idle <= idle_seconds or adapter.events_held(demo, session_hash):
             continue
-        session_state = holder.session_data.get(session_hash)
-        if session_state is not None and idle <= 4 * idle_seconds and _holds_own_model(session_state):
+        values = adapter.session_values(demo, session_hash)
+        if idle <= 4 * idle_seconds and _holds_own_model(values):
             continue
-        notice = _notice_of(session_state) if session_state is not None else None
+        notice = _notice_of(values)
         if notice is not None:  # told on its next action all the same
             RETURNING[session_hash] = notice
             while len(RETURNING) > MAX_RETURNING:
                 RETURNING.popitem(last=False)
-        holder.delete_state(session_hash)  # Gradio's own clean-up of the State values (their delete callbacks)
-        with holder.lock:
-            holder.session_data.pop(session_hash, None)
-            holder.time_last_used.pop(session_hash, None)
-        queue.pending_event_ids_session.pop(session_hash, None)
-        with contextlib.suppress(KeyError):
-            del queue.pending_messages_per_session[session_hash]
+        adapter.forget_session(demo, session_hash)
         dropped += 1
     return dropped
 

@@ -1,0 +1,342 @@
+"""The one place the app reaches into Gradio's internals: what no public API does, each named and checked.
+
+Everything else uses Gradio's public API (``queue(max_size=, default_concurrency_limit=)``, ``concurrency_id`` and
+``concurrency_limit`` on listeners). What is left is here, and only here (tests/test_gradio_boundary.py fails when
+another module assigns to a Gradio object or names one of these internals):
+
+    queue_of(demo)                         the queue ``demo.queue()`` made
+    cap_per_session(demo, cap, refusal)    at most ``cap`` of one session's events in the queue at once
+    sentence_for_bad_values(demo, say)     Gradio's check of a sent value against its component, as a sentence
+    compute_summary_every(demo, n)         Gradio's timing summary recomputed after ``n`` events, not after each
+    set_group(demo, i, group, limit)       a concurrency group for an event registered without one
+    event_group(demo, i)                   the group and limit an event has
+    default_group(fn)                      the group Gradio gives ``fn``'s listeners registered without one
+    server_events(demo)                    every event that runs a function on the server, by id: its name
+    events_after(demo, first)              ``first`` and the events chained after them
+    page_load_events(demo)                 the events the page's load runs on the server
+    detach_page_loads(demo, events)        those events no longer run on page load (callable by name still)
+    event_name(demo, i)                    an event's API name (or its function's name)
+    event_function(demo, api_name)         the function an event runs (the benchmark calls it directly)
+    answer_into_page(demo, i)              run an event as a browser's request would be, its answer the page's own
+    set_initial(block, sent)               a built component's initial value or properties
+    update_props(component)                what a component returned as an update carries
+    sessions_last_used(demo), session_values(demo, s), fresh_state_value(demo, s, key), events_held(demo, s),
+    forget_session(demo, s)                what Gradio keeps per session, read and dropped (explorer.web.sweeper)
+
+At import the installed Gradio is checked (``check_gradio``): a changed shape of anything used here stops the app
+with a sentence naming it; another version with every shape intact gets a warning naming ``TESTED_GRADIO``.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import inspect
+import warnings
+from typing import Any, Callable
+
+import gradio as gr
+
+#: The Gradio this module was written against and tested with (README's ``sdk_version`` for the Space).
+TESTED_GRADIO = "6.31.0"
+
+try:
+    from gradio.block_function import BlockFunction
+    from gradio.blocks import Blocks
+    from gradio.queueing import Queue
+    from gradio.state_holder import SessionState, StateHolder
+except ImportError as exc:  # a module moved: say which version this was written for
+    raise RuntimeError(f"Gradio {gr.__version__} lacks a module explorer/web/gradio_adapter.py uses ({exc}); it was "
+                       f"tested with {TESTED_GRADIO}: install gradio=={TESTED_GRADIO} or update the adapter.") from exc
+
+#: The classes whose methods and attributes are used here.
+CLASSES = {"Blocks": Blocks, "Queue": Queue, "BlockFunction": BlockFunction, "StateHolder": StateHolder,
+           "SessionState": SessionState}
+#: Methods wrapped or called here: the parameters they must start with, and whether they must be coroutines.
+METHODS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "Blocks.preprocess_data": (("self", "block_fn", "inputs", "state", "explicit_call"), True),
+    "Blocks.process_api": (("self", "block_fn", "inputs", "state"), True),
+    "Queue.push": (("self", "body", "request", "username"), True),
+    "StateHolder.delete_state": (("self", "session_id"), False),
+    "StateHolder.__getitem__": (("self", "session_id"), False),
+    "SessionState.__init__": (("self", "blocks"), False),
+}
+#: Instance attributes read or written here, by the class that sets them, with the type each must have.
+ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "Queue": ("pending_event_ids_session:dict", "pending_messages_per_session", "ANAYLTICS_CACHE_FREQUENCY:int"),
+    "BlockFunction": ("fn", "inputs:list", "outputs:list", "targets:list", "trigger_after", "api_name", "name",
+                      "concurrency_limit", "concurrency_id:str"),
+    "StateHolder": ("session_data:dict", "time_last_used:dict", "lock"),
+}
+_KINDS = {"dict": dict, "list": list, "int": int, "str": str}
+
+
+def default_group(fn: Callable) -> str:
+    """The concurrency group Gradio gives a listener of ``fn`` registered without a ``concurrency_id``: one per
+    function, so a wrapper of ``fn`` given this group waits with ``fn``'s own events."""
+    return str(id(fn))
+
+
+def _probe_handler() -> None:
+    """A listener's function for the throwaway BlockFunction below."""
+
+
+def _instances() -> dict[str, Any]:
+    """One throwaway instance of each class whose attributes are used here (no server, no queue started)."""
+    return {"Queue": Queue(live_updates=False, concurrency_count=1, update_intervals=1, max_size=None, blocks=None),
+            "BlockFunction": BlockFunction(_probe_handler, [], [], False, False, False, [(None, "load")], 0),
+            "StateHolder": StateHolder()}
+
+
+def shape_problems() -> list[str]:
+    """What differs, in the installed Gradio, from the shapes this module relies on; empty when all match."""
+    problems: list[str] = []
+    for name, (wanted, coroutine) in METHODS.items():
+        cls, _, attr = name.partition(".")
+        method = getattr(CLASSES[cls], attr, None)
+        if not callable(method):
+            problems.append(f"{name} is not callable")
+            continue
+        got = tuple(inspect.signature(method).parameters)
+        if got[:len(wanted)] != wanted:
+            problems.append(f"{name} takes ({', '.join(got)}), not ({', '.join(wanted)}, ...)")
+        if coroutine and not inspect.iscoroutinefunction(method):
+            problems.append(f"{name} is no longer a coroutine function")
+    try:
+        made = _instances()
+    except Exception as exc:  # noqa: BLE001 - a changed constructor is one more problem to name
+        return problems + [f"Queue, BlockFunction or StateHolder cannot be made as before ({exc})"]
+    for cls, attributes in ATTRIBUTES.items():
+        for spec in attributes:
+            attr, _, kind = spec.partition(":")
+            if not hasattr(made[cls], attr):
+                problems.append(f"{cls} has no attribute {attr}")
+            elif kind and not isinstance(getattr(made[cls], attr), _KINDS[kind]):
+                problems.append(f"{cls}.{attr} is a {type(getattr(made[cls], attr)).__name__}, not a {kind}")
+    if made["BlockFunction"].concurrency_id != default_group(_probe_handler):
+        problems.append("a listener registered without concurrency_id is no longer in its function's own group")
+    probe = gr.Markdown("before", render=False)
+    if not isinstance(probe.constructor_args, dict) or probe.constructor_args.get("value") != "before":
+        problems.append("a component's constructor_args no longer holds its constructor's arguments")
+    probe.value = "after"
+    if probe.get_config().get("value") != "after":
+        problems.append("a component's configuration is no longer read from its attributes (get_config)")
+    if not isinstance(getattr(gr.State, "stateful", None), property):
+        problems.append("State.stateful is no longer a property")
+    return problems
+
+
+def check_gradio() -> None:
+    """Raise RuntimeError naming what changed when a shape used here differs; warn when only the version does."""
+    problems = shape_problems()
+    if problems:
+        raise RuntimeError(f"Gradio {gr.__version__} differs from {TESTED_GRADIO} (the version "
+                           f"explorer/web/gradio_adapter.py was tested with) where the app relies on it: "
+                           f"{'; '.join(problems)}. Install gradio=={TESTED_GRADIO} or update the adapter.")
+    if gr.__version__ != TESTED_GRADIO:
+        warnings.warn(f"Gradio {gr.__version__} is installed; explorer/web/gradio_adapter.py was tested with "
+                      f"{TESTED_GRADIO}. Its shape checks pass: run tests/test_gradio_adapter.py before serving a "
+                      "class.", stacklevel=2)
+
+
+check_gradio()
+
+
+# --- the queue --------------------------------------------------------------------------------------------------
+
+def queue_of(demo: gr.Blocks) -> Queue:
+    """The queue ``demo.queue()`` made; RuntimeError when it has not been called."""
+    queue = getattr(demo, "_queue", None)
+    if queue is None:
+        raise RuntimeError("demo.queue() must be called first: the queue is set up after it.")
+    return queue
+
+
+def cap_per_session(demo: gr.Blocks, cap: int, refusal: str,
+                    on_join: Callable[[str], None] | None = None) -> None:
+    """At most ``cap`` of one session's events in the queue at once (queued or running): one more is answered
+    ``refusal`` the way Gradio answers a full queue (HTTP 503), so one client cannot fill the queue everyone
+    shares (Gradio's ``max_size`` is one bound for all). ``on_join(session_hash)`` runs first on every join."""
+    queue = queue_of(demo)
+    push = queue.push
+
+    async def push_within_cap(body, request, username):
+        if on_join is not None and body.session_hash:
+            on_join(body.session_hash)
+        held = queue.pending_event_ids_session.get(body.session_hash) if body.session_hash else None
+        if held is not None and len(held) >= cap:
+            return False, refusal, "queue_full"
+        return await push(body, request, username)
+
+    queue.push = push_within_cap
+
+
+def sentence_for_bad_values(demo: gr.Blocks, say: Callable[[str | None, Exception], str]) -> None:
+    """Gradio checks each sent value against its component before any handler runs, and answers a bad one with a
+    bare "Error" or a message that echoes the whole value: answer ``say(api_name, exception)`` instead."""
+    preprocess = demo.preprocess_data
+
+    async def preprocess_with_sentence(block_fn, inputs, state, explicit_call=False):
+        try:
+            return await preprocess(block_fn, inputs, state, explicit_call)
+        except Exception as exc:  # noqa: BLE001 - every failure here is a value the page would never send
+            raise gr.Error(say(block_fn.api_name, exc), print_exception=False) from None
+
+    demo.preprocess_data = preprocess_with_sentence
+
+
+def compute_summary_every(demo: gr.Blocks, events: int) -> None:
+    """Gradio recomputes its per-function timing summary (a pandas group-by over the last 10,000 events) after
+    every event: have it do so after ``events``, unless ``GRADIO_ANALYTICS_CACHE_FREQUENCY`` says otherwise."""
+    import os
+
+    if not os.environ.get("GRADIO_ANALYTICS_CACHE_FREQUENCY"):
+        queue_of(demo).ANAYLTICS_CACHE_FREQUENCY = events
+
+
+def set_group(demo: gr.Blocks, i: int, group: str, limit: int | None) -> None:
+    """Event ``i`` runs in concurrency group ``group`` of ``limit`` at a time, as if registered with
+    ``concurrency_id=group, concurrency_limit=limit`` (for events whose module does not pass them itself)."""
+    fn = demo.fns[i]
+    fn.concurrency_limit = limit
+    fn.concurrency_id = group
+
+
+def event_group(demo: gr.Blocks, i: int) -> tuple[str, int | str | None]:
+    """(concurrency group, limit) event ``i`` was registered with (limit "default": the queue's default)."""
+    fn = demo.fns[i]
+    return fn.concurrency_id, fn.concurrency_limit
+
+
+# --- events and the page --------------------------------------------------------------------------------------
+
+def server_events(demo: gr.Blocks) -> dict[int, str]:
+    """Every event that runs a function on the server, by id: its name (``event_name``)."""
+    return {i: event_name(demo, i) for i, fn in demo.fns.items() if fn.fn is not None}
+
+
+def event_name(demo: gr.Blocks, i: int) -> str:
+    fn = demo.fns[i]
+    return fn.api_name or fn.name
+
+
+def event_function(demo: gr.Blocks, api_name: str) -> Callable:
+    """The function the server runs for the event named ``api_name``; KeyError when there is none."""
+    for fn in demo.fns.values():
+        if fn.api_name == api_name and fn.fn is not None:
+            return fn.fn
+    raise KeyError(f"the app has no endpoint /{api_name}")
+
+
+def events_after(demo: gr.Blocks, first: list[int]) -> list[int]:
+    """``first`` and, breadth first, every server event chained (``.then`` / ``.success``) after one of them."""
+    chosen = list(first)
+    i = 0
+    while i < len(chosen):
+        chosen += [j for j, fn in demo.fns.items() if fn.trigger_after == chosen[i] and fn.fn is not None
+                   and j not in chosen]
+        i += 1
+    return chosen
+
+
+def page_load_events(demo: gr.Blocks) -> list[int]:
+    """The events the page's load runs on the server (front-end-only ones, with no function, left out)."""
+    return [i for i, fn in demo.fns.items() if fn.fn is not None and any(t[1] == "load" for t in fn.targets)]
+
+
+def detach_page_loads(demo: gr.Blocks, events: list[int]) -> None:
+    """``events`` no longer run on page load (their answers are in the page); callable by name still."""
+    for i in events:
+        fn = demo.fns[i]
+        fn.targets = [t for t in fn.targets if t[1] != "load"]
+
+
+async def answer_into_page(demo: gr.Blocks, i: int) -> None:
+    """Run event ``i`` on its inputs' initial values through Gradio's own processing (``Blocks.process_api``: the
+    pre- and post-processing a browser's request gets) and make its answer its outputs' initial values."""
+    fn = demo.fns[i]
+    state = SessionState(demo)
+    inputs = [None if block.stateful else getattr(block, "value", None) for block in fn.inputs]
+    answer = await demo.process_api(fn, inputs, state=state, in_event_listener=False)  # no event: gr.Info only logs
+    for block, sent in zip(fn.outputs, answer["data"]):
+        if block.stateful:
+            if block._id in state.state_data:
+                block.value = state.state_data[block._id]
+        else:
+            set_initial(block, sent)
+
+
+def set_initial(block, sent) -> None:
+    """Make ``sent`` (a value as Gradio sends it, or an update of a component's properties) the initial value or
+    properties of the built component ``block``: the page is sent what it then holds."""
+    from pydantic import BaseModel
+
+    if isinstance(sent, BaseModel):
+        sent = sent.model_dump()
+    if not (isinstance(sent, dict) and sent.get("__type__") == "update"):
+        block.value = sent
+        return
+    for key, v in sent.items():
+        if key == "__type__":
+            continue
+        if isinstance(v, BaseModel):
+            v = v.model_dump()
+        if key != "value":
+            block.constructor_args[key] = v  # a later update in a session starts from constructor_args
+        setattr(block, key, v)
+
+
+def update_props(component) -> dict:
+    """The properties a component returned as an update carries (what Gradio sends for it, before its value)."""
+    return dict(component.constructor_args)
+
+
+# --- what Gradio keeps per session ----------------------------------------------------------------------------
+
+def _holder(demo: gr.Blocks) -> StateHolder | None:
+    return getattr(demo, "state_holder", None)  # set when the app is launched
+
+
+def sessions_last_used(demo: gr.Blocks) -> dict[str, datetime.datetime]:
+    """Each session Gradio keeps (before launch: none), with when it was last used."""
+    holder = _holder(demo)
+    return dict(holder.time_last_used) if holder is not None else {}
+
+
+def session_values(demo: gr.Blocks, session_hash: str) -> dict[int, Any]:
+    """The ``gr.State`` values a session holds, by component id (none for an unknown session)."""
+    holder = _holder(demo)
+    state = holder.session_data.get(session_hash) if holder is not None else None
+    return dict(state.state_data) if state is not None else {}
+
+
+def fresh_state_value(demo: gr.Blocks, session_hash: str, key: int) -> Any:
+    """The session's value of the state component ``key``, made from its default when the session is new; None
+    before launch or for an unknown component."""
+    holder = _holder(demo)
+    if holder is None:
+        return None
+    with contextlib.suppress(KeyError, TypeError):
+        return holder[session_hash][key]
+    return None
+
+
+def events_held(demo: gr.Blocks, session_hash: str) -> int:
+    """How many of the session's events are in the queue (queued or running)."""
+    queue = getattr(demo, "_queue", None)
+    return len(queue.pending_event_ids_session.get(session_hash) or ()) if queue is not None else 0
+
+
+def forget_session(demo: gr.Blocks, session_hash: str) -> None:
+    """Drop what Gradio keeps for a session: its ``gr.State`` values (through their delete callbacks), its copy
+    of every component's configuration and its place in the queue's books. A later request starts afresh."""
+    holder = _holder(demo)
+    if holder is not None:
+        holder.delete_state(session_hash)
+        with holder.lock:
+            holder.session_data.pop(session_hash, None)
+            holder.time_last_used.pop(session_hash, None)
+    queue = getattr(demo, "_queue", None)
+    if queue is not None:
+        queue.pending_event_ids_session.pop(session_hash, None)
+        with contextlib.suppress(KeyError):
+            del queue.pending_messages_per_session[session_hash]
