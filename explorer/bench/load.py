@@ -1,9 +1,9 @@
 """A classroom on loopback: ``python app.py`` in its own process, and many sessions opening the page at once.
 
 Each session does what a browser does when the page opens: it gets the page (Gradio's configuration inside, with
-every tab's opening example already in it: explorer/opening.py), joins the queue with the events the page sends on
+every tab's opening example already in it: explorer/web/opening.py), joins the queue with the events the page sends on
 opening (none for a plain URL; for a link, the click of its tab's hidden link trigger and the events chained after
-it: explorer/links.py), reading the answers from the session's event stream, and then asks the Attention tab one
+it: explorer/web/links.py), reading the answers from the session's event stream, and then asks the Attention tab one
 question of its own (a prompt no other session sent). The server runs in a subprocess
 (``explorer.bench.server``); the events a page sends, and the client that sends them, are
 ``explorer.bench.page_client``.

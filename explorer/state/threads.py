@@ -39,9 +39,8 @@ def default_threads():
 def threads_for(model: torch.nn.Module):
     """Run a small model's interactive forward passes on one intra-op thread, then restore the setting.
 
-    On a 2-core machine shared with other work, two OpenMP threads on a (18 × 192) matmul spend their time
-    waiting for each other: measured here under load, one small linear took 16 ms with 2 threads and 0.13 ms
-    with 1. Larger models keep every thread.
+    On a few shared cores, OpenMP threads on a small model's matmuls spend their time waiting for each other;
+    larger models keep every thread.
     """
     small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS
     return run_threads(1 if small else DEFAULT_THREADS)

@@ -16,11 +16,10 @@ class PageCache:
     """ASGI middleware: the page itself (``GET /``, with Gradio's configuration inside) and ``GET /config`` are
     built once per (path, page, host and proxy headers) and served from memory.
 
-    Gradio builds both afresh for every visitor (a deep copy and a render of a ~300 KB configuration, and the
-    API description for the page): under 40 page loads at once that was two fifths of the server's time. They
+    Gradio builds both afresh for every visitor, which costs a class opening the page at once dearly, yet they
     are the same for every visitor of this app (no login, no per-user layout), so a copy is served; responses
     that set a cookie or are not a plain 200 are never kept. A kept copy is also gzipped once, and sent gzipped
-    to a browser that accepts it: the page carries every opening figure (about 1.4 MB; 0.2 MB gzipped).
+    to a browser that accepts it, since the page carries every opening figure.
     """
     PATHS = ("/", "/config", "/gradio_api/config")
     KEY_HEADERS = (b"host", b"x-forwarded-host", b"x-forwarded-proto", b"x-forwarded-port", b"x-forwarded-prefix",
