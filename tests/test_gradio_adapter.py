@@ -49,6 +49,15 @@ def _init_dropping(cls, attr):
     return made_without
 
 
+def _grouped_by_name(cls):
+    init = cls.__init__
+
+    def made_grouped_by_name(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.concurrency_id = str(self.name)
+    return made_grouped_by_name
+
+
 def _holder_getitem_renamed(self, key):
     return None
 
@@ -63,6 +72,7 @@ def _holder_getitem_renamed(self, key):
     (BlockFunction, "__init__", _init_dropping(BlockFunction, "targets"), "BlockFunction has no attribute targets"),
     (BlockFunction, "__init__", _init_dropping(BlockFunction, "trigger_after"), "trigger_after"),
     (StateHolder, "__init__", _init_dropping(StateHolder, "time_last_used"), "StateHolder has no attribute time_last"),
+    (BlockFunction, "__init__", _grouped_by_name(BlockFunction), "is no longer in its function's own group"),
 ])
 def test_a_changed_shape_is_named_and_stops_the_app(monkeypatch, owner, name, replacement, named):
     monkeypatch.setattr(owner, name, replacement)
@@ -234,3 +244,20 @@ def test_the_function_an_event_runs_and_what_an_update_carries():
         adapter.event_function(demo, "nope")
     update = gr.Dropdown(choices=["x", "y"], value="y", render=False)
     assert adapter.update_props(update)["value"] == "y" and "choices" in adapter.update_props(update)
+
+
+def test_a_wrapper_given_its_functions_default_group_waits_with_its_events():
+    def handler(x):
+        return x
+
+    def wrapper(x):
+        return handler(x)
+
+    with gr.Blocks() as demo:
+        box = gr.Textbox()
+        gr.Button().click(handler, [box], [box], api_name="own")
+        gr.Button().click(wrapper, [box], [box], api_name="wrapped", concurrency_id=adapter.default_group(handler))
+        gr.Button().click(wrapper, [box], [box], api_name="alone")
+    ids = _by_name(demo)
+    assert adapter.event_group(demo, ids["own"])[0] == adapter.event_group(demo, ids["wrapped"])[0]
+    assert adapter.event_group(demo, ids["alone"])[0] != adapter.event_group(demo, ids["own"])[0]

@@ -362,7 +362,8 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
     demo.load(cached_opening("memory_budget", memory_budget), budget_inputs, [budget_md], api_name="memory_budget", api_visibility="undocumented")
     links.register(demo, "memory", memory_example, [], sweep_outputs, api_name="memory_example", follow_model=False)
     demo.load(cached_opening("memory_trace_example", memory_trace), trace_inputs, trace_outputs,
-              api_name="memory_trace_example", api_visibility="undocumented")
+              api_name="memory_trace_example", api_visibility="undocumented",
+              **serving.concurrency("memory_trace_example", memory_trace))
 
 
 def _warm_opening() -> None:

@@ -1,14 +1,17 @@
 """The one place the app reaches into Gradio's internals: what no public API does, each named and checked.
 
 Everything else uses Gradio's public API (``queue(max_size=, default_concurrency_limit=)``, ``concurrency_id`` and
-``concurrency_limit`` on listeners, ``launch`` arguments). What is left is here, and only here
-(tests/test_gradio_boundary.py fails when another module assigns to a Gradio object or names one of these internals):
+``concurrency_limit`` on listeners). What is left is here, and only here (tests/test_gradio_boundary.py fails when
+another module assigns to a Gradio object or names one of these internals):
 
     queue_of(demo)                         the queue ``demo.queue()`` made
     cap_per_session(demo, cap, refusal)    at most ``cap`` of one session's events in the queue at once
     sentence_for_bad_values(demo, say)     Gradio's check of a sent value against its component, as a sentence
     compute_summary_every(demo, n)         Gradio's timing summary recomputed after ``n`` events, not after each
     set_group(demo, i, group, limit)       a concurrency group for an event registered without one
+    event_group(demo, i)                   the group and limit an event has
+    default_group(fn)                      the group Gradio gives ``fn``'s listeners registered without one
+    server_events(demo)                    every event that runs a function on the server, by id: its name
     events_after(demo, first)              ``first`` and the events chained after them
     page_load_events(demo)                 the events the page's load runs on the server
     detach_page_loads(demo, events)        those events no longer run on page load (callable by name still)
@@ -67,10 +70,20 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
 _KINDS = {"dict": dict, "list": list, "int": int, "str": str}
 
 
+def default_group(fn: Callable) -> str:
+    """The concurrency group Gradio gives a listener of ``fn`` registered without a ``concurrency_id``: one per
+    function, so a wrapper of ``fn`` given this group waits with ``fn``'s own events."""
+    return str(id(fn))
+
+
+def _probe_handler() -> None:
+    """A listener's function for the throwaway BlockFunction below."""
+
+
 def _instances() -> dict[str, Any]:
     """One throwaway instance of each class whose attributes are used here (no server, no queue started)."""
     return {"Queue": Queue(live_updates=False, concurrency_count=1, update_intervals=1, max_size=None, blocks=None),
-            "BlockFunction": BlockFunction(None, [], [], False, False, False, [(None, "load")], 0),
+            "BlockFunction": BlockFunction(_probe_handler, [], [], False, False, False, [(None, "load")], 0),
             "StateHolder": StateHolder()}
 
 
@@ -99,6 +112,8 @@ def shape_problems() -> list[str]:
                 problems.append(f"{cls} has no attribute {attr}")
             elif kind and not isinstance(getattr(made[cls], attr), _KINDS[kind]):
                 problems.append(f"{cls}.{attr} is a {type(getattr(made[cls], attr)).__name__}, not a {kind}")
+    if made["BlockFunction"].concurrency_id != default_group(_probe_handler):
+        problems.append("a listener registered without concurrency_id is no longer in its function's own group")
     probe = gr.Markdown("before", render=False)
     if not isinstance(probe.constructor_args, dict) or probe.constructor_args.get("value") != "before":
         problems.append("a component's constructor_args no longer holds its constructor's arguments")

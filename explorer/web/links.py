@@ -33,6 +33,9 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from explorer.state.openings import cached_opening
+from explorer.web.serving import concurrency
+
 MAX_TEXT = 2000  # characters of a prompt carried by a link; the handlers' own limits apply after
 RESERVED = ("tab", "present", "__theme")
 
@@ -199,21 +202,18 @@ def _run_view(trigger, view: View, *, visibility: str, suffix: str = "", first: 
 
     With ``first`` (the chain a link runs, which also computes the opening example), every step answers from the
     shared result cache (``explorer.state.openings``): a class following one link computes it once."""
-    from explorer.state.openings import cached_opening
-    from explorer.web.serving import concurrency
-
     def shared(fn, name):
         return cached_opening(name, fn) if first else fn
 
     name = view.api_name + suffix
     chained = trigger(shared(view.handler, name), view.inputs, view.outputs, api_name=name,
-                      api_visibility=visibility, **concurrency(name))
+                      api_visibility=visibility, **concurrency(name, view.handler))
     view_id = chained["id"]
     for fn, inputs, outputs, api_name, *own in view.then:
         shown = own[0] if own and not suffix else visibility  # after a model load, always private
         name = api_name + suffix
         chained = chained.then(shared(fn, name), inputs, outputs, api_name=name, api_visibility=shown,
-                               **concurrency(name))
+                               **concurrency(name, fn))
     return view_id if first else chained
 
 

@@ -72,11 +72,14 @@ def group_of(api_name: str | None) -> tuple[str | None, int | None]:
     return None, VIEW_CONCURRENCY
 
 
-def concurrency(api_name: str) -> dict:
+def concurrency(api_name: str, handler=None) -> dict:
     """The listener arguments that put the event ``api_name`` in its group: ``run.click(fn, ..., api_name=name,
-    **concurrency(name))``. Nothing for a view, which takes the queue's default limit in a group of its own."""
+    **concurrency(name))``. A view takes the queue's default limit in its function's group (Gradio's default);
+    a listener given a wrapper of ``handler`` (a cached opening) names ``handler``, to wait in its group."""
     group, limit = group_of(api_name)
-    return {} if group is None else {"concurrency_id": group, "concurrency_limit": limit}
+    if group is not None:
+        return {"concurrency_id": group, "concurrency_limit": limit}
+    return {} if handler is None else {"concurrency_id": adapter.default_group(handler)}
 
 
 def refused_sentence(cap: int) -> str:
