@@ -63,7 +63,7 @@ def test_held_out_accuracies_are_the_measured_ones(client, served, encoder_and_t
     encoder, tok = encoder_and_tokenizer
     decoder, dec_tok = served
     *_, md = client.predict(SENTENCE, 1, api_name="/fill_in_blank")
-    stories = ep.held_out_stories()
+    stories = ep.held_out_stories(ep.encoder_dir())
     seqs = ep.held_out_sequences(tok, stories, encoder.config.max_seq_len)
     chosen = ep.choose_positions(seqs, tok.all_special_ids)
     acc = ep.masked_accuracy(encoder, seqs, chosen, tok.mask_token_id)

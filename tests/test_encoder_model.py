@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from explorer.probes import encoder_probe as ep
+from lens import heldout
 from training import encoder as E
 from training.corpus import COLORS
 from tests.fixed_logits import FixedLogits
@@ -36,7 +37,7 @@ def tok():
 
 def test_folder_holds_the_shipped_files_and_assets_stay_small():
     for name in ("config.json", "model.safetensors", "README.md", "training_log.json",
-                 ep.HELD_OUT_FILE, *E.TOKENIZER_FILES):
+                 heldout.HELD_OUT_FILE, *E.TOKENIZER_FILES):
         assert os.path.isfile(os.path.join(FOLDER, name)), name
     total = sum(os.path.getsize(os.path.join(d, f))
                 for d, _, files in os.walk(os.path.join(ROOT, "assets")) for f in files)
