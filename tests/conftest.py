@@ -1,9 +1,13 @@
-"""Shared fixtures: offline Hub, the app launched in-process, a gradio_client for it, a tiny local checkpoint.
+"""Shared fixtures: offline Hub, the app launched in-process, a gradio_client for it, a tiny local checkpoint; the
+Hypothesis profiles; the markers that follow from a test's fixtures.
 
 The app serves the shipped default model (assets/default-model). When that folder is absent (a fresh
 checkout before the model is trained), or with ``EXPLORER_TEST_FIXTURE_MODEL=1``, the app tests serve a tiny
 random checkpoint built here instead (a byte-level BPE tokenizer trained on a few sentences, so any text,
 emoji included, encodes).
+
+The tiers (markers in pytest.ini): ``python -m pytest -q -m "not slow" tests`` while working, the whole suite
+(``python3 -m pytest -q tests``) before a merge and in CI.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
 # The device is chosen the way a deployment chooses it (explorer/device.py reads this once): forced to the CPU
@@ -24,6 +29,15 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# Hypothesis profiles, chosen with HYPOTHESIS_PROFILE (default "ci"); a test's own settings() inherit from it:
+#   ci       30 examples per test, derandomized: the same examples on every run, so a red run is reproducible
+#   dev      10 examples, derandomized: a third of the time, for a quick look while working
+#   explore  300 examples from a fresh seed each run: hunting for new failures (now and then, never in CI)
+settings.register_profile("ci", max_examples=30, derandomize=True, deadline=None)
+settings.register_profile("dev", max_examples=10, derandomize=True, deadline=None)
+settings.register_profile("explore", max_examples=300, derandomize=False, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 SHIPPED = ROOT / "assets" / "default-model"
 FIXTURE_SENTENCES = [
@@ -115,6 +129,18 @@ def fresh_client(app_url):
     from gradio_client import Client
 
     return Client(app_url, verbose=False)
+
+
+# Markers that follow from the fixtures a test uses (directly or through another fixture), set here so that they
+# cannot drift: the app over HTTP (in this process, or `python app.py` in tests/test_load.py) and a training run.
+FIXTURE_MARKERS = {"app_url": ("server",), "server": ("server",), "quick_folder": ("train", "slow")}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture in FIXTURE_MARKERS.keys() & set(getattr(item, "fixturenames", ())):
+            for marker in FIXTURE_MARKERS[fixture]:
+                item.add_marker(marker)
 
 
 _EXIT_STATUS: list[int] = []

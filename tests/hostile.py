@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from explorer.state import session, threads
 
-SETTINGS = settings(max_examples=30, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+# examples, deadline and seed come from the Hypothesis profile (tests/conftest.py: 30 examples each under "ci")
+SETTINGS = settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 # --- strategies -------------------------------------------------------------------------------------------
 

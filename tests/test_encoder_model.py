@@ -78,6 +78,7 @@ def _masked_accuracy_reference(encoder, tok, stories, seed=0, rate=0.15):
     return hits / total, total
 
 
+@pytest.mark.slow
 def test_masked_token_accuracy_on_held_out_stories(encoder, tok):
     with open(os.path.join(FOLDER, "training_log.json")) as fh:
         log = json.load(fh)

@@ -92,6 +92,7 @@ def test_values_gradio_refuses_get_a_short_sentence(app_url, api_name, args):
     assert len(message) < 700
 
 
+@pytest.mark.slow
 def test_opening_examples_are_computed_once_and_shared(app_url):
     """Two sessions' page loads: the second is served from explorer.state.cache (no new computation), same answer."""
     from gradio_client import Client
@@ -121,6 +122,7 @@ def test_opening_examples_are_computed_once_and_shared(app_url):
     assert [str(a)[:2000] for a in again] == [str(a)[:2000] for a in answers]
 
 
+@pytest.mark.slow
 def test_memory_lab_stop_returns_within_a_second_while_a_long_size_runs(app_url):
     """Stop (gradio's cancel) during a sweep whose current size takes seconds: the event ends within 1 s."""
     import time as clock

@@ -20,6 +20,7 @@ from tests.hostile import (  # noqa: F401 - fixtures are found by their names he
 pytestmark = pytest.mark.usefixtures("served")  # not an argument: hypothesis would print the model
 
 
+@pytest.mark.slow
 def test_visitors_own_models_are_capped_in_total(monkeypatch, root):
     """Private copies and loaded checkpoints of all sessions together stay under a cap: past it, the next copy or
     load is refused before it allocates; once a session's model is gone, there is room again."""
@@ -60,6 +61,7 @@ def _deterministic(out):
     return keep
 
 
+@pytest.mark.slow
 def test_another_sessions_model_and_adapter_leave_this_sessions_answers_unchanged(model_root):
     """Alice loads another checkpoint, then fine-tunes an adapter on her copy of the default model; Bob's
     answers on every tab are the same, to the bit, before and after, and the shared model is untouched."""
@@ -98,6 +100,7 @@ def test_another_sessions_model_and_adapter_leave_this_sessions_answers_unchange
         assert torch.equal(v, weights[k]), k
 
 
+@pytest.mark.slow
 def test_private_models_expire_when_idle_and_make_room_oldest_idle_first(monkeypatch):
     """A session's own model is freed after the idle time, or when another visitor needs the room (oldest idle
     first); its owner is told on the next action, once, and then sees the shared model."""
