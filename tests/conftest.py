@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -103,17 +104,21 @@ def served_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def app_url(served_model_dir, model_root):
-    """The whole app, launched in this process on a free port."""
+    """The whole app, launched in this process on a free port; closed at the end of the session once the work it
+    started has ended (``explorer.web.serving.close`` says why that matters at exit)."""
     os.environ["EXPLORER_DEFAULT_MODEL"] = str(served_model_dir)
     os.environ["EXPLORER_MODEL_ROOT"] = str(model_root)
     import app
+    from explorer.web import serving
 
     demo = app.build_demo()
     port = _free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True,
                 **app.launch_kwargs())
     yield f"http://127.0.0.1:{port}/"
-    demo.close()
+    running = serving.close(demo)
+    if running:
+        warnings.warn(f"the app's threads still running after close: {running}", stacklevel=1)
 
 
 @pytest.fixture(scope="session")
@@ -141,25 +146,3 @@ def pytest_collection_modifyitems(config, items):
         for fixture in FIXTURE_MARKERS.keys() & set(getattr(item, "fixturenames", ())):
             for marker in FIXTURE_MARKERS[fixture]:
                 item.add_marker(marker)
-
-
-_EXIT_STATUS: list[int] = []
-
-
-def pytest_sessionfinish(session, exitstatus):
-    _EXIT_STATUS.append(int(exitstatus))
-
-
-def pytest_unconfigure(config):
-    """End the process with pytest's own status once it has reported, skipping interpreter teardown.
-
-    Some runs ended with "terminate called without an active exception" (exit 134) after every test had passed:
-    the in-process app leaves worker threads (Gradio's queue, a measurement abandoned by Stop, the profiler's)
-    inside torch when the interpreter tears down. Their work is over by then; only the C++ teardown aborts.
-    """
-    if _EXIT_STATUS:
-        import sys
-
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(_EXIT_STATUS[-1])
