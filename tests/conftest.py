@@ -1,5 +1,5 @@
-"""Shared fixtures: offline Hub, the app launched in-process, a gradio_client for it, a tiny local checkpoint; the
-Hypothesis profiles; the markers that follow from a test's fixtures.
+"""Shared fixtures: offline Hub, the app launched in-process, a gradio_client for it, a tiny local checkpoint,
+one quick training run; the Hypothesis profiles; the markers that follow from a test's fixtures.
 
 The app serves the shipped default model (assets/default-model). When that folder is absent (a fresh
 checkout before the model is trained), or with ``EXPLORER_TEST_FIXTURE_MODEL=1``, the app tests serve a tiny
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -134,6 +135,19 @@ def fresh_client(app_url):
     from gradio_client import Client
 
     return Client(app_url, verbose=False)
+
+
+@pytest.fixture(scope="session")
+def quick_folder(tmp_path_factory) -> tuple[Path, str]:
+    """``python -m training --quick`` once per session: (its output folder, its stdout). Read it, never change it
+    (copy it first): tests/test_train.py and tests/test_encoder_model.py share it."""
+    out = tmp_path_factory.mktemp("quick") / "model"
+    proc = subprocess.run(
+        [sys.executable, "-m", "training", "--quick", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, proc.stdout
 
 
 # Markers that follow from the fixtures a test uses (directly or through another fixture), set here so that they
