@@ -131,7 +131,14 @@ def test_memory_lab_stop_returns_within_a_second_while_a_long_size_runs(app_url)
 
     c = Client(app_url, verbose=False)
     job = c.submit(4096, 8, 64, 8, ["naive", "tiled"], True, "float32", api_name="/memory_compare")
-    clock.sleep(3.0)  # inside the sweep's larger sizes
+
+    def measured_up_to():  # the longest length in the rows streamed so far (a skipped update carries none)
+        tables = [out[2] for out in job.outputs() if isinstance(out, (list, tuple)) and isinstance(out[2], dict)]
+        return max((row[0] for table in tables for row in table.get("data") or []), default=0)
+
+    deadline = clock.monotonic() + 120
+    while measured_up_to() < 1024 and not job.done() and clock.monotonic() < deadline:
+        clock.sleep(0.05)  # until the sweep is inside its larger sizes (2048, then 4096)
     assert not job.done()
     t0 = clock.perf_counter()
     job.cancel()
