@@ -1,19 +1,26 @@
-"""Shared fixtures: offline Hub, the app launched in-process, a gradio_client for it, a tiny local checkpoint.
+"""Shared fixtures: offline Hub, the app launched in-process, a gradio_client for it, a tiny local checkpoint,
+one quick training run; the Hypothesis profiles; the markers that follow from a test's fixtures.
 
 The app serves the shipped default model (assets/default-model). When that folder is absent (a fresh
 checkout before the model is trained), or with ``EXPLORER_TEST_FIXTURE_MODEL=1``, the app tests serve a tiny
 random checkpoint built here instead (a byte-level BPE tokenizer trained on a few sentences, so any text,
 emoji included, encodes).
+
+The tiers (markers in pytest.ini): ``python -m pytest -q -m "not slow" tests`` while working, the whole suite
+(``python3 -m pytest -q tests``) before a merge and in CI.
 """
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
 # The device is chosen the way a deployment chooses it (explorer/device.py reads this once): forced to the CPU
@@ -24,6 +31,15 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# Hypothesis profiles, chosen with HYPOTHESIS_PROFILE (default "ci"); a test's own settings() inherit from it:
+#   ci       30 examples per test, derandomized: the same examples on every run, so a red run is reproducible
+#   dev      10 examples, derandomized: a third of the time, for a quick look while working
+#   explore  300 examples from a fresh seed each run: hunting for new failures (now and then, never in CI)
+settings.register_profile("ci", max_examples=30, derandomize=True, deadline=None)
+settings.register_profile("dev", max_examples=10, derandomize=True, deadline=None)
+settings.register_profile("explore", max_examples=300, derandomize=False, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 SHIPPED = ROOT / "assets" / "default-model"
 FIXTURE_SENTENCES = [
@@ -89,17 +105,21 @@ def served_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def app_url(served_model_dir, model_root):
-    """The whole app, launched in this process on a free port."""
+    """The whole app, launched in this process on a free port; closed at the end of the session once the work it
+    started has ended (``explorer.web.serving.close`` says why that matters at exit)."""
     os.environ["EXPLORER_DEFAULT_MODEL"] = str(served_model_dir)
     os.environ["EXPLORER_MODEL_ROOT"] = str(model_root)
     import app
+    from explorer.web import serving
 
     demo = app.build_demo()
     port = _free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True,
                 **app.launch_kwargs())
     yield f"http://127.0.0.1:{port}/"
-    demo.close()
+    running = serving.close(demo)
+    if running:
+        warnings.warn(f"the app's threads still running after close: {running}", stacklevel=1)
 
 
 @pytest.fixture(scope="session")
@@ -117,23 +137,26 @@ def fresh_client(app_url):
     return Client(app_url, verbose=False)
 
 
-_EXIT_STATUS: list[int] = []
+@pytest.fixture(scope="session")
+def quick_folder(tmp_path_factory) -> tuple[Path, str]:
+    """``python -m training --quick`` once per session: (its output folder, its stdout). Read it, never change it
+    (copy it first): tests/test_train.py and tests/test_encoder_model.py share it."""
+    out = tmp_path_factory.mktemp("quick") / "model"
+    proc = subprocess.run(
+        [sys.executable, "-m", "training", "--quick", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, proc.stdout
 
 
-def pytest_sessionfinish(session, exitstatus):
-    _EXIT_STATUS.append(int(exitstatus))
+# Markers that follow from the fixtures a test uses (directly or through another fixture), set here so that they
+# cannot drift: the app over HTTP (in this process, or `python app.py` in tests/test_load.py) and a training run.
+FIXTURE_MARKERS = {"app_url": ("server",), "server": ("server",), "quick_folder": ("train", "slow")}
 
 
-def pytest_unconfigure(config):
-    """End the process with pytest's own status once it has reported, skipping interpreter teardown.
-
-    Some runs ended with "terminate called without an active exception" (exit 134) after every test had passed:
-    the in-process app leaves worker threads (Gradio's queue, a measurement abandoned by Stop, the profiler's)
-    inside torch when the interpreter tears down. Their work is over by then; only the C++ teardown aborts.
-    """
-    if _EXIT_STATUS:
-        import sys
-
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(_EXIT_STATUS[-1])
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture in FIXTURE_MARKERS.keys() & set(getattr(item, "fixturenames", ())):
+            for marker in FIXTURE_MARKERS[fixture]:
+                item.add_marker(marker)

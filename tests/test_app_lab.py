@@ -232,6 +232,7 @@ def test_lora_refuses_bad_settings(client, args, message):
         client.predict(*args, api_name="/lora")
 
 
+@pytest.mark.slow
 def test_one_sessions_adapter_leaves_other_sessions_unchanged(app_url, served):
     from gradio_client import Client
 
@@ -294,6 +295,7 @@ def test_one_sessions_adapter_leaves_other_sessions_unchanged(app_url, served):
     assert "Merged vs unmerged" in md and after_merged[1]["class_or_confidence"] == "adapter merged"
 
 
+@pytest.mark.slow
 def test_finetune_is_cancellable_and_stops_training(app_url):
     import time
 

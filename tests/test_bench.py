@@ -13,6 +13,7 @@ from explorer import bench
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_quick_bench_on_a_tiny_config_writes_markdown_and_json(tmp_path):
     out = tmp_path / "report"
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -28,8 +28,9 @@ TABS = [
     ("Model", "model", "Load"),
 ]
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                reason=f"{CHROMIUM} is absent (install Debian's chromium: apt-get install chromium)")
+pytestmark = [pytest.mark.browser, pytest.mark.slow,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                 reason=f"{CHROMIUM} is absent (install Debian's chromium: apt-get install chromium)")]
 
 
 @pytest.fixture(scope="module")

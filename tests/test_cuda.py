@@ -12,7 +12,7 @@ import torch
 
 from tests.reference import numpy_attention
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")]
 
 IMPLS = ("naive", "sdpa", "tiled")
 # bf16 keeps 8 bits of mantissa: outputs of unit-variance attention agree to about 2^-8 relative.

@@ -93,6 +93,7 @@ def _run(code: str, extra_path: Path | None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.slow
 def test_app_builds_with_a_zerogpu_stand_in(tmp_path):
     (tmp_path / "spaces.py").write_text(STAND_IN)
     done = _run(CHECK, tmp_path)
@@ -102,6 +103,7 @@ def test_app_builds_with_a_zerogpu_stand_in(tmp_path):
     assert count >= 5, f"the handlers that run models should be decorated for ZeroGPU: {line}"
 
 
+@pytest.mark.slow
 def test_app_builds_without_spaces():
     done = _run("import importlib.util, app; assert importlib.util.find_spec('spaces') is None; app.build_demo()",
                 None)

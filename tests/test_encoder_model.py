@@ -79,6 +79,7 @@ def _masked_accuracy_reference(encoder, tok, stories, seed=0, rate=0.15):
     return hits / total, total
 
 
+@pytest.mark.slow
 def test_masked_token_accuracy_on_held_out_stories(encoder, tok):
     with open(os.path.join(FOLDER, "training_log.json")) as fh:
         log = json.load(fh)
@@ -147,14 +148,13 @@ def test_mlm_loss_counts_only_the_chosen_positions():
 
 
 @pytest.fixture(scope="module")
-def quick_encoder(tmp_path_factory):
-    base = tmp_path_factory.mktemp("quick-encoder")
-    dec, enc = base / "decoder", base / "encoder"
-    for args in (["--quick", "--out", str(dec)],
-                 ["--encoder", "--quick", "--out", str(enc), "--set", f"tokenizer_from={dec}"]):
-        proc = subprocess.run([sys.executable, "-m", "training", *args], cwd=ROOT, capture_output=True,
-                              text=True, timeout=180)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+def quick_encoder(tmp_path_factory, quick_folder):
+    """The quick encoder, on the tokenizer of the session's quick decoder run (tests/conftest.py)."""
+    dec, _ = quick_folder
+    enc = tmp_path_factory.mktemp("quick-encoder") / "encoder"
+    proc = subprocess.run([sys.executable, "-m", "training", "--encoder", "--quick", "--out", str(enc), "--set",
+                           f"tokenizer_from={dec}"], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     return dec, enc, proc.stdout
 
 

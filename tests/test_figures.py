@@ -220,7 +220,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.mark.slow
+@settings(max_examples=2 * settings().max_examples, deadline=None)  # twice the profile's (tests/conftest.py)
 @given(st.lists(st.text(max_size=6), min_size=1, max_size=30))
 def test_any_token_list_gets_one_unique_row_each(tokens):
     labels = token_labels(tokens)

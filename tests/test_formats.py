@@ -139,6 +139,7 @@ def test_agreement_logit_error_and_loss_against_direct_computation(model, prompt
     assert [p for _, p in top] == pytest.approx(list(np.sort(probs)[::-1][:3]), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_compare_formats_reports_each_format(model, prompt):
     models = {f: fm.convert(model, f) for f in fm.FORMATS}
     out = fm.compare_formats(models, prompt, prompt, new_tokens=6, repeats=1, top_k=3)
@@ -163,6 +164,7 @@ def _rows(df):
     return df["data"] if isinstance(df, dict) else df
 
 
+@pytest.mark.slow
 def test_formats_table_equals_its_measurements(formats_answer):
     model, _ = session.load_default()
     n = formats_answer["numbers"]
@@ -181,6 +183,7 @@ def test_formats_table_equals_its_measurements(formats_answer):
     assert len(_rows(formats_answer["top"])) == 10
 
 
+@pytest.mark.slow
 def test_summary_table_cells_equal_the_calculators_and_measurements(formats_answer):
     model, _ = session.load_default()
     c = model.config

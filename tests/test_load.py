@@ -28,6 +28,8 @@ import pytest
 from explorer.bench import load as room
 from explorer.bench import page_client, server as app_server
 
+pytestmark = pytest.mark.slow  # minutes: dozens of clients, and a server process of its own
+
 CLIENTS = 32
 OVERALL_SECONDS = 180
 CAUSAL = "causal (as trained)"

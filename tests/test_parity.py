@@ -56,6 +56,7 @@ def test_attention_weights_equal_transformers_output_attentions(case, tmp_path):
         torch.testing.assert_close(captured[i], a, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["gqa-tied", "mqa-untied"])
 def test_greedy_tokens_equal_transformers_generate(case, tmp_path):
     ref, ours = _build(case, tmp_path)

@@ -6,8 +6,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tests never reach the networ
 import argparse
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,20 +17,6 @@ from training import data as D
 from training import evaluate as E
 from training import loop as T
 from tests.fixed_logits import FixedLogits
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def quick_folder(tmp_path_factory):
-    out = tmp_path_factory.mktemp("quick") / "model"
-    proc = subprocess.run(
-        [sys.executable, "-m", "training", "--quick", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out, proc.stdout
-
 
 def test_quick_run_writes_a_complete_folder(quick_folder):
     out, stdout = quick_folder

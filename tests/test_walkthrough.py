@@ -385,6 +385,7 @@ def test_unknown_step_and_mismatched_panels_are_refused():
         fw.stacked_heatmaps([fw.Panel("p", np.zeros((2, 3)), ["a"])], title="x")
 
 
+@pytest.mark.slow
 def test_a_30_layer_49k_vocabulary_model_keeps_the_payload_small():
     """SmolLM2-135M's depth and vocabulary (narrow, to stay quick): the lens has 31 rows, and the logits step
     sends its top tokens, never the 49,152 logits."""

@@ -275,7 +275,9 @@ def abandonable(items: Iterator, poll_s: float = 0.25) -> Iterator:
             if close is not None:
                 close()
 
-    threading.Thread(target=work, name="abandonable-measurement", daemon=True).start()
+    # Not a daemon: one still inside a torch kernel at interpreter exit aborts the process (explorer.web.serving.close
+    # says how); the interpreter waits for this one, which ends after its current step once closed.
+    threading.Thread(target=work, name="abandonable-measurement").start()
     try:
         while True:
             try:

@@ -302,7 +302,8 @@ def memory_trace_play(settings, head):
 
 def build_memory(demo: gr.Blocks, state: gr.State) -> None:
     # Measure the opening example in the background now, so the first visitor's page does not wait for it.
-    threading.Thread(target=_warm_opening, name="memory-lab-opening", daemon=True).start()
+    # Not a daemon, like every thread that runs torch kernels (explorer.measure.run.abandonable says why).
+    threading.Thread(target=_warm_opening, name="memory-lab-opening").start()
     gr.Markdown(INTRO)
     with gr.Row():
         with gr.Column(scale=1, min_width=260):

@@ -23,10 +23,14 @@ idle sessions are swept by ``explorer.web.sweeper``.
     demo.queue(**QUEUE)    the queue's size and the views' limit
     apply(demo)            after demo.queue(): the groups of events registered without theirs, the per-session
                            cap, the opening examples, the upload switch and the sweeper
+    close(demo)            stops serving and waits for the work already started (tests, benchmarks: before exit)
 """
 from __future__ import annotations
 
 import os
+import threading
+import time
+import weakref
 
 import gradio as gr
 
@@ -112,6 +116,31 @@ def apply(demo: gr.Blocks) -> gr.Blocks:
     sweeper.limit_heap_arenas()
     sweeper.start_sweeper(demo)
     return demo
+
+
+#: Threads that run handlers' work: Gradio's (AnyIO's) workers, which end once the server has stopped and their
+#: current call returns, and the memory lab's measurements (explorer.measure.run, explorer.panels.memory).
+WORK_THREADS = ("AnyIO worker thread", "abandonable-measurement", "memory-lab-opening")
+
+
+def close(demo: gr.Blocks, timeout: float = 120.0) -> list[str]:
+    """Stop serving ``demo``, stop its sweeper and wait, at most ``timeout`` seconds in all, for the threads
+    still running handlers' work; the names of those still running then (none when all ended).
+
+    Python ends the daemon threads still alive at exit wherever they are: one inside a torch kernel is unwound
+    through C++ that cannot be unwound, and the process aborts ("terminate called without an active exception",
+    exit 134) after its work is done. A process that served the app in-process calls this before it exits."""
+    deadline = time.monotonic() + timeout
+    server = getattr(demo, "server", None)
+    if server is not None:  # clients' open streams (heartbeats, queue updates) would hold the shutdown for minutes
+        server.config.timeout_graceful_shutdown = min(2.0, timeout)
+    demo.close(verbose=False)
+    sweeper.stop_sweeper(demo, timeout)
+    me = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not me and thread.name in WORK_THREADS:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in threading.enumerate() if t is not me and t.name in WORK_THREADS and t.is_alive()]
 
 
 def open_in_page(demo: gr.Blocks) -> dict[str, float]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 import weakref
 from collections import OrderedDict
 
@@ -127,20 +126,38 @@ def _is_opening(key) -> bool:
     return isinstance(key, tuple) and bool(key) and key[0] == "opening"
 
 
+#: demo -> (its sweeper thread, the event that stops it)
+_SWEEPERS: "weakref.WeakKeyDictionary[gr.Blocks, tuple[threading.Thread, threading.Event]]" = \
+    weakref.WeakKeyDictionary()
+
+
 def start_sweeper(demo: gr.Blocks) -> threading.Thread:
-    """A daemon thread that runs ``sweep_once`` every quarter of the idle time (1 s to 60 s)."""
+    """A daemon thread that runs ``sweep_once`` every quarter of the idle time (1 s to 60 s), until the demo is
+    gone or ``stop_sweeper`` is called."""
     from explorer.state import private_models
 
     period = min(60.0, max(1.0, private_models.IDLE_SECONDS / 4))
     ref = weakref.ref(demo)
+    stop = threading.Event()
 
     def loop():
-        while (alive := ref()) is not None:
+        while not stop.is_set() and (alive := ref()) is not None:
             with contextlib.suppress(Exception):  # a sweep that fails is retried at the next period
                 sweep_once(alive)
             del alive
-            time.sleep(period)
+            stop.wait(period)
 
     thread = threading.Thread(target=loop, name="explorer-session-sweeper", daemon=True)
+    _SWEEPERS[demo] = (thread, stop)
     thread.start()
     return thread
+
+
+def stop_sweeper(demo: gr.Blocks, timeout: float = 30.0) -> bool:
+    """Stop ``demo``'s sweeper and wait for a sweep in progress to end; whether it has ended."""
+    thread, stop = _SWEEPERS.pop(demo, (None, None))
+    if thread is None:
+        return True
+    stop.set()
+    thread.join(timeout)
+    return not thread.is_alive()
