@@ -100,6 +100,7 @@ def test_decode_step_matches_the_modules_forward(kw, batch):
     assert torch.equal(generate(fast, prompt, 24, step=fast_step), generate(fast, prompt, 24, use_cache=False))
 
 
+@pytest.mark.slow
 def test_decode_step_on_the_shipped_default_model():
     from explorer.state import session
 
