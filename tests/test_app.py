@@ -187,6 +187,7 @@ def test_load_model_refuses(fresh_client, source, message):
     assert "default" in status
 
 
+@pytest.mark.slow
 def test_loaded_model_is_per_user(app_url, served, model_root):
     from gradio_client import Client
 
@@ -268,6 +269,7 @@ def test_load_model_refuses_a_checkpoint_too_big_before_reading_weights(fresh_cl
         fresh_client.predict("huge", api_name="/load_model")
 
 
+@pytest.mark.slow
 def test_every_tab_answers_for_the_model_this_session_loaded(app_url, served, model_root):
     """After a load, each tab's endpoint answers on the loaded model (3 layers, head_dim 8) with its labels,
     ranges and hints, not the default model's; back to the default, they follow it again."""

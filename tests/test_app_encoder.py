@@ -97,6 +97,7 @@ def test_fill_in_blank_refuses_bad_positions(client):
         client.predict(SENTENCE, "red", api_name="/fill_in_blank")
 
 
+@pytest.mark.slow
 def test_another_tokenizer_is_said_plainly(app_url, model_root, encoder_and_tokenizer):
     from gradio_client import Client
 

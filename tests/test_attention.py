@@ -146,6 +146,7 @@ CAUSAL_VIEW = "causal (as trained)"
 TAB_PROMPT = "Tom gave the red ball to Anna. Anna gave the red ball to Tom."
 
 
+@pytest.mark.slow
 def test_attention_tab_reuses_its_forward_for_layer_head_jump_and_display_switches():
     import torch
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 import torch
 
 from explorer import probes
@@ -52,6 +51,7 @@ def test_the_handler_yields_text_before_the_last_token():
     assert len(final.table) <= 6 and "measured" in final.summary.lower()
 
 
+@pytest.mark.slow
 def test_stop_ends_a_run_through_the_api_and_the_worker_answers_next(client):
     job = client.submit(generation.DEFAULT_PROMPT, 128, 0.0, None, None, 0, api_name="/generate")
     deadline = time.time() + 120

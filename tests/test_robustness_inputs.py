@@ -41,6 +41,7 @@ def test_attention_view_any_input(args):
     answered(args, run(attention_view, *args, fresh()))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(pick=st.one_of(junk, st.sampled_from(["0,1", "1,0", "9,9", ",", "a,b", "1,2,3", "1.5,2", " 0 , 1 "])))
 def test_jump_to_head_any_input(pick):
@@ -64,6 +65,7 @@ def test_rope_view_any_input(args):
     answered(args, run(rope_view, *args, fresh()))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(args=calls((theta, junk), (st.integers(0, 63), junk), (pairs, bad_pairs)))
 def test_rope_circle_any_input(args):

@@ -319,6 +319,7 @@ def _z(trace) -> np.ndarray:
     return np.asarray(trace.z, dtype=np.float64)
 
 
+@pytest.mark.slow
 def test_every_step_figure_shows_the_steps_values(model):
     labels = token_labels(["<s>", "the", "cat", "the", "<b>x</b>", "a", "the", "cat", "sat", ".", "the"])
     p = 4
