@@ -101,14 +101,14 @@ def test_largest_fitting_seq_len_is_tight():
 
 def test_budget_from_environment(monkeypatch):
     monkeypatch.setenv("EXPLORER_MEMORY_BUDGET", "1GiB")
-    assert measure._budget_from_env() == 2**30
+    assert measure.budget_from_env() == 2**30
     monkeypatch.setenv("EXPLORER_MEMORY_BUDGET", "123456789")
-    assert measure._budget_from_env() == 123456789
+    assert measure.budget_from_env() == 123456789
     monkeypatch.setenv("EXPLORER_MEMORY_BUDGET", "lots")
     with pytest.warns(UserWarning):
-        assert measure._budget_from_env() == measure.DEFAULT_MEMORY_BUDGET_BYTES
+        assert measure.budget_from_env() == measure.DEFAULT_MEMORY_BUDGET_BYTES
     monkeypatch.delenv("EXPLORER_MEMORY_BUDGET")
-    assert measure._budget_from_env() == 4 * 2**30
+    assert measure.budget_from_env() == 4 * 2**30
     assert isinstance(measure.MEMORY_BUDGET_BYTES, int)
 
 

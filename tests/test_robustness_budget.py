@@ -68,9 +68,9 @@ def test_the_budget_is_configurable(monkeypatch):
     from explorer import measure
 
     monkeypatch.setenv("EXPLORER_MEMORY_BUDGET", "12GiB")
-    assert measure._budget_from_env() == 12 * 2**30
+    assert measure.budget_from_env() == 12 * 2**30
     monkeypatch.delenv("EXPLORER_MEMORY_BUDGET")
-    assert measure._budget_from_env() <= 16 * 2**30  # the default fits a 16 GB CPU Space with room to spare
+    assert measure.budget_from_env() <= 16 * 2**30  # the default fits a 16 GB CPU Space with room to spare
     monkeypatch.setenv("EXPLORER_PRIVATE_MODELS_BUDGET", "2GiB")
     assert private_models._private_budget() == 2 * 2**30
     monkeypatch.setenv("EXPLORER_PRIVATE_MODELS_BUDGET", "lots")

@@ -68,7 +68,7 @@ from .units import (
     DTYPES,
     GIB,
     MIB,
-    _budget_from_env,
+    budget_from_env,
     as_dtype,
     element_size,
     format_bytes,

@@ -47,7 +47,7 @@ def bytes_setting(name: str, default: int) -> int:
         return default
 
 
-def _budget_from_env() -> int:
+def budget_from_env() -> int:
     raw = os.environ.get("EXPLORER_MEMORY_BUDGET")
     if not raw:
         return DEFAULT_MEMORY_BUDGET_BYTES
@@ -72,7 +72,7 @@ def format_bytes(n: float | None) -> str:
 
 #: Bytes one request may use (inputs plus the largest implementation's predicted peak).
 #: Override with the environment variable ``EXPLORER_MEMORY_BUDGET`` (bytes, or e.g. ``8GiB``).
-MEMORY_BUDGET_BYTES = _budget_from_env()
+MEMORY_BUDGET_BYTES = budget_from_env()
 
 
 def element_size(dtype: torch.dtype | str) -> int:
