@@ -120,7 +120,7 @@ def knockout_sweep(model: nn.Module, tokens, how: str = "zero") -> dict:
     L, H, T = len(model.blocks), c.n_heads, tokens.shape[1]
     logits, cache = _resid_pre(model, tokens)
     base = token_losses(logits, tokens)[0]  # (T - 1,)
-    knocked = torch.empty(L, H, T - 1)
+    knocked = torch.empty(L, H, T - 1, device=tokens.device)
     step = _rows_per_batch(T, c.vocab_size, full_logits=True)
     for layer in range(L):
         resid = cache[f"blocks.{layer}.hook_resid_pre"]  # (1, T, C)
@@ -132,8 +132,8 @@ def knockout_sweep(model: nn.Module, tokens, how: str = "zero") -> dict:
                 return _knocked_out(z, torch.arange(len(hs)), hs, how)
             out = run_with_hooks(model, tokens.expand(R, T), [(f"blocks.{layer}.attn.hook_z", edit)],
                                  start_at_layer=layer, resid=resid.expand(R, T, -1))
-            knocked[layer, start:start + R] = token_losses(out, tokens.expand(R, T)).cpu()
-    return {"base": base.cpu(), "knocked": knocked}
+            knocked[layer, start:start + R] = token_losses(out, tokens.expand(R, T))
+    return {"base": base, "knocked": knocked}
 
 
 def check_answer(model: nn.Module, answer) -> tuple[int, int]:
@@ -191,13 +191,13 @@ def _patch_resid_pre(model: nn.Module, target: torch.Tensor, src, answer) -> tor
     kept = _full_cache(model, 1, T)
     logits, tgt = _resid_pre(model, target, cache=kept)
     unchanged = logit_diff(logits, answer)[0]
-    out = torch.empty(L, T)
+    out = torch.empty(L, T, device=target.device)
     step = min(_rows_per_batch(T, c.vocab_size, full_logits=False), max(1, -(-T // 6)))
     for layer in range(L):
         resid = tgt[f"blocks.{layer}.hook_resid_pre"][0]  # (T, C)
         patched = src[f"blocks.{layer}.hook_resid_pre"][0]  # (T, C)
         same = (patched == resid).all(-1)  # a shared prefix: the same residual in both runs, nothing to swap
-        out[layer, same] = unchanged.cpu()
+        out[layer, same] = unchanged
         todo = torch.nonzero(~same).flatten()
         for start in range(0, len(todo), step):
             idx = todo[start:start + step]
@@ -210,7 +210,7 @@ def _patch_resid_pre(model: nn.Module, target: torch.Tensor, src, answer) -> tor
                 cache.v[j][:, :, :q] = kept.v[j][:, :, :q]
             logits = run_with_hooks(model, target[:, q:].expand(R, T - q), [], start_pos=q, cache=cache,
                                     start_at_layer=layer, resid=x, last_only=True)
-            out[layer, idx] = logit_diff(logits, answer).cpu()
+            out[layer, idx] = logit_diff(logits, answer)
     return out
 
 
@@ -226,7 +226,7 @@ def _patch_heads(model: nn.Module, target: torch.Tensor, src, answer) -> torch.T
     c = model.config
     L, H, T = len(model.blocks), c.n_heads, target.shape[1]
     _, tgt = _resid_pre(model, target)
-    out = torch.empty(L, H)
+    out = torch.empty(L, H, device=target.device)
     step = _rows_per_batch(T, c.vocab_size, full_logits=False)
     for layer in range(L):
         resid = tgt[f"blocks.{layer}.hook_resid_pre"]  # (1, T, C)
@@ -241,7 +241,7 @@ def _patch_heads(model: nn.Module, target: torch.Tensor, src, answer) -> torch.T
                 return z
             logits = run_with_hooks(model, target.expand(R, T), [(f"blocks.{layer}.attn.hook_z", edit)],
                                     start_at_layer=layer, resid=resid.expand(R, T, -1), last_only=True)
-            out[layer, idx] = logit_diff(logits, answer).cpu()
+            out[layer, idx] = logit_diff(logits, answer)
     return out
 
 
@@ -291,7 +291,7 @@ def induction_circuit(model: nn.Module, tokens, previous, induction, span_len: i
         for name, heads in (("neither", []), ("previous", [previous]), ("induction", [induction]),
                             ("both", [previous, induction])):
             logits = ablate_heads(model, tokens, heads) if heads else run_with_hooks(model, tokens, [])
-            out[name] = token_losses(logits, tokens)[:, second].mean(-1).cpu()
+            out[name] = token_losses(logits, tokens)[:, second].mean(-1)
     return out
 
 

@@ -128,7 +128,7 @@ def test_the_app_api_runs_on_the_configured_device(client):
 
 
 # Where a device may be named: the device module, and nowhere else (figures never see tensors).
-ALLOWED = {Path("explorer/device.py")}
+ALLOWED = {Path("lens/device.py")}
 CUDA_NAME = __import__("re").compile(r"^(cpu|cuda(:\d+)?)$")
 
 
@@ -157,7 +157,7 @@ def test_no_device_is_hard_coded_outside_the_device_module():
     files = [p.relative_to(REPO) for d in ("explorer", "models", "training") if (REPO / d).is_dir()
              for p in (REPO / d).rglob("*.py")] + [Path("app.py")]
     found = [m for f in files if f not in ALLOWED for m in _device_mentions(REPO / f)]
-    assert not found, "devices named outside explorer/device.py:\n" + "\n".join(found)
+    assert not found, "devices named outside lens/device.py:\n" + "\n".join(found)
 
 
 def test_the_static_check_finds_what_it_looks_for(tmp_path):

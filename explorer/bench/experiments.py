@@ -33,11 +33,12 @@ def bench_experiments(model, *, tokens: int = PROMPT_TOKENS, seed: int = 0) -> d
 
 
 if __name__ == "__main__":
+    from lens.device import device
     from models import Decoder
 
     from .runs import model_config, settings_for
 
     torch.manual_seed(0)
-    m = Decoder(model_config(settings_for(False, False, "cpu"))).eval()
+    m = Decoder(model_config(settings_for(False, False, str(device())))).eval()
     for key, value in bench_experiments(m).items():
         print(key, value)

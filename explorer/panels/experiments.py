@@ -22,7 +22,7 @@ from explorer.state import session
 from explorer.state.cache import results, weights_key
 from explorer.web import links
 from lens import heads as head_kinds
-from lens.device import gpu
+from lens.device import gpu, to_host
 
 from . import outputs_of, user_errors
 
@@ -126,10 +126,10 @@ def _knockout(prompt, chosen, how, state) -> KnockoutView:
         with torch.inference_mode():
             before = model(x)
         after = iv.ablate_heads(model, x, pairs, how=mode)
-        return {"before": iv.token_losses(before, x)[0].float().numpy(),
-                "after": iv.token_losses(after, x)[0].float().numpy(),
-                "p_before": torch.softmax(before[0, -1].double(), -1).numpy(),
-                "p_after": torch.softmax(after[0, -1].double(), -1).numpy()}
+        return {"before": to_host(iv.token_losses(before, x)[0].float()),
+                "after": to_host(iv.token_losses(after, x)[0].float()),
+                "p_before": to_host(torch.softmax(before[0, -1].double(), -1)),
+                "p_after": to_host(torch.softmax(after[0, -1].double(), -1))}
 
     r = results.get_or_compute(("experiments.knockout", wk, tuple(ids), tuple(pairs), mode), compute)
     n_rep = head_kinds.repeated_suffix_len(ids)
@@ -181,7 +181,7 @@ def _sweep(prompt, how, state):
                                lambda: iv.knockout_sweep(model, [ids], how=mode))
     n_rep = head_kinds.repeated_suffix_len(ids)
     where = slice(len(ids) - n_rep - 1, None) if n_rep else slice(None)
-    delta = (r["knocked"][..., where] - r["base"][where]).mean(-1).numpy()  # (L, H)
+    delta = to_host((r["knocked"][..., where] - r["base"][where]).mean(-1))  # (L, H)
     s = _scores(model, wk)
     c = model.config
     shown = {"previous-token score": s["previous_token"], f"induction score (span {s['span']})": s["induction"]}
@@ -243,8 +243,8 @@ def _patch(clean, corrupt, good, bad, state) -> PatchView:
     def compute():
         with torch.inference_mode():
             ends = iv.logit_diff(torch.cat([model(torch.tensor([t])) for t in (c_ids, x_ids)]), answer)
-        return {"resid_pre": iv.patch(model, [c_ids], [x_ids], "resid_pre", answer).numpy(),
-                "head": iv.patch(model, [c_ids], [x_ids], "head", answer).numpy(),
+        return {"resid_pre": to_host(iv.patch(model, [c_ids], [x_ids], "resid_pre", answer)),
+                "head": to_host(iv.patch(model, [c_ids], [x_ids], "head", answer)),
                 "clean": float(ends[0]), "corrupt": float(ends[1])}
 
     r = results.get_or_compute(("experiments.patch", wk, tuple(c_ids), tuple(x_ids), answer), compute)
@@ -283,7 +283,7 @@ def _circuit(state):
     wk = weights_key(model)
     x = head_kinds.repeated_random_tokens(c.vocab_size, span, CIRCUIT_ROWS, 0, bos_id=c.bos_token_id)
     r = results.get_or_compute(("experiments.circuit", wk, span, chosen["previous"], chosen["induction"]),
-                               lambda: {k: v.numpy() for k, v in iv.induction_circuit(
+                               lambda: {k: to_host(v) for k, v in iv.induction_circuit(
                                    model, x, chosen["previous"], chosen["induction"], span).items()})
     (lp, hp), (li, hi) = chosen["previous"], chosen["induction"]
     s = chosen["scores"]

@@ -196,7 +196,7 @@ class FastStep:
     _MAX_RUNS = 32  # generations remembered at once (one per KV cache alive; the app runs a few at a time)
 
     def __init__(self, name: str, *, cpu: bool = True) -> None:
-        self.name, self.cpu = name, cpu
+        self.name, self.host_step = name, cpu
         # One entry per generation in progress, dropped with its cache (weak keys); bounded by _MAX_RUNS so that a
         # caller who keeps many caches alive cannot grow it: the oldest is forgotten and checked again if it returns.
         self._runs: "weakref.WeakKeyDictionary[KVCache, _Run]" = weakref.WeakKeyDictionary()
@@ -218,7 +218,7 @@ class FastStep:
         run = _Run(weakref.ref(model), reason, HookWatch(mods) if reason is None else None,
                    tuple(b.attn for b in model.blocks) if reason is None else (),
                    reason is None and any(p.requires_grad for p in params.values()),
-                   weights_plan(model) if reason is None and self.cpu else None)
+                   weights_plan(model) if reason is None and self.host_step else None)
         with self._lock:
             self._runs.pop(cache, None)
             while len(self._runs) >= self._MAX_RUNS:
