@@ -56,7 +56,8 @@ def test_labels_ranges_and_scaled_wavelengths_come_from_the_loaded_model(scaled_
     assert [v for _, v in view.layer.choices] == [0, 1]
     assert "context 1,024 positions" in view.md and "RoPE scaling (llama3, factor 8" in view.md
     w = view.wavelengths
-    assert len(w.data) == 2 and "plain and scaled (llama3" in w.layout.title.text
+    assert len(w.data) == 3 and "plain and scaled (llama3" in w.layout.title.text
+    assert w.data[2].name == "context: 1,024 positions"  # a dashed line, drawn as a trace (see the test below)
     plain, scaled = _llama3_wavelengths(64)
     np.testing.assert_allclose(np.asarray(w.data[0].y, float), plain, rtol=1e-9)
     np.testing.assert_allclose(np.asarray(w.data[1].y, float), scaled, rtol=1e-9)
@@ -69,7 +70,7 @@ def test_labels_ranges_and_scaled_wavelengths_come_from_the_loaded_model(scaled_
 def test_the_default_model_says_it_has_no_scaling():
     view = positions.rope_view(PROMPT, 10000.0, 5, [0, 15], 0, 0, session.new_state())
     w = view.wavelengths
-    assert len(w.data) == 1 and "no RoPE scaling" in w.layout.title.text
+    assert len(w.data) == 2 and "no RoPE scaling" in w.layout.title.text  # the wavelengths and the context line
     assert view.pairs.label == "Pairs to follow (0 = fastest, 15 = slowest)"
     assert "RoPE scaling" not in view.md
 
@@ -84,3 +85,17 @@ def test_a_view_is_computed_once_per_model_and_inputs(scaled_state, monkeypatch)
     assert len(calls) == 1 and again.md == first.md
     positions.rope_view(PROMPT, THETA, 5, [0, 1], 0, 0, session.new_state())  # another model: its own entry
     assert len(calls) == 2
+
+
+def test_the_wavelength_chart_keeps_its_log_axis_on_the_data():
+    """Plotly reads a data-anchored annotation's y on a log axis as log10(y): a "context" label at y=256 once
+    stretched the axis to 10^277 and flattened every point. Nothing may sit on the log axis but the traces."""
+    from explorer.figures import positions as figs
+
+    plain = 2 * math.pi * 10000.0 ** (np.arange(32) / 32)
+    fig = figs.rope_wavelength_figure(plain, None, theta=10000.0, context=256)
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.dtick == 1
+    assert not [a for a in fig.layout.annotations if a.yref in (None, "y")]
+    assert not [s for s in fig.layout.shapes if s.yref in (None, "y")]
+    context = [t for t in fig.data if t.name.startswith("context")]
+    assert len(context) == 1 and list(context[0].y) == [256, 256]

@@ -43,7 +43,7 @@ def roofline_figure(points: Sequence[dict], bandwidth_bytes_per_s: float, *, pro
                            f"{p['tokens_per_s'] / limit:.0%} of the limit ({limit:.1f} tokens/s)<extra></extra>")))
     base_layout(fig, "Decoding speed against bytes read per token (the memory roofline)", height=440)
     fig.update_xaxes(type="log", title="MB read per decoded token (weights + KV cache)")
-    fig.update_yaxes(type="log", title="decode tokens per second (measured)")
+    fig.update_yaxes(type="log", dtick=1, title="decode tokens per second (measured)")
     if provenance:
         fig.add_annotation(text=provenance, xref="paper", yref="paper", x=0, y=-0.2, showarrow=False,
                            font=dict(size=11, color="#666"), xanchor="left")

@@ -184,7 +184,7 @@ def kv_calculator_figure(
     fig.update_layout(legend=dict(orientation="h", y=-0.22, x=0), margin=dict(t=80, b=120))
     fig.update_xaxes(title_text="sequence length (tokens, log scale)", type="log", tickvals=x.tolist(),
                      ticktext=[_short(int(t)) for t in x])
-    fig.update_yaxes(title_text="KV cache (MiB, log scale)", type="log")
+    fig.update_yaxes(title_text="KV cache (MiB, log scale)", type="log", dtick=1)
     return fig
 
 

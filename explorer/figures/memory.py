@@ -96,8 +96,8 @@ def memory_sweep_figure(
     for col in (1, 2):
         fig.update_xaxes(type="log", title_text="sequence length T (tokens)", tickvals=lens,
                          ticktext=[str(t) for t in lens], row=1, col=col)
-    fig.update_yaxes(type="log", title_text="MiB", row=1, col=1)
-    fig.update_yaxes(type="log", title_text="ms", row=1, col=2)
+    fig.update_yaxes(type="log", dtick=1, title_text="MiB", row=1, col=1)
+    fig.update_yaxes(type="log", dtick=1, title_text="ms", row=1, col=2)
     return fig
 
 

@@ -154,11 +154,17 @@ def rope_wavelength_figure(plain: np.ndarray, scaled: np.ndarray | None, *, thet
             hovertemplate="pair %{x}<br>scaled: one turn per %{y:,.1f} positions<extra></extra>",
         ))
     if context:
-        fig.add_hline(y=context, line=dict(color="#888", dash="dash", width=1),
-                      annotation_text=f"context {context:,} positions", annotation_position="top left")
+        # A trace, not add_hline's annotation: Plotly reads an annotation's y on a log axis as log10(y), so a
+        # context of 256 stretched the axis to 10^277.
+        fig.add_trace(go.Scatter(
+            x=[pairs[0], pairs[-1]], y=[context, context], mode="lines", name=f"context: {context:,} positions",
+            line=dict(color="#888", dash="dash", width=1),
+            hovertemplate=f"context: {context:,} positions<extra></extra>",
+        ))
     what = f"plain and scaled ({scaling_text})" if scaled is not None else "this model has no RoPE scaling"
     base_layout(fig, f"RoPE wavelength of each pair · {what}", height=420)
     fig.update_layout(legend=dict(orientation="h", y=-0.2, x=0))
     fig.update_xaxes(title_text="pair i (rotates dims i and i + D/2)")
-    fig.update_yaxes(title_text="wavelength (positions per full turn, log scale)", type="log")
+    # dtick=1: one label per power of ten (the default labels 2 and 5 too, unreadable from the back of a room).
+    fig.update_yaxes(title_text="wavelength (positions per full turn, log scale)", type="log", dtick=1)
     return fig
