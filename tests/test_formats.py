@@ -139,6 +139,22 @@ def test_agreement_logit_error_and_loss_against_direct_computation(model, prompt
     assert [p for _, p in top] == pytest.approx(list(np.sort(probs)[::-1][:3]), rel=1e-5)
 
 
+def test_transformers_decodes_through_the_end_token_as_ours_does(prompt, tmp_path):
+    """The transformers row once read "greedy agreement 0 / 64" whenever the model's first greedy token was its
+    end-of-text token: min_new_tokens forbade it there while ours decodes through it."""
+    import dataclasses
+
+    m = tiny()
+    ours = generate(m, prompt, 12)
+    m.config = dataclasses.replace(m.config, eos_token_id=int(ours[0, prompt.shape[1]]))  # its first answer
+    hf = fm.transformers_copy(m, tmp_path)
+    theirs = fm.transformers_generate_fn(hf, prompt)(12)
+    assert torch.equal(theirs, ours)
+    against = fm.transformers_against(m, hf, ours)  # the row's logit and loss columns, no longer "—"
+    assert against["max_abs_logit_diff"] < 1e-4
+    assert abs(against["held_out_loss"] - fm.held_out_loss(m, ours)) < 1e-5
+
+
 @pytest.mark.slow
 def test_compare_formats_reports_each_format(model, prompt):
     models = {f: fm.convert(model, f) for f in fm.FORMATS}

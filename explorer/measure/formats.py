@@ -182,6 +182,15 @@ def max_abs_logit_diff(reference: nn.Module, other: nn.Module, ids: torch.Tensor
 
 
 @torch.inference_mode()
+def transformers_against(ours: nn.Module, hf, ids: torch.Tensor) -> dict[str, float]:
+    """transformers' fp32 copy beside ours on ``ids`` (1, T): {"max_abs_logit_diff" over every position,
+    "held_out_loss" (nats/token) of the copy}, so its row carries the same columns as our formats."""
+    theirs = hf(ids).logits.float()  # (1, T, V)
+    return {"max_abs_logit_diff": float((ours(ids).float() - theirs).abs().max()),
+            "held_out_loss": float(F.cross_entropy(theirs[0, :-1], ids[0, 1:]))}
+
+
+@torch.inference_mode()
 def held_out_loss(model: nn.Module, ids: torch.Tensor) -> float:
     """Mean next-token cross-entropy of ``ids`` (B, T), nats per token, computed in fp32."""
     if ids.shape[1] < 2:
@@ -250,9 +259,11 @@ def transformers_copy(model: nn.Module, folder) -> nn.Module | None:
 def transformers_generate_fn(hf, prompt: torch.Tensor):
     """``fn(n)``: transformers' greedy generate of exactly n new tokens after ``prompt`` (1, T)."""
     mask = torch.ones_like(prompt)
+    # No end-of-text token: ours decodes straight through it, and min_new_tokens would instead forbid it
+    # (its logit set to -inf), so an answer whose greedy token is </s> diverged at once ("agreement 0 / 64").
+    hf.generation_config.eos_token_id = None
 
     def fn(n: int):
         with torch.inference_mode():
-            return hf.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                               pad_token_id=0)
+            return hf.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=n, pad_token_id=0)
     return fn

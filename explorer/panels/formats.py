@@ -167,6 +167,7 @@ def _measure(model, tokenizer, ids: list[int]) -> dict:
             hf = fm.transformers_copy(copies["fp32"], Path(tmp))
             if hf is not None:
                 hf_speed = fm.decode_speed(fm.transformers_generate_fn(hf, prompt), NEW_TOKENS, repeats=REPEATS)
+                hf_speed.update(fm.transformers_against(copies["fp32"], hf, held))
                 del hf
         fp32 = copies["fp32"]
         kv_on = fm.decode_speed(lambda n: generate(fp32, prompt, n, step=fast_step), CACHE_TOKENS, repeats=1)
@@ -188,7 +189,9 @@ def _measure(model, tokenizer, ids: list[int]) -> dict:
                            "int8_kernel": r["int8_kernel"], "prefill_tokens_per_s": prefill[name],
                            "top": r["top"]} for name, r in measured.items()},
         "transformers": None if hf_speed is None else {"tokens_per_s": hf_speed["tokens_per_s"],
-                                                       "tokens": hf_speed["tokens"][0].tolist()},
+                                                       "tokens": hf_speed["tokens"][0].tolist(),
+                                                       "max_abs_logit_diff": hf_speed["max_abs_logit_diff"],
+                                                       "held_out_loss": hf_speed["held_out_loss"]},
         "kv": {"allocated_bytes_per_position": fm.cache_bytes_per_position(fp32),
                "formula_bytes_per_token": formula["per_token"], "seq_len": c.max_seq_len,
                "cached_ms": kv_on["step_seconds"] * 1e3, "uncached_ms": kv_off["step_seconds"] * 1e3,
@@ -244,7 +247,8 @@ def formats_view(prompt, state):
         same = sum(x == y for x, y in zip(hf["tokens"][len(ids):], numbers["fp32_tokens"][len(ids):]))
         table.append([TRANSFORMERS, measure.format_bytes(f32["weight_bytes"]), round(hf["tokens_per_s"], 1),
                       round(b / 1e6, 3), round(limit, 1), _pct(hf["tokens_per_s"] / limit),
-                      f"{same} / {NEW_TOKENS}", "—", "—", "dense fp32 (LlamaForCausalLM, SDPA)"])
+                      f"{same} / {NEW_TOKENS}", f"{hf['max_abs_logit_diff']:.2e}", round(hf["held_out_loss"], 4),
+                      "dense fp32 (LlamaForCausalLM, SDPA)"])
         points.append({"name": TRANSFORMERS, "bytes_per_token": b, "tokens_per_s": hf["tokens_per_s"]})
     words = {}
     top = []
