@@ -89,3 +89,28 @@ def test_a_link_can_choose_the_generation_tabs_decode_path():
     assert tab == "generation" and values == {decode: "the fast step"} and notes == []
     _, values, notes = links.read_query({"tab": "generation", "decode": "fastest"}, views)
     assert values == {} and "must be one of the modules, the fast step" in notes[0]
+
+
+def test_walkthrough_steps_are_linked_by_name_so_added_steps_never_shift_a_link():
+    from explorer.panels import walkthrough
+    from explorer.probes import walkthrough as wt
+
+    with gr.Blocks() as demo:
+        walkthrough.build_walkthrough(demo, gr.State(None))
+    views = links.views(demo)
+    step = views["walkthrough"].params["step"]
+    for name in ("scores", "mask", "softmax", "logits"):
+        tab, values, notes = links.read_query({"tab": "walkthrough", "step": name}, views)
+        assert values == {step: wt.STEP_KEYS.index(name)} and notes == []
+    assert links.read_query({"tab": "walkthrough", "step": "4"}, views)[1] == {step: 4}  # old links still open
+    _, values, notes = links.read_query({"tab": "walkthrough", "step": "score"}, views)
+    assert values == {} and "or a name: embed, norm1" in notes[0]
+    _, js = links.copy_link_js(demo)
+    assert '"4": "scores"' in js  # "copy link" writes the name
+
+
+def test_names_must_belong_to_a_link_key():
+    with gr.Blocks() as demo:
+        s = gr.Slider(0, 3, step=1)
+        with pytest.raises(ValueError, match="not a link key"):
+            links.register(demo, "x", lambda: None, [], [], api_name="x", params=dict(step=s), names=dict(stop={}))

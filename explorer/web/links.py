@@ -52,6 +52,7 @@ class View:
     then: list = field(default_factory=list)  # (fn, inputs, outputs, api_name[, visibility]) run after the view
     follow_model: bool = True
     model_defaults: Callable | None = None  # state -> {key: value or update}: defaults that depend on the model
+    names: dict = field(default_factory=dict)  # key -> {name: value}: values a link gives by name (step=scores)
 
 
 _VIEWS: "weakref.WeakKeyDictionary[gr.Blocks, dict[str, View]]" = weakref.WeakKeyDictionary()
@@ -59,21 +60,26 @@ _VIEWS: "weakref.WeakKeyDictionary[gr.Blocks, dict[str, View]]" = weakref.WeakKe
 
 def register(demo: gr.Blocks, tab: str, handler: Callable, inputs: list, outputs: list, *, api_name: str,
              params: dict | None = None, then: list | None = None, follow_model: bool = True,
-             model_defaults: Callable | None = None) -> View:
+             model_defaults: Callable | None = None, names: dict | None = None) -> View:
     """Declare ``tab``'s main view; app.py wires it (opening example, deep link, model reload).
 
     then: more (fn, inputs, outputs, api_name[, visibility]) run after the view, in order (visibility at page
     load: "undocumented" unless given). model_defaults(state): after a model load, the values (or component
     updates) of the settings whose default depends on the model, by link key; the others go back to their
-    build-time values."""
+    build-time values. names: {key: {name: value}}: a link may give those keys' values by name, and "copy link"
+    writes the name, so that links keep meaning the same thing when the values behind the names move (a
+    walkthrough step added before "scores" shifts every later step's number)."""
     views = _VIEWS.setdefault(demo, {})
     if tab in views:
         raise ValueError(f"tab {tab!r} registered twice.")
     for key in params or {}:
         if key in RESERVED:
             raise ValueError(f"{key!r} is a reserved link key.")
+    for key in names or {}:
+        if key not in (params or {}):
+            raise ValueError(f"names given for {key!r}, which is not a link key of {tab!r}.")
     views[tab] = View(tab, handler, list(inputs), list(outputs), api_name, dict(params or {}), list(then or []),
-                      follow_model, model_defaults)
+                      follow_model, model_defaults, dict(names or {}))
     return views[tab]
 
 
@@ -175,10 +181,15 @@ def read_query(query: dict, views: dict[str, View]) -> tuple[str | None, dict, l
             keys = ", ".join(view.params) or "no settings"
             notes.append(f"Ignored {key}={_quote(raw)}: the {tab} tab takes {keys}.")
             continue
+        named = view.names.get(key, {})
+        if raw in named:
+            values[component] = named[raw]
+            continue
         try:
             values[component] = parse_value(raw, component)
         except ValueError as exc:
-            notes.append(f"Ignored {key}={_quote(raw)}: it {exc}; the tab opened with its default.")
+            hint = f" (or a name: {', '.join(list(named)[:24])})" if named else ""
+            notes.append(f"Ignored {key}={_quote(raw)}: it {exc}{hint}; the tab opened with its default.")
     return tab, values, notes
 
 
@@ -327,8 +338,12 @@ def copy_link_js(demo: gr.Blocks) -> tuple[list, str]:
     registered = views(demo)
     components = _param_components(registered)
     index = {tab: {key: components.index(c) for key, c in view.params.items()} for tab, view in registered.items()}
+    # value -> name, for the keys a link gives by name
+    named = {tab: {key: {str(v): n for n, v in names.items()} for key, names in view.names.items()}
+             for tab, view in registered.items() if view.names}
     js = f"""(...values) => {{
   const index = {json.dumps(index)};
+  const named = {json.dumps(named)};
   let tab = null;
   for (const id of Object.keys(index)) {{
     const el = document.getElementById('tab-' + id);
@@ -339,8 +354,10 @@ def copy_link_js(demo: gr.Blocks) -> tuple[list, str]:
   if (tab === null) return [url.toString()];
   url.searchParams.set('tab', tab);
   for (const [key, i] of Object.entries(index[tab])) {{
-    const v = values[i];
+    let v = values[i];
     if (v === null || v === undefined) continue;
+    const byName = (named[tab] || {{}})[key];
+    if (byName && byName[String(v)] !== undefined) v = byName[String(v)];
     url.searchParams.set(key, Array.isArray(v) ? v.join(',') : (typeof v === 'boolean' ? (v ? '1' : '0') : String(v)));
   }}
   if (document.body.classList.contains('projector')) url.searchParams.set('present', '1');
