@@ -114,3 +114,21 @@ def test_names_must_belong_to_a_link_key():
         s = gr.Slider(0, 3, step=1)
         with pytest.raises(ValueError, match="not a link key"):
             links.register(demo, "x", lambda: None, [], [], api_name="x", params=dict(step=s), names=dict(stop={}))
+
+
+def test_a_model_load_forgets_the_walkthrough_token_another_tokenizer_may_not_have():
+    """Loading a model whose tokenizer cuts the prompt into fewer tokens left the old position in the picker,
+    and every later walk-through failed ("token position must be 0 to 8, got 9") until the prompt changed."""
+    from explorer.panels import walkthrough
+
+    with gr.Blocks() as demo:
+        state = gr.State(None)
+        walkthrough.build_walkthrough(demo, state)
+        load = gr.Button().click(lambda s: s, [state], [state])
+        links.after_model_load(demo, [load], "_test")
+    view = links.views(demo)["walkthrough"]
+    token = next(c for c in view.inputs if isinstance(c, gr.Dropdown) and c.label == "Token to follow")
+    fn = next(f for f in demo.fns.values() if f.api_name == "walkthrough_defaults_test_0")
+    assert token in fn.outputs
+    values = fn.fn(None)
+    assert values[fn.outputs.index(token)] is None  # the last token of whatever the new tokenizer makes

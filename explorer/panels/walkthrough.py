@@ -206,4 +206,5 @@ def build_walkthrough(demo: gr.Blocks, state: gr.State) -> None:
     nxt.click(walkthrough_next, inputs, step_outputs, api_name="walkthrough_next")
     links.register(demo, "walkthrough", cached_opening("walkthrough", walkthrough), inputs, outputs, api_name="walkthrough_example",
                    params=dict(prompt=prompt, layer=layer, step=step),
-                   names=dict(step={key: i for i, key in enumerate(wt.STEP_KEYS)}))
+                   names=dict(step={key: i for i, key in enumerate(wt.STEP_KEYS)}),
+                   resets={token: None})  # another tokenizer may cut the prompt into fewer tokens

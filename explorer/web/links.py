@@ -53,6 +53,7 @@ class View:
     follow_model: bool = True
     model_defaults: Callable | None = None  # state -> {key: value or update}: defaults that depend on the model
     names: dict = field(default_factory=dict)  # key -> {name: value}: values a link gives by name (step=scores)
+    resets: dict = field(default_factory=dict)  # component -> value after a model load (no link sets them)
 
 
 _VIEWS: "weakref.WeakKeyDictionary[gr.Blocks, dict[str, View]]" = weakref.WeakKeyDictionary()
@@ -60,7 +61,8 @@ _VIEWS: "weakref.WeakKeyDictionary[gr.Blocks, dict[str, View]]" = weakref.WeakKe
 
 def register(demo: gr.Blocks, tab: str, handler: Callable, inputs: list, outputs: list, *, api_name: str,
              params: dict | None = None, then: list | None = None, follow_model: bool = True,
-             model_defaults: Callable | None = None, names: dict | None = None) -> View:
+             model_defaults: Callable | None = None, names: dict | None = None,
+             resets: dict | None = None) -> View:
     """Declare ``tab``'s main view; app.py wires it (opening example, deep link, model reload).
 
     then: more (fn, inputs, outputs, api_name[, visibility]) run after the view, in order (visibility at page
@@ -68,7 +70,8 @@ def register(demo: gr.Blocks, tab: str, handler: Callable, inputs: list, outputs
     updates) of the settings whose default depends on the model, by link key; the others go back to their
     build-time values. names: {key: {name: value}}: a link may give those keys' values by name, and "copy link"
     writes the name, so that links keep meaning the same thing when the values behind the names move (a
-    walkthrough step added before "scores" shifts every later step's number)."""
+    walkthrough step added before "scores" shifts every later step's number). resets: {component: value} for
+    controls that are not link keys but hold something only the old model has (a token position)."""
     views = _VIEWS.setdefault(demo, {})
     if tab in views:
         raise ValueError(f"tab {tab!r} registered twice.")
@@ -79,7 +82,7 @@ def register(demo: gr.Blocks, tab: str, handler: Callable, inputs: list, outputs
         if key not in (params or {}):
             raise ValueError(f"names given for {key!r}, which is not a link key of {tab!r}.")
     views[tab] = View(tab, handler, list(inputs), list(outputs), api_name, dict(params or {}), list(then or []),
-                      follow_model, model_defaults, dict(names or {}))
+                      follow_model, model_defaults, dict(names or {}), dict(resets or {}))
     return views[tab]
 
 
@@ -308,7 +311,7 @@ def after_model_load(demo: gr.Blocks, events: list, suffix: str) -> None:
         if not view.follow_model:
             continue
         keys = [k for k, c in view.params.items() if not isinstance(c, gr.Textbox)]
-        settings = [view.params[k] for k in keys]
+        settings = [view.params[k] for k in keys] + list(view.resets)
         state = next((c for c in view.inputs if isinstance(c, gr.State)), None)
         reset_inputs = [state] if view.model_defaults is not None and state is not None else None
 
@@ -317,6 +320,7 @@ def after_model_load(demo: gr.Blocks, events: list, suffix: str) -> None:
             if view.model_defaults is not None:
                 given = view.model_defaults(args[0] if args else None)
                 values = [given.get(k, v) for k, v in zip(keys, values)]
+            values += list(view.resets.values())
             return values if len(values) != 1 else values[0]
 
         for n, event in enumerate(events):
