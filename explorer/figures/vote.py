@@ -28,10 +28,13 @@ def tally_figure(choices: Sequence[str], counts: Sequence[int], *, title: str, m
                            textposition="auto", hovertemplate="%{y}: %{x:.1f}% of the votes<extra></extra>"))
     if model_values is not None:
         fig.add_bar(y=labels, x=[100.0 * v for v in model_values], orientation="h", name=f"the model ({value_name})",
-                    marker_color=QUALITATIVE[1], text=[f"{v:.2f}" for v in model_values], textposition="auto",
+                    marker_color=QUALITATIVE[1], text=[f"{v:.2f}" for v in model_values], textposition="outside",
+                    cliponaxis=False,
                     hovertemplate="%{y}: %{x:.2f}%<extra>the model</extra>")
-    fig.update_layout(barmode="group", legend=dict(orientation="h", y=-0.18), bargap=0.25)
+    fig.update_layout(barmode="group", legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"),
+                      bargap=0.25)
     fig.update_xaxes(range=[0, 100], title="% of votes" + (f" · the model's {value_name} × 100" if model_values
                                                             is not None else ""))
     fig.update_yaxes(autorange="reversed", automargin=True)
-    return base_layout(fig, _text(title), height=height)
+    fig = base_layout(fig, _text(title), height=height)
+    return fig.update_layout(margin=dict(l=140, r=30, t=70, b=60))  # the choices' labels in full at the left

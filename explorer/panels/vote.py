@@ -183,7 +183,7 @@ def close(owner):
 
 def ask_section(demo: gr.Blocks, tab: str, question_fn, inputs: list, *, what: str) -> None:
     """An "Ask the class" accordion in ``tab``: ``question_fn(*values of inputs)`` returns a ``Question``."""
-    with gr.Accordion(f"🙋 Ask the class: {what}", open=False, elem_id=f"ask-{tab}"):
+    with gr.Accordion(f"Ask the class: {what}", open=False, elem_id=f"ask-{tab}"):
         gr.Markdown("Students predict on their phones before the model answers: **Ask** opens a room with "
                     "choices computed from the model for the settings above, **Reveal** shows the model's answer "
                     f"beside the votes. Rooms last {room_store.ROOM_MINUTES:g} minutes, at most "
@@ -273,7 +273,7 @@ def poll(voter):
 def build_join(demo: gr.Blocks) -> None:
     """The vote view (hidden unless the URL carries ``?join``): see the module docstring."""
     with gr.Column(elem_id="join-view"):
-        gr.Markdown("## 🙋 Vote")
+        gr.Markdown("## Vote")
         with gr.Row():
             code = gr.Textbox(label="Room code (on the projector)", max_lines=1, scale=3, elem_id="join-code",
                               placeholder="e.g. K7M4QX")
