@@ -22,6 +22,7 @@ def ask(client: Client, tab: str = "walkthrough", *values):
     values = values or (PROMPT,)
     out = client.predict(*values, "http://127.0.0.1:7860/", api_name=f"/ask_class_{tab}")
     qr, link, code_md, plot, counts, timer = out
+    assert qr.startswith('<img src="data:image/png;base64,') and qr.count("<") == 1
     code = link.rsplit("?join=", 1)[1]
     assert link == f"http://127.0.0.1:7860/?join={code}" and code_md["value"] == code
     return code, counts, fig(plot)

@@ -37,6 +37,7 @@ def test_projector_asks_phones_vote_the_tally_redraws_and_reveals(app_url, brows
     code = url.rsplit("=", 1)[1]
     assert url == f"{app_url}?join={code}"
     assert teacher.locator("#ask-walkthrough-qr img").count() == 1
+    assert teacher.evaluate("() => document.querySelector('#ask-walkthrough-qr img').naturalWidth") > 200
 
     # a phone opens the link: the question and its choices, nothing else, no sideways scrolling
     phone = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True,

@@ -14,6 +14,7 @@ session per question, changeable until the reveal; a timer picks up the teacher'
 """
 from __future__ import annotations
 
+import base64
 import io
 import re
 from urllib.parse import urlsplit
@@ -74,15 +75,17 @@ def page_base(raw, request: gr.Request | None) -> str:
     return f"{proto}://{host}/" if _HOST.match(host) else "/"
 
 
-def qr_image(text: str):
-    """The QR code of ``text`` as a PIL image (segno draws it; nothing of it is HTML)."""
+def qr_image(text: str) -> str:
+    """The QR code of ``text`` as an ``<img>`` of a PNG that segno draws, inlined as base64: the only markup is ours
+    (shown by a Markdown: an image or HTML component would take uploads, and the app takes none: see
+    explorer/web/middleware.py)."""
     import segno
-    from PIL import Image
 
     buf = io.BytesIO()
     segno.make(text, error="m").save(buf, kind="png", scale=10, border=2)
-    buf.seek(0)
-    return Image.open(buf).convert("RGB")
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return (f'<img src="data:image/png;base64,{data}" alt="QR code of the join link" '
+            'style="width: 260px; height: 260px; image-rendering: pixelated">')
 
 
 def _letter(i: int) -> str:
@@ -177,7 +180,7 @@ def reveal(owner):
 def close(owner):
     owner = _owned(owner)
     room_store.rooms.close(owner["code"], owner["secret"])
-    return (None, "", gr.Markdown("", visible=False), None, "The room is closed: nothing of it is kept.",
+    return ("", "", gr.Markdown("", visible=False), None, "The room is closed: nothing of it is kept.",
             gr.Timer(active=False), None)
 
 
@@ -194,8 +197,7 @@ def ask_section(demo: gr.Blocks, tab: str, question_fn, inputs: list, *, what: s
             end = gr.Button("Close the room", elem_id=f"ask-{tab}-close")
         with gr.Row():
             with gr.Column(scale=1, min_width=240):
-                qr = gr.Image(label="Scan to vote", type="pil", format="png", interactive=False, height=260,
-                              elem_id=f"ask-{tab}-qr", buttons=[])
+                qr = gr.Markdown(elem_id=f"ask-{tab}-qr")
                 code_md = gr.Markdown(visible=False, elem_classes="room-code", elem_id=f"ask-{tab}-code")
                 link = gr.Textbox(label="Join link", interactive=False, buttons=["copy"], max_lines=1,
                                   elem_id=f"ask-{tab}-link",
