@@ -31,6 +31,7 @@ from explorer.panels.lora import build_lora
 from explorer.panels.memory import build_memory
 from explorer.panels.model import build_model, load_model, local_checkpoints
 from explorer.panels.positions import build_positions
+from explorer.panels import vote
 from explorer.panels.walkthrough import build_walkthrough
 
 TITLE = "Transformer Explorer"
@@ -172,7 +173,7 @@ def launch_kwargs() -> dict:
     """Theme and CSS (Gradio 6 takes them in launch()). System fonts only: nothing is fetched from a CDN."""
     theme = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"],
                            font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
-    return {"theme": theme, "css": CSS, "max_file_size": MAX_UPLOAD, "app_kwargs": middleware.app_kwargs()}
+    return {"theme": theme, "css": CSS + vote.CSS, "max_file_size": MAX_UPLOAD, "app_kwargs": middleware.app_kwargs()}
 
 
 def build_demo() -> gr.Blocks:
@@ -192,6 +193,7 @@ def build_demo() -> gr.Blocks:
                               min_width=180, elem_id="view-link", lines=1, max_lines=1,
                               placeholder="the view's link appears here")
         notice = gr.Textbox(label="About this link", visible=False, interactive=False, elem_id="link-notice")
+        vote.build_join(demo)  # a phone's vote view, shown alone for ?join=CODE
         with gr.Accordion(about_label(started), open=False, elem_id="glossary"):
             gr.Markdown("A Llama-style decoder written from scratch, and what happens inside it. Every number on "
                         "screen is computed now, on this machine, by the code that is running. The model picker "

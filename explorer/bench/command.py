@@ -88,10 +88,14 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
                                     if isinstance(v, dict) and "seconds" in v))
     if tiny:  # tests/test_load.py runs the same clients against the served app
         report["load"] = {"skipped": "tiny mode: no classroom"}
+        report["vote"] = {"skipped": "tiny mode: no class vote"}
     else:
         from .load import bench_load
 
         report["load"] = bench_load((LOAD_CLASS, LOAD_MOST), log=log)
+        from .vote import bench_vote
+
+        report["vote"] = bench_vote(log=log)
     report["targets"] = evaluate_targets(report)
     if hasattr(os, "getloadavg"):
         m = report["machine"]
