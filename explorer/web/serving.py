@@ -157,6 +157,7 @@ def apply(demo: gr.Blocks) -> gr.Blocks:
     adapter.sentence_for_bad_values(demo, bad_value_sentence)
     open_in_page(demo)
     middleware.ACCEPTS_FILES = middleware.takes_files(demo)
+    middleware.ACCEPTS_RECORDINGS = middleware.records_audio(demo)
     sweeper.limit_heap_arenas()
     sweeper.start_sweeper(demo)
     return demo
