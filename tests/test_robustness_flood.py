@@ -27,7 +27,7 @@ def test_the_queue_answers_after_more_new_sessions_than_gradios_books_hold():
     with served_app({"EXPLORER_CLIENT_QUEUE_CAP": "100000"}) as server:
         out = flood.queue_outlives_flood(server.url, joins=2300)
         assert out["flood"]["queue_stopped"] == 0, out
-        assert out["flood"]["accepted"] > 2000, out  # the script's joins were taken, not refused
+        assert out["sessions_joined"] > 2000, out  # more sessions than the books hold, sweeps still pending
         assert out["page_status"] == 200
         assert out["answer_seconds"] is not None, (out, server.log_tail())
         assert "KeyError" not in server.log_tail(200_000)

@@ -26,14 +26,21 @@ def _join(http, url: str, fn: int, data: list, session_hash: str, headers: dict 
 
 
 def flood(url: str, fn: int, data: list, n: int, *, tag: str, workers: int = 32,
-          headers: dict | None = None) -> dict[str, Any]:
+          headers: dict | None = None, wait_when_full: float = 0.0) -> dict[str, Any]:
     """``n`` joins of event ``fn``, each from a new session id, ``workers`` at a time, streams never read: how
-    many were accepted, refused (by status) and how many said the queue was stopped."""
+    many were accepted, refused (by status) and how many said the queue was stopped. With ``wait_when_full``
+    seconds, a join told the queue is full is sent again until accepted or that long has passed."""
     import httpx
+
+    deadline = time.monotonic() + wait_when_full
 
     def one(i: int):
         with httpx.Client() as http:
-            return _join(http, url, fn, data, f"{tag}-{i}-{uuid.uuid4().hex[:6]}", headers)
+            while True:
+                code, text = _join(http, url, fn, data, f"{tag}-{i}-{uuid.uuid4().hex[:6]}", headers)
+                if code != 503 or "Queue is full" not in text or time.monotonic() > deadline:
+                    return code, text
+                time.sleep(0.25)
 
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         codes = list(pool.map(one, range(n)))
@@ -59,10 +66,11 @@ def answer_seconds(url: str, api_name: str, values: list | None = None, *, heade
     return (time.monotonic() - t0 if fn in out.done else None), out.refused + out.failed
 
 
-def queue_outlives_flood(url: str, *, long_jobs: int = 6, joins: int = 2300) -> dict[str, Any]:
-    """Long jobs queued (sweeps, from their own sessions), then ``joins`` cheap joins (``kv_calculator``) each
-    from a new session, never read: more sessions than Gradio's per-session message books hold. Then a page
-    and an answer from a new visitor."""
+def queue_outlives_flood(url: str, *, long_jobs: int = 20, joins: int = 2300) -> dict[str, Any]:
+    """Long jobs queued (sweeps, one session each: they stay pending for minutes), then ``joins`` cheap joins
+    (``kv_calculator``) each from a new session, never read, sent again while the queue is full until taken:
+    more sessions than Gradio's per-session message books hold, with events pending. Then a page and an answer
+    from a new visitor."""
     import httpx
 
     plan = fetch_plan(url)
@@ -70,12 +78,13 @@ def queue_outlives_flood(url: str, *, long_jobs: int = 6, joins: int = 2300) -> 
     held = flood(url, sweep, SWEEP, long_jobs, tag="long", workers=long_jobs)
     cheap = plan.fn_of("kv_calculator")
     t0 = time.monotonic()
-    flooded = flood(url, cheap, plan.values[cheap], joins, tag="cheap")
+    flooded = flood(url, cheap, plan.values[cheap], joins, tag="cheap", wait_when_full=400.0)
     flood_s = time.monotonic() - t0
     page = httpx.get(url, timeout=60)
-    seconds, failed = answer_seconds(url, "kv_calculator")
-    return {"long_jobs": held, "flood": flooded, "flood_seconds": flood_s, "page_status": page.status_code,
-            "answer_seconds": seconds, "answer_failed": failed}
+    seconds, failed = answer_seconds(url, "kv_calculator", timeout=300.0)
+    books = held["accepted"] + flooded["accepted"]
+    return {"long_jobs": held, "flood": flooded, "flood_seconds": flood_s, "sessions_joined": books,
+            "page_status": page.status_code, "answer_seconds": seconds, "answer_failed": failed}
 
 
 def victim_beside_rotation(url: str, *, joins: int = 300, flooder: str = "10.1.1.1",
@@ -174,3 +183,30 @@ def stop_frees_cpu(server, *, run_s: float = 3.0, after_s: float = 1.0, watch_s:
                 settled = time.monotonic() - t0
     return {"cores_busy_before_stop": busy_rate, "cores_per_quarter_second_after": windows,
             "settled_after": settled}
+
+
+def bench_robust(log=print) -> dict[str, Any]:
+    """The benchmark's robustness rows (issue 31), each on a fresh ``python app.py``: the queue after more new
+    sessions than Gradio's books hold, a victim beside 300 rotating session ids from one forwarded address, a
+    generation beside 20 queued fine-tunes and a sweep, CPU after Stop, and resident memory after 600
+    throw-away sessions."""
+    from .server import served_app
+
+    out: dict[str, Any] = {}
+    with served_app({"EXPLORER_CLIENT_QUEUE_CAP": "100000"}) as server:
+        out["queue"] = queue_outlives_flood(server.url)
+    log(f"robust: queue after {out['queue']['flood']['joins']} new-session joins: "
+        f"{out['queue']['flood']['queue_stopped']} 'queue stopped', answer {out['queue']['answer_seconds']}")
+    with served_app({"EXPLORER_PROXY_HOPS": "1"}) as server:
+        out["rotation"] = victim_beside_rotation(server.url)
+        log(f"robust: victim beside 300 rotating ids: {out['rotation']['victim_seconds']}")
+        out["lanes"] = generation_beside_finetunes(server.url)
+        log(f"robust: generation beside 20 fine-tunes: first token {out['lanes']['generation_first_seconds']}")
+    with served_app() as server:
+        out["stop"] = stop_frees_cpu(server)
+        log(f"robust: CPU settled {out['stop']['settled_after']} s after Stop")
+    with served_app() as server:
+        fetch_plan(server.url)
+        out["memory"] = memory_after_throwaway(server, log=log)
+        log(f"robust: RSS {out['memory']['rss_settled_above_start'] / 2**20:.0f} MiB above start, 2 min after")
+    return out
