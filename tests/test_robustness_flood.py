@@ -75,7 +75,7 @@ def test_every_response_carries_the_security_headers(behind_proxy):
 
 
 def test_rss_is_back_within_100_mib_two_minutes_after_600_throwaway_sessions():
-    with served_app() as server:
+    with served_app({"EXPLORER_CLIENT_QUEUE_CAP": "100000"}) as server:  # the script's joins all taken
         flood.fetch_plan(server.url)  # the first configuration built before the baseline
         out = flood.memory_after_throwaway(server, sessions=600, settle_s=120.0)
         assert out["flood"]["accepted"] == 600, out

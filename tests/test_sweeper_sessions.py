@@ -38,8 +38,11 @@ def test_idle_sessions_are_dropped_and_a_waiting_notice_is_given_back_on_return(
     _session(demo, state, "told-later", 500, {EVICTED_KEY: "Your own model was freed."})
     _session(demo, state, "queued", 120, {})
     adapter.queue_of(demo).pending_event_ids_session["queued"] = {"an event"}
+    adapter.queue_of(demo).event_ids_to_events["an event"] = object()  # still queued
+    _session(demo, state, "answer-never-read", 120, {})  # a script's: finished, its answer never read
+    adapter.queue_of(demo).pending_event_ids_session["answer-never-read"] = {"finished"}
 
-    assert sweeper.forget_idle_sessions(demo, idle_seconds=60, now=time.time()) == 3
+    assert sweeper.forget_idle_sessions(demo, idle_seconds=60, now=time.time()) == 4
     assert set(adapter.sessions_last_used(demo)) == {"active", "own-model", "notice-waiting", "queued"}
     assert sweeper.RETURNING == {"told-later": (state._id, "Your own model was freed.")}
 

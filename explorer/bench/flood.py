@@ -205,7 +205,7 @@ def bench_robust(log=print) -> dict[str, Any]:
     with served_app() as server:
         out["stop"] = stop_frees_cpu(server)
         log(f"robust: CPU settled {out['stop']['settled_after']} s after Stop")
-    with served_app() as server:
+    with served_app({"EXPLORER_CLIENT_QUEUE_CAP": "100000"}) as server:
         fetch_plan(server.url)
         out["memory"] = memory_after_throwaway(server, log=log)
         log(f"robust: RSS {out['memory']['rss_settled_above_start'] / 2**20:.0f} MiB above start, 2 min after")

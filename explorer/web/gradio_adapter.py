@@ -472,9 +472,13 @@ def fresh_state_value(demo: gr.Blocks, session_hash: str, key: int) -> Any:
 
 
 def events_held(demo: gr.Blocks, session_hash: str) -> int:
-    """How many of the session's events are in the queue (queued or running)."""
+    """How many of the session's events are in the queue (queued or running). Gradio's own count also keeps
+    events that finished until their answer is read, which a script that never reads them never does."""
     queue = getattr(demo, "_queue", None)
-    return len(queue.pending_event_ids_session.get(session_hash) or ()) if queue is not None else 0
+    if queue is None:
+        return 0
+    return sum(1 for i in list(queue.pending_event_ids_session.get(session_hash) or ())
+               if i in queue.event_ids_to_events)
 
 
 def forget_session(demo: gr.Blocks, session_hash: str) -> None:
