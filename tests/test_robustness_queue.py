@@ -66,11 +66,15 @@ def test_one_session_flooding_the_queue_is_capped_and_others_are_answered(app_ur
 
 
 def test_events_run_in_groups_by_what_they_hold(app_url):
-    """Measurements share one group of one; views get more than one place each, so the idle core is used."""
+    """Measurements share one group of one; generation and fine-tunes have lanes of their own (issue 31), so a
+    generation never waits behind queued fine-tunes or sweeps; views get more than one place each."""
     from explorer.web import serving
 
     assert serving.group_of("memory_compare") == ("measure", 1)
-    assert serving.group_of("generate") == ("measure", 1)
+    assert serving.group_of("formats") == ("measure", 1)
+    assert serving.group_of("generate")[0] == "generation"
+    assert serving.group_of("lora_finetune") == ("finetune", 1)
+    assert {"measure", "generation", "finetune"} == serving.LONG_GROUPS
     assert serving.group_of("attention_example") == (None, serving.VIEW_CONCURRENCY)
     assert serving.VIEW_CONCURRENCY > 1
 
