@@ -232,7 +232,17 @@ def about_label(started: float) -> str:
     return f"About · glossary · each tab opens on an example computed at start-up ({when}); what you change is computed now"
 
 
-if __name__ == "__main__":
+def server_name(env=None) -> str:
+    """Where ``python app.py`` listens: this machine only (127.0.0.1), unless on a Space (``SPACE_ID`` set: its
+    proxy must reach the app) or the operator sets ``GRADIO_SERVER_NAME`` (0.0.0.0 opens it to a classroom's
+    network on purpose: docs/operating.md)."""
     import os
 
-    build_demo().launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"), **launch_kwargs())
+    env = os.environ if env is None else env
+    if env.get("GRADIO_SERVER_NAME"):
+        return env["GRADIO_SERVER_NAME"]
+    return "0.0.0.0" if env.get("SPACE_ID") else "127.0.0.1"
+
+
+if __name__ == "__main__":
+    build_demo().launch(server_name=server_name(), **launch_kwargs())
