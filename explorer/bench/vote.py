@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any
 
-from .load import _quantiles, attention_values
+from .load import quantiles, attention_values
 from .page_client import fetch_plan, run_events
 from .server import served_app
 
@@ -138,11 +138,11 @@ def class_vote(url: str, n: int = VOTERS, *, timeout: float = 120.0, seed: int =
     all_shown = next((answered for _, answered, total in polls if total == n), None)
     return {"voters": n, "counted": len(acked), "shown": len(seconds), "final_tally": final,
             "exact": final == n and len(acked) == n,
-            "submit_to_shown_seconds": _quantiles(seconds),
+            "submit_to_shown_seconds": quantiles(seconds),
             "all_shown_after_first_submit": None if all_shown is None or first is None else all_shown - first,
             "vote_window_seconds": (max(submitted.values()) - first) if submitted else None,
             "attention_requests_meanwhile": len(attention_seconds),
-            "attention_seconds": _quantiles(attention_seconds), "failed": failed}
+            "attention_seconds": quantiles(attention_seconds), "failed": failed}
 
 
 def describe(r: dict[str, Any]) -> str:
