@@ -89,6 +89,17 @@ def ablate_heads(model: nn.Module, tokens, heads, how: str = "zero") -> torch.Te
     return run_with_hooks(model, tokens, edits)
 
 
+def knockout_before_after(model: nn.Module, tokens, heads, how: str = "zero") -> dict[str, torch.Tensor]:
+    """One prompt ``tokens`` (1, T) as it is and with ``heads`` knocked out (``ablate_heads``): "before" and
+    "after", the loss of predicting each next token (T - 1,) in nats; "p_before" and "p_after", the last
+    position's next-token probabilities (V,) in float64."""
+    tokens = _one_sequence(model, tokens, "a knock-out")
+    before, _ = run_with_cache(model, tokens, [])
+    after = ablate_heads(model, tokens, heads, how)
+    return {"before": token_losses(before, tokens)[0], "after": token_losses(after, tokens)[0],
+            "p_before": torch.softmax(before[0, -1].double(), -1), "p_after": torch.softmax(after[0, -1].double(), -1)}
+
+
 def _one_sequence(model: nn.Module, tokens, what: str, min_len: int = 2) -> torch.Tensor:
     t = as_tokens(model, tokens)
     if t.shape[0] != 1 or t.shape[1] < min_len:

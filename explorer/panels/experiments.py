@@ -123,14 +123,9 @@ def _knockout(prompt, chosen, how, state) -> KnockoutView:
     wk = weights_key(model)
 
     def compute():
-        x = torch.tensor([ids])
-        with torch.inference_mode():
-            before = model(x)
-        after = iv.ablate_heads(model, x, pairs, how=mode)
-        return {"before": to_host(iv.token_losses(before, x)[0].float()),
-                "after": to_host(iv.token_losses(after, x)[0].float()),
-                "p_before": to_host(torch.softmax(before[0, -1].double(), -1)),
-                "p_after": to_host(torch.softmax(after[0, -1].double(), -1))}
+        r = iv.knockout_before_after(model, torch.tensor([ids]), pairs, how=mode)
+        return {"before": to_host(r["before"].float()), "after": to_host(r["after"].float()),
+                "p_before": to_host(r["p_before"]), "p_after": to_host(r["p_after"])}
 
     r = results.get_or_compute(("experiments.knockout", wk, tuple(ids), tuple(pairs), mode), compute)
     n_rep = head_kinds.repeated_suffix_len(ids)

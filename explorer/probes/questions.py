@@ -16,11 +16,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from explorer.interventions import ablate_heads, check_heads
+from explorer.interventions import check_heads, knockout_before_after
 from explorer.probes.patterns import attention_pattern
 from explorer.state.text import special_ids, token_strings
 from lens.hooks import as_tokens, run_with_cache
-from lens.loss import token_losses
 
 N_CHOICES = 4
 MAX_LABEL = 40
@@ -128,9 +127,8 @@ def knockout_effect(model: nn.Module, ids, heads, how: str = "zero") -> Question
     tokens = as_tokens(model, ids)
     if tokens.shape[1] < 2:
         raise ValueError("A knock-out question needs a prompt of at least 2 tokens.")
-    base_logits, _ = run_with_cache(model, tokens, [])
-    base = float(token_losses(base_logits, tokens).double().mean())
-    after = float(token_losses(ablate_heads(model, tokens, heads, how), tokens).double().mean())
+    r = knockout_before_after(model, tokens, heads, how)
+    base, after = float(r["before"].double().mean()), float(r["after"].double().mean())
     delta = after - base
     hit = next(k for k, (lo, hi, _) in enumerate(KNOCKOUT_BINS) if lo <= delta < hi)
     names = ", ".join(f"L{lay}H{h}" for lay, h in heads)
