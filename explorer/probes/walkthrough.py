@@ -209,6 +209,12 @@ def check_position(position, n_tokens: int) -> int:
 # The computation
 # --------------------------------------------------------------------------------------------------
 
+def mlp_norm_name(config: ModelConfig) -> str:
+    """The block's norm before the MLP: Llama calls it post_attention_layernorm; with sandwich norms (Gemma)
+    that name is the norm after attention, and the one before the MLP is pre_feedforward_layernorm."""
+    return "pre_feedforward_layernorm" if config.sandwich_norm else "post_attention_layernorm"
+
+
 def _np(t: torch.Tensor) -> np.ndarray:
     return to_host(t.float()).copy()  # a copy: the row must not keep the whole sequence alive
 
@@ -240,9 +246,8 @@ def walk(model: nn.Module, ids, position: int | None = None) -> Walkthrough:
         extra = {}
         if config.qk_norm:
             extra.update(q_normed=heads(b + "attn.hook_q_normed"), k_normed=heads(b + "attn.hook_k_normed"))
-        norm2 = "post_attention_layernorm"
+        norm2 = mlp_norm_name(config)
         if config.sandwich_norm:
-            norm2 = "pre_feedforward_layernorm"
             block = model.blocks[i]
             with model_lock(model), torch.inference_mode():  # the modules' own products on the hooked inputs
                 attn_raw = block.attn.o_proj(cache[b + "attn.hook_z"][0, :, p].reshape(1, -1))[0]
@@ -416,9 +421,7 @@ def _steps(w: Walkthrough, layer: int, token: str) -> list[Step]:
              "dimension." + (" (In this family it is pre_feedforward_layernorm: post_attention_layernorm is the "
                              "norm after attention.)" if c.sandwich_norm else ""),
              f"x̂ = x / √(mean(x²) + ε) ⊙ {gain}", ("models/layers.py: RMSNorm.forward",),
-             (b + "hook_resid_mid", b + f"{'pre_feedforward' if c.sandwich_norm else 'post_attention'}_layernorm"
-              ".hook_scale", b + f"{'pre_feedforward' if c.sandwich_norm else 'post_attention'}_layernorm"
-              ".hook_normalized"),
+             (b + "hook_resid_mid", b + f"{mlp_norm_name(c)}.hook_scale", b + f"{mlp_norm_name(c)}.hook_normalized"),
              {"x": t.resid_mid, "x̂": t.normed2}, {"rms": t.rms2}),
         Step("swiglu", layer, f"{at}{act[0]} · gate, up and {act[1]}(gate) · up, each {_shape(F)}",
              f"Two linear maps widen the token to {F} numbers; {act[1]} of the gate decides how much of each "
