@@ -24,6 +24,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -35,7 +36,8 @@ from . import corpus
 from .card import write_model_card
 from .data import (pool_size, random_background, repeated_span_rows, story_rows, token_pool,
                    unigram_entropy)
-from .evaluate import best, checkpoint_key, evaluate, spans_that_fit, worst_span_induction
+from .evaluate import (PREVIOUS_TOKEN_SPAN, PROBE_ROWS, best, checkpoint_key, evaluate,
+                       spans_that_fit, worst_span_induction)
 from .tokenizer import save_tokenizer, train_tokenizer
 
 DEFAULT_OUT = os.path.join("assets", "default-model")
@@ -97,6 +99,13 @@ class TrainSettings:
     # evaluation
     eval_every: int = 50
     max_minutes: float = 28.0         # hard stop: the build must fit in 30 minutes
+    # Steps at which the decoder is saved as it is (fp16, a transformers folder under
+    # checkpoints/step-NNNNN/) and measured from those saved weights: step 0 (untrained) and every
+    # 25 steps across the induction phase change, which the first run measured between steps 600
+    # and 900, sparser elsewhere. Saving reads no random numbers, so the run is the same without it.
+    snapshot_steps: tuple[int, ...] = (0, 100, 200, 300, 400, 500, 550, 600, 625, 650, 675, 700,
+                                       725, 750, 775, 800, 825, 850, 875, 900, 1000, 1200, 1500,
+                                       1800)
 
     @classmethod
     def quick(cls) -> "TrainSettings":
@@ -105,7 +114,7 @@ class TrainSettings:
                    short_span=(2, 6),
                    max_gap=8, max_lead=4, pool_start=64, steps=40, batch=8, late_batch=12,
                    late_span_batch=4, lr=3e-3, warmup=5,
-                   eval_every=20, max_minutes=2.0)
+                   eval_every=20, max_minutes=2.0, snapshot_steps=(0, 10, 20, 30, 40))
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
@@ -287,12 +296,42 @@ class Checkpoints:
         self.history: list[dict] = []
         self.best_entry: dict | None = None
         self.best_state: dict | None = None
+        self.snapshots: list[dict] = []     # the snapshots written, in order (save_snapshot)
 
     def consider(self, entry: dict, model) -> None:
         self.history.append(entry)
         if self.best_entry is None or checkpoint_key(entry) < checkpoint_key(self.best_entry):
             self.best_entry = entry
             self.best_state = copy.deepcopy(model.state_dict())
+
+
+SNAPSHOT_DIR = "checkpoints"
+
+
+def snapshot_folder(out: str, step: int) -> str:
+    return os.path.join(out, SNAPSHOT_DIR, f"step-{step:05d}")
+
+
+def save_snapshot(model, step: int, out: str, held_rows: torch.Tensor, spans, seed: int) -> dict:
+    """Write the decoder as it is at ``step`` in fp16 and measure those saved weights (not the fp32
+    ones being trained), so the log's scores are what loading the snapshot gives."""
+    from lens.loss import repeated_half_loss
+    from models import save_pretrained
+
+    saved = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in saved.parameters():    # what load_pretrained(folder) reads back: fp16 values in fp32
+            p.copy_(p.half().float())
+    folder = snapshot_folder(out, step)
+    save_pretrained(saved, folder, dtype=torch.float16)
+    entry = {"step": step, "folder": os.path.relpath(folder, out),
+             "bytes": os.path.getsize(os.path.join(folder, "model.safetensors")),
+             **evaluate(saved, held_rows, spans, seed)}
+    saved.eval()
+    ref_span = PREVIOUS_TOKEN_SPAN if PREVIOUS_TOKEN_SPAN in spans else max(spans)  # as probe_scores
+    entry["repeated_half_span"] = ref_span
+    entry["repeated_half_loss"] = repeated_half_loss(saved, ref_span, PROBE_ROWS, seed)
+    return entry
 
 
 class Ema:
@@ -313,8 +352,10 @@ def describe(entry: dict, baseline: float) -> str:
             f"{baseline:.3f}) prev-token {p:.2f} (L{pl}H{ph}) induction by span {spans}")
 
 
-def run_loop(model, data: Data, s: TrainSettings, g: torch.Generator, t_start: float, log):
-    """The optimisation itself. Returns (Checkpoints, steps run, stopped early, minutes)."""
+def run_loop(model, data: Data, s: TrainSettings, g: torch.Generator, t_start: float, log,
+             out: str | None = None):
+    """The optimisation itself. Returns (Checkpoints, steps run, stopped early, minutes); with
+    ``out``, ``ckpt.snapshots`` lists the snapshots written under it (``s.snapshot_steps``)."""
     opt = make_optimizer(model, s)
     spans = spans_that_fit(s.seq_len)
     seed = s.seed + PROBE_SEED_OFFSET
@@ -332,7 +373,17 @@ def run_loop(model, data: Data, s: TrainSettings, g: torch.Generator, t_start: f
             print("", flush=True)
         log(describe(entry, baseline))
 
+    wanted = set(s.snapshot_steps) if out is not None else set()
+
+    def snapshot(step: int) -> None:
+        if step in wanted:
+            entry = save_snapshot(model, step, out, data.held_rows, spans, seed)
+            ckpt.snapshots.append(entry)
+            model.train()
+            log(f"  snapshot step {step}: {entry['folder']} ({entry['bytes'] / 1e6:.2f} MB)")
+
     log_eval(0, None, None)        # the untrained model: held-out loss near ln(V)
+    snapshot(0)
     model.train()
     story_ema, span_ema = Ema(), Ema()
     step, stopped_early = 0, False
@@ -349,6 +400,7 @@ def run_loop(model, data: Data, s: TrainSettings, g: torch.Generator, t_start: f
         over_time = (time.time() - t_start) / 60 > s.max_minutes
         if (step + 1) % s.eval_every == 0 or step == s.steps - 1 or over_time:
             log_eval(step + 1, story_ema.value, span_ema.value)
+        snapshot(step + 1)
         if over_time:
             stopped_early = True
             log(f"stopping at step {step + 1}: over the {s.max_minutes} minute limit")
@@ -392,7 +444,8 @@ def train(s: TrainSettings, out: str, log=print) -> dict:
     n_params = model.num_parameters()
     log(f"model: {n_params:,} parameters, d_model {s.d_model}, {s.n_layers} layers, "
         f"{s.n_heads} query / {s.n_kv_heads} KV heads, d_ff {s.d_ff}, vocab {data.vocab_size}")
-    ckpt, steps_run, stopped_early, train_minutes = run_loop(model, data, s, g, t_start, log)
+    shutil.rmtree(os.path.join(out, SNAPSHOT_DIR), ignore_errors=True)  # no snapshot of another run
+    ckpt, steps_run, stopped_early, train_minutes = run_loop(model, data, s, g, t_start, log, out)
 
     model.load_state_dict(ckpt.best_state)
     model.eval()
@@ -416,6 +469,7 @@ def train(s: TrainSettings, out: str, log=print) -> dict:
         "held_out_seed": s.seed + HELD_OUT_SEED_OFFSET,
         "picked": picked,
         "history": ckpt.history,
+        "snapshots": ckpt.snapshots,
         "machine": machine_info(),
         "samples": greedy_samples(model, data.tokenizer),
     }
