@@ -99,13 +99,16 @@ class TrainSettings:
     # evaluation
     eval_every: int = 50
     max_minutes: float = 28.0         # hard stop: the build must fit in 30 minutes
-    # Steps at which the decoder is saved as it is (fp16, a transformers folder under
-    # checkpoints/step-NNNNN/) and measured from those saved weights: step 0 (untrained) and every
-    # 25 steps across the induction phase change, which the first run measured between steps 600
-    # and 900, sparser elsewhere. Saving reads no random numbers, so the run is the same without it.
-    snapshot_steps: tuple[int, ...] = (0, 100, 200, 300, 400, 500, 550, 600, 625, 650, 675, 700,
-                                       725, 750, 775, 800, 825, 850, 875, 900, 1000, 1200, 1500,
-                                       1800)
+    # Snapshots: the decoder saved as it is (fp16, a transformers folder under checkpoints/step-NNNNN/) and
+    # measured from those saved weights. Every `snapshot_every` steps a snapshot is saved; after training
+    # those in `snapshot_steps` are kept, and every one across the measured phase change (where the best
+    # induction or previous-token score at span 32 goes from under 0.2 to 0.8 or more, one more on each
+    # side), widened until `snapshot_min` are kept: dense where the scores change fastest, wherever that
+    # turns out to be in this run. Saving reads no random numbers, so the run is the same without it.
+    snapshot_steps: tuple[int, ...] = (0, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400,
+                                       1600, 1800)
+    snapshot_every: int = 25          # 0: the steps of snapshot_steps only
+    snapshot_min: int = 24
 
     @classmethod
     def quick(cls) -> "TrainSettings":
@@ -114,7 +117,8 @@ class TrainSettings:
                    short_span=(2, 6),
                    max_gap=8, max_lead=4, pool_start=64, steps=40, batch=8, late_batch=12,
                    late_span_batch=4, lr=3e-3, warmup=5,
-                   eval_every=20, max_minutes=2.0, snapshot_steps=(0, 10, 20, 30, 40))
+                   eval_every=20, max_minutes=2.0, snapshot_steps=(0, 20, 40), snapshot_every=10,
+                   snapshot_min=5)
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
@@ -334,6 +338,35 @@ def save_snapshot(model, step: int, out: str, held_rows: torch.Tensor, spans, se
     return entry
 
 
+def phase_window(entries: list[dict], key: str, span: int, lo: float = 0.2, hi: float = 0.8):
+    """(last step under ``lo`` before the first at ``hi`` or more, that first step) of the best head's ``key``
+    score ("induction" at ``span``, or "previous_token"); None when it never reaches ``hi``."""
+    scores = [(e["step"], best(e[key][str(span)] if key == "induction" else e[key])[0]) for e in entries]
+    top = next((step for step, v in scores if v >= hi), None)
+    if top is None:
+        return None
+    below = [step for step, v in scores if v < lo and step < top]
+    return (below[-1] if below else scores[0][0]), top
+
+
+def kept_snapshots(entries: list[dict], s: TrainSettings) -> list[dict]:
+    """The snapshots to keep (see ``TrainSettings.snapshot_steps``): the fixed steps, and every one across the
+    measured phase changes, one more on each side, widened until ``snapshot_min`` are kept."""
+    steps = [e["step"] for e in entries]
+    span = entries[0].get("repeated_half_span", PREVIOUS_TOKEN_SPAN) if entries else PREVIOUS_TOKEN_SPAN
+    windows = [w for w in (phase_window(entries, k, span) for k in ("induction", "previous_token")) if w]
+    if windows:
+        lo, hi = min(w[0] for w in windows), max(w[1] for w in windows)
+        i, j = steps.index(lo), steps.index(hi)
+    else:  # no phase change measured: keep the fixed steps, widened around the middle if too few
+        i = j = len(steps) // 2
+    keep = lambda i, j: set(s.snapshot_steps) | set(steps[max(0, i - 1):j + 2])  # noqa: E731
+    while len(keep(i, j) & set(steps)) < min(s.snapshot_min, len(steps)):
+        i, j = i - 1, j + 1
+    kept = keep(i, j)
+    return [e for e in entries if e["step"] in kept]
+
+
 class Ema:
     """Exponential moving average of a training loss (a readable curve from noisy steps)."""
 
@@ -374,6 +407,8 @@ def run_loop(model, data: Data, s: TrainSettings, g: torch.Generator, t_start: f
         log(describe(entry, baseline))
 
     wanted = set(s.snapshot_steps) if out is not None else set()
+    if out is not None and s.snapshot_every > 0:
+        wanted |= set(range(0, s.steps + 1, s.snapshot_every))
 
     def snapshot(step: int) -> None:
         if step in wanted:
@@ -446,6 +481,13 @@ def train(s: TrainSettings, out: str, log=print) -> dict:
         f"{s.n_heads} query / {s.n_kv_heads} KV heads, d_ff {s.d_ff}, vocab {data.vocab_size}")
     shutil.rmtree(os.path.join(out, SNAPSHOT_DIR), ignore_errors=True)  # no snapshot of another run
     ckpt, steps_run, stopped_early, train_minutes = run_loop(model, data, s, g, t_start, log, out)
+    kept = kept_snapshots(ckpt.snapshots, s)
+    for entry in ckpt.snapshots:
+        if entry not in kept:
+            shutil.rmtree(os.path.join(out, entry["folder"]))
+    ckpt.snapshots = kept
+    log(f"kept {len(kept)} snapshots: steps {', '.join(str(e['step']) for e in kept)} "
+        f"({sum(e['bytes'] for e in kept) / 1e6:.1f} MB)")
 
     model.load_state_dict(ckpt.best_state)
     model.eval()

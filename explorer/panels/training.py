@@ -271,21 +271,23 @@ def snapshot_step(value) -> str:
     return snapshots.snapshot_name(_step(value)[0])
 
 
-def connect_header(demo: gr.Blocks, tabs: gr.Tabs, picker: gr.Dropdown, card: list) -> None:
-    """"Knock out at this step": the snapshot loaded for the session (as the header picker loads a model), the picker
-    showing its name, and the Experiments tab opened; every tab then re-runs on it (``links.register_model_loads``).
-    Called by app.py before ``links.wire``; nothing when the tab has no snapshots."""
-    if demo not in _KNOCK:
-        return
+def open_in_experiments(value, state, progress=gr.Progress()):
+    """"Knock out at this step": the snapshot nearest ``value`` loaded for this session (as the header picker loads
+    a model), its name for the picker, and the Experiments tab selected, then the Model tab's card outputs."""
     from explorer.panels.model import load_model
 
+    name = snapshot_step(value)
+    loaded = load_model(name, state, progress)
+    return name, gr.Tabs(selected="experiments"), *loaded
+
+
+def connect_header(demo: gr.Blocks, tabs: gr.Tabs, picker: gr.Dropdown, card: list) -> None:
+    """Wire "knock out at this step" (``open_in_experiments``): afterwards every tab re-runs on the snapshot
+    (``links.register_model_loads``). Called by app.py before ``links.wire``; nothing when the tab has no
+    snapshots."""
+    if demo not in _KNOCK:
+        return
     knock, step, state = _KNOCK.pop(demo)
-
-    def open_in_experiments(value, state, progress=gr.Progress()):
-        name = snapshot_step(value)
-        loaded = load_model(name, state, progress)
-        return name, gr.Tabs(selected="experiments"), *loaded
-
     event = knock.click(user_errors(open_in_experiments), [step, state], [picker, tabs, *card, state],
                         api_name="training_knock_out", api_visibility="private")
     links.register_model_loads(demo, event)

@@ -103,6 +103,12 @@ def is_loaded(step: int) -> bool:
         return (str(default_model_dir()), step) in _shared
 
 
+def forget_shared() -> None:
+    """Drop every shared snapshot (the benchmark times a step read from disk)."""
+    with _lock:
+        _shared.clear()
+
+
 def read_snapshot(step: int) -> Decoder:
     """The snapshot's weights, in float32 on the app's device, gradients off."""
     model = prepare(load_pretrained(snapshot_folder(step)))
