@@ -254,7 +254,7 @@ def test_a_step_between_snapshots_shows_the_nearest_and_bad_input_gets_a_sentenc
     between = (steps[-2] + steps[-1]) // 2 + 1
     *_, summary, _ = client.predict(between, "L0H0", "Once upon a time", api_name="/training_step")
     assert f"Step {steps[-1]}" in summary and "nearest snapshot" in summary
-    with pytest.raises(AppError, match="head must be one of"):
+    with pytest.raises(AppError, match="not one its controls accept"):
         client.predict(steps[0], "L9H9", "Once upon a time", api_name="/training_step")
 
 
