@@ -18,6 +18,7 @@ from pathlib import Path
 from models import Decoder, load_pretrained
 
 from .checkpoints import default_model_dir, prepare
+from .threads import run_threads
 
 SNAPSHOT_DIR = "checkpoints"
 NAME = re.compile(r"^default@step-(\d{1,7})$")
@@ -110,8 +111,10 @@ def forget_shared() -> None:
 
 
 def read_snapshot(step: int) -> Decoder:
-    """The snapshot's weights, in float32 on the app's device, gradients off."""
-    model = prepare(load_pretrained(snapshot_folder(step)))
+    """The snapshot's weights, in float32 on the app's device, gradients off. Read on one intra-op thread: for
+    a 1 M-parameter model, two threads on two shared cores took 5x longer here (155 vs 26 ms, median of 26)."""
+    with run_threads(1):
+        model = prepare(load_pretrained(snapshot_folder(step)))
     for p in model.parameters():
         p.requires_grad_(False)
     return model
