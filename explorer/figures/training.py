@@ -82,6 +82,6 @@ def pattern_at_step(pattern: np.ndarray, tokens: Sequence[str], *, step: int, he
     the diagonal's reflection (each token of the second copy looks at the token after its first occurrence)."""
     labels = token_labels(tokens)
     return heatmap_figure(np.asarray(pattern), labels, labels,
-                          title=f"{head} at step {step}: attention on a repeated random sequence (span {span})"
+                          title=f"{head} at step {step} · random tokens, repeated (span {span})"
                                 f"<br><sup>{source}</sup>",
                           height=auto_height(len(labels), per_row=14, lo=420, hi=700))

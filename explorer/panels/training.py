@@ -135,8 +135,7 @@ def step_view(step, head, prompt):
         scores = probe.step_scores(model, seed, span)
         text = _continuation(model, tokenizer, ids)
     labels = session.token_strings(tokenizer, tokens[0].tolist())
-    shown = f"computed now from the snapshot default@step-{step} · {model.config.vocab_size} token ids drawn " \
-            f"with seed {seed}"
+    shown = f"computed now from default@step-{step} · seed {seed}"
     pattern_fig = figs.pattern_at_step(pattern, labels, step=step, head=head, span=PATTERN_SPAN, source=shown)
     rows = [[name, round(float(scores["previous_token"][i // model.config.n_heads, i % model.config.n_heads]), 4),
              round(float(scores["induction"][i // model.config.n_heads, i % model.config.n_heads]), 4),
@@ -257,9 +256,11 @@ def build_training(demo: gr.Blocks, state: gr.State) -> None:
     play.click(user_errors(toggle_play), [step, playing], [step, timer, play, playing], api_name="training_play",
                api_visibility="private").then(shown, [step, head, prompt], outs, api_name="training_play_step",
                                               api_visibility="private")
+    # Play's steps draw without a progress overlay: one a second would make the figures flicker
     timer.tick(user_errors(next_step), [step], [step, timer, play], api_name="training_tick",
-               api_visibility="private").then(shown, [step, head, prompt], outs, api_name="training_tick_step",
-                                              api_visibility="private")
+               api_visibility="private", show_progress="hidden").then(
+        shown, [step, head, prompt], outs, api_name="training_tick_step", api_visibility="private",
+        show_progress="hidden")
     _KNOCK[demo] = (knock, step, state)
     links.register(demo, "training", cached_opening("training_view", training_view), [step, head, prompt],
                    [*outs, compare, phase_md], api_name="training_view",
