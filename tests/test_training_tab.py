@@ -283,3 +283,20 @@ def test_knock_out_at_a_step_runs_the_experiments_tab_on_that_snapshot(fresh_cli
     x = torch.tensor([tokenizer(DEFAULT_PROMPT)["input_ids"]])
     before = arr(fig(out.loss)["data"][0]["y"])
     np.testing.assert_allclose(before, iv.per_token_loss(model, x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+@shipped_snapshots
+def test_play_steps_through_the_snapshots_and_stops_at_the_last(monkeypatch):
+    from explorer.panels import training as tab
+    from explorer.state import snapshots
+
+    monkeypatch.setenv("EXPLORER_DEFAULT_MODEL", str(SHIPPED))
+    steps = snapshots.available_steps()
+    start, timer, button, playing = tab.toggle_play(steps[-1], False)  # at the end: Play starts from step 0
+    assert start == steps[0] and timer.active and playing
+    seen, step = [start], start
+    while playing:
+        step, timer, button, playing = tab.next_step(step)
+        seen.append(step)
+    assert seen == steps and not timer.active and button.value == "▶ Play"
+    assert tab.toggle_play(steps[3], True)[3] is False  # Pause

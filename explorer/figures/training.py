@@ -48,8 +48,8 @@ def training_curves(c: dict, phase: dict, *, source: str) -> go.Figure:
         for row in (1, 2):
             fig.add_vrect(x0=phase["start"], x1=phase["end"], fillcolor=QUALITATIVE[1], opacity=0.12, line_width=0,
                           row=row, col=1)
-        fig.add_annotation(x=(phase["start"] + phase["end"]) / 2, y=1.02, xref="x2", yref="y2 domain",
-                           text=f"phase change: induction 0.2 → 0.8, steps {phase['start']}–{phase['end']}",
+        fig.add_annotation(x=phase["end"], y=0.08, xref="x2", yref="y2 domain", xanchor="left",
+                           text=f" phase change: induction 0.2 → 0.8, steps {phase['start']}–{phase['end']}",
                            showarrow=False, font=dict(size=11))
     fig.update_yaxes(title_text="nats/token", row=1, col=1)
     fig.update_yaxes(title_text="score", range=[0, 1.05], row=2, col=1)

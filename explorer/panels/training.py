@@ -181,13 +181,13 @@ def phase_text(c: dict, phase: dict) -> str:
 
 
 def next_step(step):
-    """Play: the next snapshot after ``step``; the timer stops at the last one."""
+    """Play: the next snapshot after ``step``; the timer stops at the last one (and Play is offered again)."""
     steps = snapshots.available_steps()
     step, _ = _step(step)
     later = [s for s in steps if s > step]
-    if not later:
-        return step, gr.Timer(active=False), gr.Button(value="▶ Play")
-    return later[0], gr.Timer(active=len(later) > 1), gr.Button(value="⏸ Pause" if len(later) > 1 else "▶ Play")
+    going = len(later) > 1
+    return ((later[0] if later else step), gr.Timer(active=going), gr.Button(value="Pause" if going else "▶ Play"),
+            going)
 
 
 def toggle_play(step, playing: bool):
@@ -196,7 +196,7 @@ def toggle_play(step, playing: bool):
     if playing:
         return step, gr.Timer(active=False), gr.Button(value="▶ Play"), False
     start = steps[0] if _step(step)[0] == steps[-1] else _step(step)[0]
-    return start, gr.Timer(active=True), gr.Button(value="⏸ Pause"), True
+    return start, gr.Timer(active=True), gr.Button(value="Pause"), True
 
 
 _KNOCK: "weakref.WeakKeyDictionary[gr.Blocks, tuple]" = weakref.WeakKeyDictionary()
@@ -257,7 +257,7 @@ def build_training(demo: gr.Blocks, state: gr.State) -> None:
                api_visibility="private").then(shown, [step, head, prompt], outs, api_name="training_play_step",
                                               api_visibility="private")
     # Play's steps draw without a progress overlay: one a second would make the figures flicker
-    timer.tick(user_errors(next_step), [step], [step, timer, play], api_name="training_tick",
+    timer.tick(user_errors(next_step), [step], [step, timer, play, playing], api_name="training_tick",
                api_visibility="private", show_progress="hidden").then(
         shown, [step, head, prompt], outs, api_name="training_tick_step", api_visibility="private",
         show_progress="hidden")
