@@ -11,7 +11,6 @@ import weakref
 from functools import reduce
 
 import gradio as gr
-from gradio.components.plot import PlotData
 from plotly.utils import PlotlyJSONEncoder
 
 from explorer.figures import training as figs
@@ -20,7 +19,7 @@ from explorer.state import session, snapshots
 from explorer.state.openings import cached_opening
 from explorer.state.text import clean_text, encode_with_notice
 from explorer.state.threads import threads_for
-from explorer.web import links
+from explorer.web import gradio_adapter, links
 
 from explorer.panels.errors import user_errors
 
@@ -90,7 +89,7 @@ _curves_lock = threading.Lock()
 _curves: dict = {}
 
 
-def curves_figure(step: int, span: int) -> PlotData:
+def curves_figure(step: int, span: int):
     """The curves of the training log with ``step`` marked, as ``gr.Plot`` sends them: drawn once per log and
     span (``figs.mark_step`` adds the step), so the slider's answer does not rebuild them."""
     key = (id(snapshots.training_log()), span)
@@ -102,7 +101,7 @@ def curves_figure(step: int, span: int) -> PlotData:
         with _curves_lock:
             _curves.clear()  # one log at a time: a new log replaces the old drawing
             _curves[key] = base
-    return PlotData(type="plotly", plot=json.dumps(figs.mark_step(base, step), cls=PlotlyJSONEncoder))
+    return gradio_adapter.plotly_payload(json.dumps(figs.mark_step(base, step), cls=PlotlyJSONEncoder))
 
 
 def _compare_steps(c: dict, phase: dict) -> list[int]:
