@@ -92,7 +92,7 @@ _curves: dict = {}
 def curves_figure(step: int, span: int):
     """The curves of the training log with ``step`` marked, as ``gr.Plot`` sends them: drawn once per log and
     span (``figs.mark_step`` adds the step), so the slider's answer does not rebuild them."""
-    key = (id(snapshots.training_log()), span)
+    key = (snapshots.log_version(), span)
     with _curves_lock:
         base = _curves.get(key)
     if base is None:

@@ -147,6 +147,13 @@ def training_log() -> dict:
     return log
 
 
+def log_version() -> tuple:
+    """What identifies the training log now read (its path, change time and size): keys for what is drawn from it."""
+    training_log()
+    with _log_lock:
+        return _log[0] if _log is not None else ()
+
+
 def logged_snapshots() -> list[dict]:
     """The log's snapshot entries whose folders exist, in step order."""
     have = set(available_steps())
