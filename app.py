@@ -31,6 +31,7 @@ from explorer.panels.lora import build_lora
 from explorer.panels.memory import build_memory
 from explorer.panels.model import build_model, load_model, local_checkpoints
 from explorer.panels.positions import build_positions
+from explorer.panels import vote
 from explorer.panels.training import build_training, connect_header
 from explorer.state.snapshots import snapshot_names
 from explorer.panels.walkthrough import build_walkthrough
@@ -175,7 +176,7 @@ def launch_kwargs() -> dict:
     """Theme and CSS (Gradio 6 takes them in launch()). System fonts only: nothing is fetched from a CDN."""
     theme = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"],
                            font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
-    return {"theme": theme, "css": CSS, "max_file_size": MAX_UPLOAD, "app_kwargs": middleware.app_kwargs()}
+    return {"theme": theme, "css": CSS + vote.CSS, "max_file_size": MAX_UPLOAD, "app_kwargs": middleware.app_kwargs()}
 
 
 def build_demo() -> gr.Blocks:
@@ -195,6 +196,7 @@ def build_demo() -> gr.Blocks:
                               min_width=180, elem_id="view-link", lines=1, max_lines=1,
                               placeholder="the view's link appears here")
         notice = gr.Textbox(label="About this link", visible=False, interactive=False, elem_id="link-notice")
+        vote.build_join(demo)  # a phone's vote view, shown alone for ?join=CODE
         with gr.Accordion(about_label(started), open=False, elem_id="glossary"):
             gr.Markdown("A Llama-style decoder written from scratch, and what happens inside it. Every number on "
                         "screen is computed now, on this machine, by the code that is running. The model picker "
@@ -234,7 +236,17 @@ def about_label(started: float) -> str:
     return f"About · glossary · each tab opens on an example computed at start-up ({when}); what you change is computed now"
 
 
-if __name__ == "__main__":
+def server_name(env=None) -> str:
+    """Where ``python app.py`` listens: this machine only (127.0.0.1), unless on a Space (``SPACE_ID`` set: its
+    proxy must reach the app) or the operator sets ``GRADIO_SERVER_NAME`` (0.0.0.0 opens it to a classroom's
+    network on purpose: docs/operating.md)."""
     import os
 
-    build_demo().launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"), **launch_kwargs())
+    env = os.environ if env is None else env
+    if env.get("GRADIO_SERVER_NAME"):
+        return env["GRADIO_SERVER_NAME"]
+    return "0.0.0.0" if env.get("SPACE_ID") else "127.0.0.1"
+
+
+if __name__ == "__main__":
+    build_demo().launch(server_name=server_name(), **launch_kwargs())

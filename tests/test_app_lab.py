@@ -120,6 +120,13 @@ def _ids(tokenizer, text):
     return session.encode(tokenizer, text, 10_000)[0]
 
 
+def test_a_short_answer_gets_no_cache_verdict(client):
+    """One or two decode steps timed both ways once told a class "the cache was 1.4x slower"."""
+    out = named(GenerationView, client.predict(PROMPT, 2, 0.0, None, 1.0, 7, api_name="/generate"), state=("view",))
+    assert "too short to compare (1 decode step(s) measured both ways" in out.summary
+    assert "slower" not in out.summary and "faster**" not in out.summary
+
+
 def test_generate_bars_are_the_softmax_of_the_models_logits(client, served):
     model, tokenizer = served
     out = named(GenerationView, client.predict(PROMPT, 6, 1.0, None, 1.0, 7, api_name="/generate"), state=("view",))

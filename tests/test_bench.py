@@ -32,10 +32,12 @@ def test_quick_bench_on_a_tiny_config_writes_markdown_and_json(tmp_path):
     assert all(r["max_abs_diff"] < 1e-4 for r in report["attention"])
     # 11 for the models (2 of them the decode roofline), 2 for the generation stream, 5 for the Attention tab
     # (time and payload, 2 models; head switch), 5 induction spans, 4 for classroom load (a plain page, a link,
-    # 64 sessions, attention beside measurements), 3 for the Experiments tab
-    assert len(report["targets"]) == 30
+    # 64 sessions, attention beside measurements), 3 for the Experiments tab, 1 for a class voting, 5 for a
+    # stranger's script (queue, victim, lanes, Stop, memory)
+    assert len(report["targets"]) == 36
     assert all(report["experiments"][k]["seconds"] > 0 for k in ("knockout_sweep", "patch_resid_pre", "patch_head"))
     assert "skipped" in report["load"] and "Classroom load" in md
+    assert "skipped" in report["vote"] and "A class votes from their phones" in md
     assert report["generation"]["new_tokens"] == 128 and report["generation"]["uncached_steps"] == 8
     assert list(report["induction"]["spans"]) == ["8", "16", "32", "64", "120"]  # the shipped model's context fits
     f = report["formats"]

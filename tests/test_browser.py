@@ -145,7 +145,7 @@ LINKS = [
     ("positions", "prompt=The%20cat%20sat.&theta=100&layer=1&head=1", {"rope_theta (θ)": "100",
                                                                        "Prompt for the attention map": "The cat sat."},
      None),
-    ("walkthrough", "prompt=The%20dog%20sat.&step=3", {"Prompt": "The dog sat."}, None),
+    ("walkthrough", "prompt=The%20dog%20sat.&step=rope", {"Prompt": "The dog sat."}, None),
     ("generation", "prompt=Anna%20saw&tokens=5&seed=3", {"Prompt": "Anna saw", "seed": "3"}, None),
     ("lora", "prompt=The%20sun%20was&tokens=4", {"Prompt to continue": "The sun was"}, None),
     ("encoder_decoder", "sentence=The%20bird%20sang.&layer=1", {"Sentence": "The bird sang."}, None),

@@ -397,12 +397,71 @@ def test_the_app_never_prepares_the_llama_only_speed_path_for_another_family(cas
     assert why_not(llama) is None  # plain Llama keeps its speed path
 
 
-def test_the_walkthrough_says_it_explains_llama_only(tmp_path):
-    from explorer.probes.walkthrough import walk
+@pytest.mark.parametrize("case", ["qwen2-gqa-tied", "qwen3-gqa-untied", "gemma3-gqa-tied", "mistral-gqa-untied"])
+def test_the_walkthrough_shows_each_familys_steps_with_transformers_values(case, tmp_path):
+    """The same 18 steps on every family, each switch where it acts, its values equal to transformers' own
+    modules' outputs (captured by forward hooks on the reference model)."""
+    from explorer.probes.walkthrough import STEP_KEYS, walk
 
-    _, ours = _pair("qwen3-gqa-untied", tmp_path)
-    with pytest.raises(ValueError, match=r"explains Llama's block.*\(qwen3\) changes qk_norm, head_dim"):
-        walk(ours, [1, 2, 3])
+    ref, ours = _pair(case, tmp_path)
+    c = ours.config
+    ids = _tokens(1, T=20)[0].tolist()
+    p = 17
+    caught = {}
+
+    def keep(name):
+        def hook(module, args, out):
+            caught[name] = (out[0] if isinstance(out, tuple) else out).detach()
+        return hook
+
+    layer = 1
+    hf_layer = ref.model.layers[layer]
+    handles = [ref.model.embed_tokens.register_forward_hook(keep("embed")),
+               hf_layer.self_attn.o_proj.register_forward_hook(keep("o_proj"))]
+    if c.qk_norm:
+        handles += [hf_layer.self_attn.q_norm.register_forward_hook(keep("q_norm")),
+                    hf_layer.self_attn.k_norm.register_forward_hook(keep("k_norm"))]
+    if c.sandwich_norm:
+        handles += [hf_layer.post_attention_layernorm.register_forward_hook(keep("norm_o")),
+                    hf_layer.mlp.down_proj.register_forward_hook(keep("down")),
+                    hf_layer.post_feedforward_layernorm.register_forward_hook(keep("norm_m"))]
+    with torch.no_grad():
+        logits = ref(torch.tensor([ids])).logits[0, p]
+    for h in handles:
+        h.remove()
+    w = walk(ours, ids, p)
+    steps = {s.key: s for s in w.steps(layer, "x")}
+    assert tuple(steps) == STEP_KEYS  # the same steps (and numbers, and link names) for every family
+    close = dict(rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(steps["embed"].arrays["x0"], caught["embed"][0, p].numpy(), **close)
+    np.testing.assert_allclose(steps["top"].arrays["probs"], torch.softmax(logits, -1)[steps["top"].arrays["ids"]],
+                               **close)
+    if c.qk_norm:  # transformers' q_norm output: (B, T, H, D) in Qwen3, (B, H, T, D) in Gemma 3
+        for name in ("q", "k"):
+            got = caught[f"{name}_norm"]
+            got = got if got.shape[1] == len(ids) else got.transpose(1, 2)
+            np.testing.assert_allclose(steps["qkv"].arrays[f"{name} normed"], got[0, p].numpy(), **close)
+        assert "QK-norm" in steps["qkv"].sentence and "q ← RMSNorm(q)" in steps["qkv"].formula
+    if c.sandwich_norm:
+        o = steps["o_proj"].arrays
+        np.testing.assert_allclose(o["o_proj(z)"], caught["o_proj"][0, p].numpy(), **close)
+        np.testing.assert_allclose(o["norm(o)"], caught["norm_o"][0, p].numpy(), **close)
+        m = steps["down"].arrays
+        np.testing.assert_allclose(m["down_proj(h)"], caught["down"][0, p].numpy(), **close)
+        np.testing.assert_allclose(m["norm(m)"], caught["norm_m"][0, p].numpy(), **close)
+        assert "GeGLU" in steps["swiglu"].title and "(1 + g)" in steps["norm1"].formula
+        assert f"· {c.attn_scale:.4g}" in steps["scores"].formula and "√" in steps["embed"].sentence
+    else:
+        np.testing.assert_allclose(steps["o_proj"].arrays["o"], caught["o_proj"][0, p].numpy(), **close)
+    if c.qkv_bias:
+        assert "+ b_q" in steps["qkv"].formula
+    for L in range(c.n_layers):  # a local layer masks the keys behind its window too, and says so
+        window = c.layer_window(L)
+        mask = w.step(STEP_KEYS.index("mask"), L, "x")
+        n_inf = int(np.isinf(mask.arrays["scores"][0]).sum())
+        far = max(0, p + 1 - window) if window else 0
+        assert n_inf == len(ids) - p - 1 + far and f"{n_inf} masked" in mask.title
+        assert ("sliding-window" in mask.title) == bool(window)
 
 
 # --- what the app shows ---------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ Gradio upgrade changes one), and each of its functions does on a small Blocks wh
 from __future__ import annotations
 
 import asyncio
+import functools
 import types
 
 import gradio as gr
@@ -184,11 +185,13 @@ def test_one_session_holds_at_most_cap_events_and_others_go_on():
     adapter.cap_per_session(demo, 2, "too many", on_join=joined.append)
     queue.pending_event_ids_session["busy"] = {"e1", "e2"}
     queue.pending_event_ids_session["calm"] = {"e3"}
-    body = types.SimpleNamespace
+    fn_index = next(i for i, fn in demo.fns.items() if fn.fn is not None)
+    body = functools.partial(types.SimpleNamespace, fn_index=fn_index)
     assert asyncio.run(queue.push(body(session_hash="busy"), None, None)) == (False, "too many", "queue_full")
     assert asyncio.run(queue.push(body(session_hash="calm"), None, None)) == (True, "event-id", "success")
     assert pushed == ["calm"] and joined == ["busy", "calm"]
-    assert adapter.events_held(demo, "busy") == 2 and adapter.events_held(demo, "nobody") == 0
+    queue.event_ids_to_events.update({"e1": object()})  # e2 finished, its answer never read
+    assert adapter.events_held(demo, "busy") == 1 and adapter.events_held(demo, "nobody") == 0
 
 
 def test_the_queue_is_the_one_demo_queue_made():
@@ -261,3 +264,109 @@ def test_a_wrapper_given_its_functions_default_group_waits_with_its_events():
     ids = _by_name(demo)
     assert adapter.event_group(demo, ids["own"])[0] == adapter.event_group(demo, ids["wrapped"])[0]
     assert adapter.event_group(demo, ids["alone"])[0] != adapter.event_group(demo, ids["own"])[0]
+
+
+# --- the queue outlives any client (issue 31) -------------------------------------------------------------------
+
+def test_the_message_books_drop_an_idle_session_before_one_with_events_pending():
+    """Gradio's books (an LRU of 2,000 sessions) would drop the oldest session even with an event still queued;
+    ours drop the oldest idle one, and fall back to Gradio's choice only when every session has one pending."""
+    pending = {"s0": {"e0"}, "s2": {"e2"}}
+    books = adapter.SessionBooks(3, pending)
+    for key in ("s0", "s1", "s2"):
+        books[key] = key
+    books["s3"] = "s3"
+    assert list(books) == ["s0", "s2", "s3"]  # s1 had nothing pending
+    pending["s3"] = {"e3"}
+    books["s4"] = "s4"  # every session busy: the oldest goes, as in Gradio
+    assert list(books) == ["s2", "s3", "s4"]
+
+
+def test_a_message_for_a_forgotten_session_drops_its_events_instead_of_stopping_the_queue():
+    demo, _ = _tiny()
+    queue = adapter.queue_of(demo)
+    size = adapter.keep_sessions_with_events(demo)
+    assert size == adapter.session_books_size(demo) == 2000  # Gradio 6.31's LRU
+    assert queue.max_size <= size // 2
+    fn = demo.fns[_by_name(demo)["other"]]
+    from gradio.queueing import Event
+
+    event = Event("gone", fn, None, None)
+    cleaned = []
+
+    async def clean_events(*, session_hash=None, event_id=None):
+        cleaned.append(session_hash)
+
+    queue.clean_events = clean_events
+
+    async def send():
+        queue.send_message(event, types.SimpleNamespace(event_id=None))  # Gradio's own raises KeyError here
+        await asyncio.sleep(0)
+
+    asyncio.run(send())
+    assert event.alive is False and cleaned == ["gone"]
+
+
+def _rules(**kw):
+    base = dict(session_cap=5, client_cap=3, long_groups=frozenset({"long"}), client_of=lambda request: request,
+                session_refusal="session", client_refusal="client", long_refusal="long", unknown_refusal="unknown")
+    return adapter.QueueRules(**{**base, **kw})
+
+
+def _pushing_queue(demo):
+    """The demo's queue with a push that files each event in its group's line, as Gradio's does."""
+    from gradio.queueing import Event, EventQueue
+
+    queue = adapter.queue_of(demo)
+
+    async def push(body, request, username):
+        fn = demo.fns[body.fn_index]
+        event = Event(body.session_hash, fn, None, None)
+        queue.event_queue_per_concurrency_id.setdefault(fn.concurrency_id, EventQueue(fn.concurrency_id, 1))
+        queue.event_queue_per_concurrency_id[fn.concurrency_id].queue.append(event)
+        queue.event_ids_to_events[event._id] = event
+        queue.pending_event_ids_session.setdefault(body.session_hash, set()).add(event._id)
+        return True, event._id, "success"
+
+    queue.push = push
+    return queue
+
+
+def test_caps_per_client_address_whatever_session_ids_it_sends():
+    demo, _ = _tiny()
+    queue = _pushing_queue(demo)
+    adapter.cap_queue(demo, _rules())
+    fn = _by_name(demo)["other"]
+    join = lambda session, client: asyncio.run(queue.push(types.SimpleNamespace(session_hash=session, fn_index=fn),
+                                                          client, None))
+    answers = [join(f"rotating-{i}", "10.0.0.1") for i in range(5)]
+    assert [a[0] for a in answers] == [True, True, True, False, False]
+    assert answers[-1] == (False, "client", "queue_full")
+    assert join("victim", "10.0.0.2")[0]
+    assert join("x", "10.0.0.1", ) == (False, "client", "queue_full")
+    assert asyncio.run(queue.push(types.SimpleNamespace(session_hash="s", fn_index=999), "a", None)) == \
+        (False, "unknown", "error")
+
+
+def test_a_flooding_client_waits_behind_everyone_elses_next_request():
+    """Round robin by client within a line: the victim's first event goes before the flooder's second."""
+    demo, _ = _tiny()
+    queue = _pushing_queue(demo)
+    adapter.cap_queue(demo, _rules(client_cap=100, session_cap=100))
+    fn = _by_name(demo)["other"]
+    for i in range(6):
+        asyncio.run(queue.push(types.SimpleNamespace(session_hash=f"flood-{i}", fn_index=fn), "flooder", None))
+    asyncio.run(queue.push(types.SimpleNamespace(session_hash="victim", fn_index=fn), "victim", None))
+    line = queue.event_queue_per_concurrency_id[demo.fns[fn].concurrency_id].queue
+    assert [e.session_hash for e in line][:3] == ["flood-0", "victim", "flood-1"]
+
+
+def test_one_long_job_per_session():
+    demo, _ = _tiny()
+    i = _by_name(demo)["other"]
+    adapter.set_group(demo, i, "long", 1)
+    queue = _pushing_queue(demo)
+    adapter.cap_queue(demo, _rules(client_cap=100))
+    join = lambda session: asyncio.run(queue.push(types.SimpleNamespace(session_hash=session, fn_index=i), "c", None))
+    assert join("a")[0] and join("b")[0]
+    assert join("a") == (False, "long", "queue_full")

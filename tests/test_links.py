@@ -132,3 +132,16 @@ def test_a_model_load_forgets_the_walkthrough_token_another_tokenizer_may_not_ha
     assert token in fn.outputs
     values = fn.fn(None)
     assert values[fn.outputs.index(token)] is None  # the last token of whatever the new tokenizer makes
+
+
+def test_a_number_with_one_bound_refuses_a_value_past_it_with_a_sentence():
+    """Issue 31: ``seed=-1`` on a Number bounded below only raised TypeError, and the whole link did nothing."""
+    import gradio as gr
+
+    from explorer.web.links import parse_value
+
+    with pytest.raises(ValueError, match="must be at least 0"):
+        parse_value("-1", gr.Number(minimum=0, precision=0, render=False))
+    with pytest.raises(ValueError, match="must be at most 5"):
+        parse_value("9", gr.Number(maximum=5, render=False))
+    assert parse_value("7", gr.Number(minimum=0, precision=0, render=False)) == 7

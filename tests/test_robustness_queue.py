@@ -66,11 +66,15 @@ def test_one_session_flooding_the_queue_is_capped_and_others_are_answered(app_ur
 
 
 def test_events_run_in_groups_by_what_they_hold(app_url):
-    """Measurements share one group of one; views get more than one place each, so the idle core is used."""
+    """Measurements share one group of one; generation and fine-tunes have lanes of their own (issue 31), so a
+    generation never waits behind queued fine-tunes or sweeps; views get more than one place each."""
     from explorer.web import serving
 
     assert serving.group_of("memory_compare") == ("measure", 1)
-    assert serving.group_of("generate") == ("measure", 1)
+    assert serving.group_of("formats") == ("measure", 1)
+    assert serving.group_of("generate")[0] == "generation"
+    assert serving.group_of("lora_finetune") == ("finetune", 1)
+    assert {"measure", "generation", "finetune"} == serving.LONG_GROUPS
     assert serving.group_of("attention_example") == (None, serving.VIEW_CONCURRENCY)
     assert serving.VIEW_CONCURRENCY > 1
 
@@ -159,3 +163,24 @@ def test_the_page_and_its_configuration_are_built_once(app_url):
     first, second = httpx.get(app_url, timeout=30), httpx.get(app_url, timeout=30)
     assert first.status_code == second.status_code == 200 and first.content == second.content
     assert httpx.get(app_url + "config", timeout=30).json()["dependencies"]
+
+
+def test_python_app_binds_loopback_unless_on_a_space_or_told():
+    """Issue 31: a lecturer's laptop is not open to the campus network by default."""
+    import inspect
+
+    import app
+
+    assert app.server_name({}) == "127.0.0.1"
+    assert app.server_name({"SPACE_ID": "someone/explorer"}) == "0.0.0.0"
+    assert app.server_name({"GRADIO_SERVER_NAME": "0.0.0.0"}) == "0.0.0.0"
+    assert "server_name=server_name()" in inspect.getsource(app)
+
+
+def test_the_client_address_is_the_peer_unless_a_proxy_is_trusted():
+    from explorer.web.clients import address_of
+
+    headers = {"x-forwarded-for": "6.6.6.6, 1.2.3.4"}  # the client wrote the first, the proxy appended the last
+    assert address_of(headers, "10.0.0.1", hops=0) == "10.0.0.1"
+    assert address_of(headers, "10.0.0.1", hops=1) == "1.2.3.4"
+    assert address_of({}, "10.0.0.1", hops=1) == "10.0.0.1"

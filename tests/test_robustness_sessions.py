@@ -160,3 +160,38 @@ def test_the_sweep_drops_results_nobody_used_but_keeps_the_opening_examples(monk
     assert cache.get(("opening", "attention", 1, ())) == "shared"
     assert cache.get(("attention.forward", 1, (5, 6))) is None
     assert cache.stats()["entries"] == 2
+
+
+@pytest.mark.slow
+def test_one_address_rotating_sessions_makes_room_from_its_own_models_only(monkeypatch):
+    """Private models are capped per client address as well (issue 31): a script opening fresh sessions from
+    one address frees its own models, idle longest first, never another address's; past its share, a sentence."""
+    import gc
+
+    from explorer.state import clients, private_models, session
+
+    gc.collect()
+    monkeypatch.setattr(private_models, "_owners", {})
+    victim, *script = [session.new_state() for _ in range(4)]
+    one = private_models.model_bytes(session.get_model(victim)[0])
+    base = private_models.private_models_bytes()
+    monkeypatch.setattr(private_models, "PRIVATE_MODELS_BUDGET_BYTES", base + 4 * one + one // 2)
+    monkeypatch.setattr(private_models, "CLIENT_SHARE", (2 * one + one // 2) / (base + 4 * one + one // 2))
+
+    def as_client(address, state):
+        token = clients.CURRENT.set(address)
+        try:
+            session.private_model(state)
+        finally:
+            clients.CURRENT.reset(token)
+
+    as_client("10.0.0.2", victim)
+    for state in script:
+        as_client("10.0.0.1", state)
+    assert victim["model"] is not None  # room enough in the cap, but the script's share holds two
+    assert [s["model"] is not None for s in script] == [False, True, True]
+    with pytest.raises(ValueError, match="network address"):
+        session.get_model(script[0])
+    monkeypatch.setattr(private_models, "CLIENT_SHARE", 0.5 * one / (base + 4 * one + one // 2))
+    with pytest.raises(ValueError, match="one network address may hold"):
+        as_client("10.0.0.3", session.new_state())

@@ -38,8 +38,11 @@ def test_idle_sessions_are_dropped_and_a_waiting_notice_is_given_back_on_return(
     _session(demo, state, "told-later", 500, {EVICTED_KEY: "Your own model was freed."})
     _session(demo, state, "queued", 120, {})
     adapter.queue_of(demo).pending_event_ids_session["queued"] = {"an event"}
+    adapter.queue_of(demo).event_ids_to_events["an event"] = object()  # still queued
+    _session(demo, state, "answer-never-read", 120, {})  # a script's: finished, its answer never read
+    adapter.queue_of(demo).pending_event_ids_session["answer-never-read"] = {"finished"}
 
-    assert sweeper.forget_idle_sessions(demo, idle_seconds=60, now=time.time()) == 3
+    assert sweeper.forget_idle_sessions(demo, idle_seconds=60, now=time.time()) == 4
     assert set(adapter.sessions_last_used(demo)) == {"active", "own-model", "notice-waiting", "queued"}
     assert sweeper.RETURNING == {"told-later": (state._id, "Your own model was freed.")}
 
@@ -49,3 +52,20 @@ def test_idle_sessions_are_dropped_and_a_waiting_notice_is_given_back_on_return(
     assert "told-later" not in sweeper.RETURNING
     sweeper.tell_returning_visitor(demo, "gone")  # nothing waiting: its fresh state is the default
     assert adapter.session_values(demo, "gone") == {}
+
+
+def test_a_script_session_goes_in_minutes_a_browser_tab_keeps_the_longer_time():
+    """A session that never opened Gradio's heartbeat (a script posting to the queue) is dropped after the
+    short idle time; one that did (a tab, Gradio's client) after the long one (issue 31)."""
+    from explorer.web.middleware import BrowserSessions
+
+    demo, state = _launched_demo()
+    _session(demo, state, "script", 90, {})
+    _session(demo, state, "tab", 90, {})
+    _session(demo, state, "script-just-now", 10, {})
+    BrowserSessions.note("tab")
+    try:
+        assert sweeper.forget_idle_sessions(demo, idle_seconds=30 * 60, now=time.time(), api_idle_seconds=60) == 1
+        assert set(adapter.sessions_last_used(demo)) == {"tab", "script-just-now"}
+    finally:
+        BrowserSessions.forget("tab")

@@ -92,10 +92,18 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
                                     if isinstance(v, dict) and "seconds" in v))
     if tiny:  # tests/test_load.py runs the same clients against the served app
         report["load"] = {"skipped": "tiny mode: no classroom"}
+        report["vote"] = {"skipped": "tiny mode: no class vote"}
+        report["robust"] = {"skipped": "tiny mode: no flood (tests/test_robustness_flood.py runs the same clients)"}
     else:
         from .load import bench_load
 
         report["load"] = bench_load((LOAD_CLASS, LOAD_MOST), log=log)
+        from .vote import bench_vote
+
+        report["vote"] = bench_vote(log=log)
+        from .flood import bench_robust
+
+        report["robust"] = bench_robust(log=log)
     report["targets"] = evaluate_targets(report)
     if hasattr(os, "getloadavg"):
         m = report["machine"]

@@ -76,7 +76,7 @@ def one_session(url: str, plan: PagePlan, i: int, deadline: float, start: thread
     return SessionResult(page_seconds, attention_seconds, page.refused + ask.refused, page.failed + ask.failed)
 
 
-def _quantiles(xs: list[float]) -> dict[str, float | None]:
+def quantiles(xs: list[float]) -> dict[str, float | None]:
     if not xs:
         return {"p50": None, "p95": None, "max": None}
     xs = sorted(xs)
@@ -119,8 +119,8 @@ def classroom(url: str, n: int, *, timeout: float = 120.0, tag: str = "student",
     failed = [m for r in ok for m in r.failed] + crashed
     pages = [r.page_seconds for r in ok if r.page_seconds is not None]
     asks = [r.attention_seconds for r in ok if r.attention_seconds is not None]
-    return {"clients": n, "query": query, "page_bytes": page_bytes, "events_per_page": plan.events, "page_ready_seconds": _quantiles(pages),
-            "attention_seconds": _quantiles(asks), "pages_ready": len(pages), "attention_answered": len(asks),
+    return {"clients": n, "query": query, "page_bytes": page_bytes, "events_per_page": plan.events, "page_ready_seconds": quantiles(pages),
+            "attention_seconds": quantiles(asks), "pages_ready": len(pages), "attention_answered": len(asks),
             "refused": len(refused), "failed": len(failed), "examples": (refused + failed)[:5],
             "wall_seconds": wall}
 

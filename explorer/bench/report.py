@@ -124,11 +124,35 @@ def render_markdown(report: dict[str, Any]) -> str:
                   f"| step answer, snapshot in memory | {ms(tr['step_warm_seconds'])} |", "",
                   f"Largest answer sent: {measure.format_bytes(tr['payload_bytes'])}.", ""]
     lines += _load_lines(report.get("load") or {})
+    lines += _vote_lines(report.get("vote") or {})
     lines += ["## (e) Machine", "", "| | |", "|---|---|"]
     for k, val in m.items():
         lines.append(f"| {k} | {val} |")
     lines += ["", f"Total benchmark time {report['wall_seconds']:.0f} s.", ""]
     return "\n".join(lines)
+
+
+def _vote_lines(vote: dict[str, Any]) -> list[str]:
+    """(g) A class votes: 40 phones within one second, the projector's tally, an attention request beside them."""
+    lines = ["## (g) A class votes from their phones", ""]
+    if "skipped" in vote or "voters" not in vote:
+        return lines + [f"Skipped: {vote.get('skipped', 'not measured')}.", ""]
+    q, a = vote["submit_to_shown_seconds"], vote["attention_seconds"]
+    every = vote["all_shown_after_first_submit"]
+
+    def fmt(d):
+        return "—" if d["p50"] is None else f"{d['p50']:.2f} / {d['p95']:.2f} / {d['max']:.2f}"
+
+    return lines + [
+        "`python app.py` in its own process (explorer/bench/vote.py): a teacher's session asks the walkthrough's "
+        "question and polls the tally once a second as its page's timer does; each phone joins, then all vote "
+        "within one second; another session asks the Attention tab meanwhile. A phone's time runs from sending "
+        "its vote to the end of the first tally poll begun after the vote was answered.", "",
+        "| phones | counted | final tally | submit to shown p50 / p95 / max (s) | all shown after the first vote (s) "
+        "| attention requests meanwhile, p50 / p95 / max (s) | failed |", "|---|---|---|---|---|---|---|",
+        f"| {vote['voters']} | {vote['counted']} | {vote['final_tally']} | {fmt(q)} | "
+        f"{'—' if every is None else f'{every:.2f}'} | {vote['attention_requests_meanwhile']}, {fmt(a)} | "
+        f"{len(vote['failed'])} |", ""]
 
 
 def _load_lines(load: dict[str, Any]) -> list[str]:

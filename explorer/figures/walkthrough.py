@@ -238,7 +238,8 @@ def step_figure(key: str, arrays: Mapping[str, np.ndarray], *, title: str, keys:
     if key in ("resid1", "resid2"):
         return vectors_figure(a, title=title, shared=True)
     if key == "qkv":
-        return heads_figure(a, {"q": heads, "k": kv_heads, "v": kv_heads}, title=title)
+        return heads_figure(a, {"q": heads, "k": kv_heads, "v": kv_heads, "q normed": heads, "k normed": kv_heads},
+                            title=title)  # QK-norm's outputs when the family has it
     if key == "rope":
         rows = {"q": heads, "q'": heads, "k": kv_heads, "k'": kv_heads}
         named = {"q": "q before RoPE", "q'": "q after RoPE", "k": "k before RoPE", "k'": "k after RoPE"}

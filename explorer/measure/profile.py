@@ -85,8 +85,16 @@ def timed(fn: Callable[[], Any], device: str | torch.device | None = None) -> tu
 
 def time_call(fn: Callable[[], Any], *, repeats: int = 3, device: str | torch.device | None = None,
               warmup: int = 1) -> float:
-    """Median wall seconds of ``repeats`` calls after ``warmup`` calls (device synchronised)."""
-    for _ in range(warmup):
-        fn()
-    return statistics.median(timed(fn, device)[1] for _ in range(max(1, repeats)))
+    """Median wall seconds of ``repeats`` calls after ``warmup`` calls (device synchronised). Stopped work
+    (``explorer.state.threads.check_stop``) ends before the next call."""
+    from explorer.state.threads import check_stop
+
+    times = []
+    for i in range(warmup + max(1, repeats)):
+        check_stop()
+        if i < warmup:
+            fn()
+        else:
+            times.append(timed(fn, device)[1])
+    return statistics.median(times)
 

@@ -14,6 +14,7 @@ import torch
 from lens import device as dev
 
 from explorer.state.locks import MEASURE_LOCK
+from explorer.state.threads import check_stop
 from explorer.state.threads import default_threads
 from models.attention import attention, naive_attention, tiled_attention
 from models.config import ATTN_IMPLS
@@ -78,6 +79,7 @@ def attention_memory(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: i
             if dev.is_cuda(device):
                 # a first CUDA call allocates lasting workspaces (cuBLAS, kernels); keep them out of the peak
                 fn(q, k, v)
+            check_stop()  # a Stop ends the sweep before the next implementation's calls
             # the profiled call is also the timing's warm-up; its output is kept for the comparison
             outputs[impl], peak = measure_peak_bytes(lambda: fn(q, k, v), device)
             seconds = time_call(lambda: fn(q, k, v), repeats=repeats, device=device, warmup=0)
@@ -252,8 +254,9 @@ STILL_RUNNING = object()
 
 def abandonable(items: Iterator, poll_s: float = 0.25) -> Iterator:
     """``items`` produced on a worker thread, yielding ``STILL_RUNNING`` every ``poll_s`` seconds while one is
-    computed. Closing this generator (a Stop) returns within ``poll_s``: the worker finishes the step it is in
-    (a kernel cannot be interrupted), releases its locks, and starts no further step."""
+    computed. Closing this generator (a Stop) returns within ``poll_s``: the worker ends after the kernel it is
+    in (a kernel cannot be interrupted; ``time_call`` checks the stop before each call), releases its locks, and
+    starts nothing further."""
     import queue
     import threading
 
@@ -262,11 +265,16 @@ def abandonable(items: Iterator, poll_s: float = 0.25) -> Iterator:
     done = object()
 
     def work() -> None:
+        from explorer.state.threads import Stopped, stoppable
+
         try:
-            for item in items:
-                out.put((item, None))
-                if stop.is_set():
-                    break
+            with stoppable(stop):  # checked before each timed call inside the step, not only between steps
+                for item in items:
+                    out.put((item, None))
+                    if stop.is_set():
+                        break
+        except Stopped:
+            pass
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
             out.put((None, exc))
         finally:

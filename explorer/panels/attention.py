@@ -25,6 +25,7 @@ from explorer.probes.families import local_layers_sentence
 
 from explorer.panels.controls import as_index, head_choices, layer_choices, outputs_of
 from explorer.panels.errors import user_errors
+from explorer.panels import vote
 
 MAX_TOKENS = 64
 DEFAULT_PROMPT = "Tom gave the red ball to Anna. Anna gave the red ball to Tom."
@@ -308,6 +309,9 @@ def build_attention(demo: gr.Blocks, state: gr.State) -> None:
         with gr.Column(scale=2):
             gqa = gr.Plot(label="Grouped-query attention: which query heads share a KV head")
             gqa_md = gr.Markdown()
+
+    vote.ask_section(demo, "attention", vote.attention_question, [prompt, layer, head, state],
+                     what="which token does this head look at?")
 
     inputs = [prompt, layer, head, view, state, span, sink]
     outputs = outputs_of(AttentionView, heatmap=heat, tokens=tokens, info=info, grid=grid, scores=scores, gqa=gqa,

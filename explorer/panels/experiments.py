@@ -25,6 +25,7 @@ from lens import heads as head_kinds
 from lens.device import gpu, to_host
 
 from . import outputs_of, user_errors
+from . import vote
 
 MAX_TOKENS = 64
 # A list of words given twice: the second time through, a model with induction heads copies (the shipped
@@ -338,6 +339,8 @@ def build_experiments(demo: gr.Blocks, state: gr.State) -> None:
         with gr.Column(scale=3):
             loss = gr.Plot(label="Loss per token, before and after")
             summary = gr.Markdown()
+    vote.ask_section(demo, "experiments", vote.knockout_question, [prompt, chosen, how, state],
+                     what="what does the knock-out do to the loss?")
     gr.Markdown("#### Each head in turn: what it does beside what it looks like")
     with gr.Row():
         sweep_btn = gr.Button("Knock out each head in turn", scale=0, min_width=260)

@@ -28,6 +28,8 @@ from models.config import ModelConfig
 from . import as_number, as_whole, outputs_of, short, user_errors
 
 MAX_NEW_TOKENS = 128
+MIN_COMPARED_STEPS = 3  # decode steps timed both ways before the summary says which was faster
+MIN_TOKENS_TO_COMPARE = 16  # new tokens that give that many (uncached_schedule times 8 of them)
 DEFAULT_NEW_TOKENS = 64  # long enough that recomputing the sequence costs clearly more than a cached step
 MAX_CONTEXT = 1024  # prompt + new tokens: bounds the uncached run's time and its (T × vocab) logits on big models
 TOP = 10  # candidates shown per step
@@ -266,7 +268,13 @@ def _final_view(model, tokenizer, steps: list[dict], ctx: dict, s: dict) -> Gene
     compared = [st for st in measured if st["step"] > 0] or measured
     on_ms = statistics.median(st["seconds"] for st in compared) * 1e3
     off_ms = statistics.median(st["uncached_seconds"] for st in compared) * 1e3
-    if on_ms > 0 and off_ms >= on_ms:
+    decode_compared = sum(st["step"] > 0 for st in measured)
+    if decode_compared < MIN_COMPARED_STEPS:
+        # One or two decode steps carry the first call's costs and a shared CPU's noise: a ratio from them
+        # contradicted the lesson on a short chat answer ("the cache was 1.4x slower").
+        verdict = (f"too short to compare ({decode_compared} decode step(s) measured both ways; generate at least "
+                   f"{MIN_TOKENS_TO_COMPARE} new tokens for a verdict)")
+    elif on_ms > 0 and off_ms >= on_ms:
         verdict = f"the cache was **{off_ms / on_ms:.1f}× faster**"
     elif on_ms > 0:
         verdict = (f"the cache was **{on_ms / off_ms:.1f}× slower** on this machine: with a model this small and "

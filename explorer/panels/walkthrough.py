@@ -23,6 +23,7 @@ from explorer.state.cache import results, weights_key
 from explorer.panels.controls import as_index, as_whole, layer_choices
 from explorer.panels.errors import short, user_errors
 from explorer.state.openings import cached_opening
+from explorer.panels import vote
 
 MAX_TOKENS = 64
 DEFAULT_PROMPT = "Once upon a time, there was a little"
@@ -192,6 +193,7 @@ def build_walkthrough(demo: gr.Blocks, state: gr.State) -> None:
             step_fig = gr.Plot(label="This step's values")
     info = gr.Markdown()
     lens = gr.Plot(label="Logit lens")
+    vote.ask_section(demo, "walkthrough", vote.next_token_question, [prompt, state], what="which token comes next?")
 
     inputs = [prompt, token, layer, step, state]
     outputs = [step_fig, step_md, lens, info, token, layer, step]

@@ -93,6 +93,14 @@ class LayerTrace:
     post: np.ndarray  # (F,) blocks.i.mlp.hook_post = SiLU(gate) * up
     mlp_out: np.ndarray  # (C,) blocks.i.hook_mlp_out (down_proj's output)
     resid_post: np.ndarray  # (C,) blocks.i.hook_resid_post
+    # What another family adds (None for Llama): QK-norm's outputs, and with sandwich norms the attention's and
+    # the MLP's outputs before their own norms (o_proj and down_proj of the hooked z and post, by the modules).
+    q_normed: np.ndarray | None = None  # (H, D) blocks.i.attn.hook_q_normed
+    k_normed: np.ndarray | None = None  # (Hkv, D) blocks.i.attn.hook_k_normed
+    attn_raw: np.ndarray | None = None  # (C,) o_proj(z) before post_attention_layernorm
+    rms_attn: float | None = None  # blocks.i.post_attention_layernorm.hook_scale (sandwich)
+    mlp_raw: np.ndarray | None = None  # (C,) down_proj(post) before post_feedforward_layernorm
+    rms_mlp: float | None = None  # blocks.i.post_feedforward_layernorm.hook_scale
 
 
 @dataclass(frozen=True)
@@ -208,15 +216,11 @@ def _np(t: torch.Tensor) -> np.ndarray:
 def walk(model: nn.Module, ids, position: int | None = None) -> Walkthrough:
     """Run ``model`` once on ``ids`` (one prompt) with every hook recorded; keep the token at ``position``.
 
-    position: 0 .. T - 1, None for the last token. Raises ValueError for empty or out-of-vocabulary ids, for
-    a position outside the prompt, and for a model of another family than Llama (its steps say what Llama does).
+    position: 0 .. T - 1, None for the last token. Raises ValueError for empty or out-of-vocabulary ids and for
+    a position outside the prompt. Another family's switches (``ModelConfig.differences_from_llama``) show in
+    the same steps: QK-norm beside q and k, the sandwich norms beside o and m, GeGLU, the scales, the window.
     """
     config = model.config
-    changed = config.differences_from_llama()
-    if changed:
-        raise ValueError(f"The walkthrough explains Llama's block step by step; this model ({config.family}) "
-                         f"changes {', '.join(changed)}, which its steps do not explain yet. Load a Llama "
-                         "checkpoint such as the default model to walk through it.")
     ids = check_ids(ids, config)
     p = check_position(position, len(ids))
     _, cache = probes.run_with_cache(model, [list(ids)])
@@ -233,16 +237,28 @@ def walk(model: nn.Module, ids, position: int | None = None) -> Walkthrough:
     layers = []
     for i in range(config.n_layers):
         b = f"blocks.{i}."
+        extra = {}
+        if config.qk_norm:
+            extra.update(q_normed=heads(b + "attn.hook_q_normed"), k_normed=heads(b + "attn.hook_k_normed"))
+        norm2 = "post_attention_layernorm"
+        if config.sandwich_norm:
+            norm2 = "pre_feedforward_layernorm"
+            block = model.blocks[i]
+            with model_lock(model), torch.inference_mode():  # the modules' own products on the hooked inputs
+                attn_raw = block.attn.o_proj(cache[b + "attn.hook_z"][0, :, p].reshape(1, -1))[0]
+                mlp_raw = block.mlp.down_proj(cache[b + "mlp.hook_post"][0, p][None])[0]
+            extra.update(attn_raw=_np(attn_raw), rms_attn=rms(b + "post_attention_layernorm.hook_scale"),
+                         mlp_raw=_np(mlp_raw), rms_mlp=rms(b + "post_feedforward_layernorm.hook_scale"))
         layers.append(LayerTrace(
             layer=i, resid_pre=vec(b + "hook_resid_pre"), rms1=rms(b + "input_layernorm.hook_scale"),
             normed1=vec(b + "input_layernorm.hook_normalized"), q=heads(b + "attn.hook_q"),
             k=heads(b + "attn.hook_k"), v=heads(b + "attn.hook_v"), rot_q=heads(b + "attn.hook_rot_q"),
             rot_k=heads(b + "attn.hook_rot_k"), scores=heads(b + "attn.hook_attn_scores"),
             pattern=heads(b + "attn.hook_pattern"), z=heads(b + "attn.hook_z"), attn_out=vec(b + "hook_attn_out"),
-            resid_mid=vec(b + "hook_resid_mid"), rms2=rms(b + "post_attention_layernorm.hook_scale"),
-            normed2=vec(b + "post_attention_layernorm.hook_normalized"), gate=vec(b + "mlp.hook_gate"),
+            resid_mid=vec(b + "hook_resid_mid"), rms2=rms(b + f"{norm2}.hook_scale"),
+            normed2=vec(b + f"{norm2}.hook_normalized"), gate=vec(b + "mlp.hook_gate"),
             up=vec(b + "mlp.hook_up"), post=vec(b + "mlp.hook_post"), mlp_out=vec(b + "hook_mlp_out"),
-            resid_post=vec(b + "hook_resid_post"),
+            resid_post=vec(b + "hook_resid_post"), **extra,
         ))
     logits = cache["hook_logits"][0, p].float()  # (V,)
     probs = torch.softmax(logits, dim=-1)
@@ -286,18 +302,37 @@ def _steps(w: Walkthrough, layer: int, token: str) -> list[Step]:
     t = w.layers[layer]
     b = f"blocks.{layer}."
     at = f"Layer {layer} · "
-    freqs = rope_frequencies(D, c.rope_theta, c.rope_scaling).numpy()
+    theta, scaling = c.layer_rope(layer)
+    freqs = rope_frequencies(D, theta, scaling).numpy()
+    window = c.layer_window(layer)
     n_masked = T - p - 1
+    n_far = max(0, p + 1 - window) if window is not None else 0  # keys a local layer's window leaves behind
+    # Another family's switches, said where they act (the same steps, so links and step numbers stay put)
+    gain = "(1 + g)" if c.norm_offset else "g"
+    gain_note = (f" Its gain is stored around 0 and used as {c.norm_offset:g} + g (Gemma)." if c.norm_offset
+                 else "")
+    scale = c.attn_scale if c.attn_scale is not None else 1.0 / math.sqrt(D)
+    act = {"silu": ("SwiGLU", "SiLU", "SiLU(g) = g · σ(g)"),
+           "gelu_pytorch_tanh": ("GeGLU", "GELU", "GELU(g) ≈ g · Φ(g), tanh approximation")}[c.hidden_act]
+    qkv_arrays = {"q": t.q, "k": t.k, "v": t.v}
+    if t.q_normed is not None:
+        qkv_arrays.update({"q normed": t.q_normed, "k normed": t.k_normed})
+    o_arrays = {"o": t.attn_out} if t.attn_raw is None else {"o_proj(z)": t.attn_raw, "norm(o)": t.attn_out}
+    m_arrays = {"m": t.mlp_out} if t.mlp_raw is None else {"down_proj(h)": t.mlp_raw, "norm(m)": t.mlp_out}
     steps = [
-        Step("embed", None, f"Embedding of {token} · id {w.token_id} · row {_shape(C)} of a {V} × {C} table",
+        Step("embed", None, f"Embedding of {token} · id {w.token_id} · row {_shape(C)} of a {V} × {C} table"
+             + (f" · × {c.embed_scale:.4g}" if c.embed_scale != 1.0 else ""),
              f"The token id {w.token_id} picks one row of the embedding table: from here on, the token is this "
-             f"vector of {C} numbers, the start of its residual stream.",
-             "x₀ = E[id]", ("models/decoder.py: Decoder.forward",), ("hook_embed",),
+             f"vector of {C} numbers, the start of its residual stream."
+             + (f" This family multiplies the row by √{C} = {c.embed_scale:.4g} first (Gemma), so the stream "
+                "starts at the size the layers expect." if c.embed_scale != 1.0 else ""),
+             "x₀ = E[id]" + (f" · {c.embed_scale:.4g}" if c.embed_scale != 1.0 else ""),
+             ("models/decoder.py: Decoder.forward",), ("hook_embed",),
              {"x0": w.embed}),
         Step("norm1", layer, f"{at}RMSNorm before attention · x {_shape(C)} → x̂ {_shape(C)} · RMS {t.rms1:.4g}",
              f"The stream is divided by its root-mean-square ({t.rms1:.4g}) so every layer reads a vector of the "
-             f"same size, then each of the {C} dimensions is multiplied by a learned gain.",
-             "x̂ = x / √(mean(x²) + ε) ⊙ g", ("models/layers.py: RMSNorm.forward",),
+             f"same size, then each of the {C} dimensions is multiplied by a learned gain.{gain_note}",
+             f"x̂ = x / √(mean(x²) + ε) ⊙ {gain}", ("models/layers.py: RMSNorm.forward",),
              (b + "hook_resid_pre", b + "input_layernorm.hook_scale", b + "input_layernorm.hook_normalized"),
              {"x": t.resid_pre, "x̂": t.normed1}, {"rms": t.rms1}),
         Step("qkv", layer, f"{at}q {_shape(H, D)}, k {_shape(Hkv, D)}, v {_shape(Hkv, D)} · {H} query heads, "
@@ -305,29 +340,48 @@ def _steps(w: Walkthrough, layer: int, token: str) -> list[Step]:
              f"Three linear maps turn x̂ into a query (what this token looks for), a key (what it offers to later "
              f"tokens) and a value (what it passes on), split into heads of {D} numbers; "
              + (f"each key/value head is shared by {G} query heads (grouped-query attention)." if G > 1 else
-                "every query head has its own key and value head."),
-             "q = x̂ W_qᵀ, k = x̂ W_kᵀ, v = x̂ W_vᵀ, split into heads of D",
-             ("models/attention.py: Attention.forward", "models/attention.py: Attention._heads"),
-             (b + "attn.hook_q", b + "attn.hook_k", b + "attn.hook_v"), {"q": t.q, "k": t.k, "v": t.v}),
+                "every query head has its own key and value head.")
+             + (" Each map adds a learned bias (Qwen2)." if c.qkv_bias else "")
+             + (f" Then each head's q and k are RMS-normalised over their {D} numbers (q_norm, k_norm: QK-norm), "
+                "so their dot products stay in range however large the stream grows." if c.qk_norm else "")
+             + (f" The heads are {D} wide although {C} / {H} = {C / H:g}: this family sets the head size on its "
+                "own." if C != H * D else ""),
+             "q = x̂ W_qᵀ" + (" + b_q" if c.qkv_bias else "") + ", k = x̂ W_kᵀ" + (" + b_k" if c.qkv_bias else "")
+             + ", v = x̂ W_vᵀ" + (" + b_v" if c.qkv_bias else "") + ", split into heads of D"
+             + ("; q ← RMSNorm(q), k ← RMSNorm(k) per head" if c.qk_norm else ""),
+             ("models/attention.py: Attention.forward", "models/attention.py: Attention._heads")
+             + (("models/layers.py: RMSNorm.forward",) if c.qk_norm else ()),
+             (b + "attn.hook_q", b + "attn.hook_k", b + "attn.hook_v")
+             + ((b + "attn.hook_q_normed", b + "attn.hook_k_normed") if c.qk_norm else ()), qkv_arrays),
         Step("rope", layer, f"{at}RoPE turns q {_shape(H, D)} and k {_shape(Hkv, D)} by position {p}",
              f"Each pair of dimensions (i, i + {D // 2}) of q and k is rotated by the angle position × speed: "
              f"at position {p} the fastest pair turns {p * freqs[0]:.3g} rad, the slowest "
-             f"{p * freqs[-1]:.3g} rad, so a query–key dot product depends on how far apart the two tokens are.",
+             f"{p * freqs[-1]:.3g} rad, so a query–key dot product depends on how far apart the two tokens are."
+             + (f" This layer is local and turns at its own base, θ = {theta:,.0f} (the global layers use "
+                f"{c.rope_theta:,.0f})." if theta != c.rope_theta else ""),
              "q' = q ⊙ cos(pθ) + rotate_half(q) ⊙ sin(pθ), θᵢ = base^(−2i/D)",
              ("models/rope.py: apply_rope", "models/rope.py: rotate_half", "models/rope.py: rope_tables"),
              (b + "attn.hook_q", b + "attn.hook_rot_q", b + "attn.hook_k", b + "attn.hook_rot_k"),
-             {"q": t.q, "q'": t.rot_q, "k": t.k, "k'": t.rot_k}, {"position": p}),
+             {"q": t.q if t.q_normed is None else t.q_normed, "q'": t.rot_q,  # RoPE turns QK-norm's output
+              "k": t.k if t.k_normed is None else t.k_normed, "k'": t.rot_k}, {"position": p}),
         Step("scores", layer, f"{at}scores of {token} against the {p + 1} keys up to it · {_shape(H, p + 1)}",
              f"Each query head takes the dot product of its rotated query with the rotated key of every token up "
-             f"to this one, divided by √{D} = {math.sqrt(D):.3g} so the scores do not grow with the head size.",
-             "sⱼ = q'·k'ⱼ / √D", ("models/attention.py: attention_scores", "models/attention.py: repeat_kv"),
+             + (f"to this one, divided by √{D} = {math.sqrt(D):.3g} so the scores do not grow with the head size."
+                if c.attn_scale is None else
+                f"to this one, multiplied by {scale:.4g} (this family's own scale, 1/√query_pre_attn_scalar, "
+                f"instead of 1/√{D})."),
+             "sⱼ = q'·k'ⱼ / √D" if c.attn_scale is None else f"sⱼ = q'·k'ⱼ · {scale:.4g}", ("models/attention.py: attention_scores", "models/attention.py: repeat_kv"),
              (b + "attn.hook_attn_scores",), {"scores": t.scores[:, :p + 1]}),
-        Step("mask", layer, f"{at}causal mask over all {T} keys · {_shape(H, T)} · {n_masked} masked",
+        Step("mask", layer, f"{at}{'sliding-window' if window else 'causal'} mask over all {T} keys · "
+             f"{_shape(H, T)} · {n_masked + n_far} masked",
              (f"The {n_masked} later token(s) get a score of −∞, so this token cannot read the future: the model "
               "was trained to predict the next token from the past alone." if n_masked else
               "This is the last token of the prompt: every key lies before or at it, so the mask hides nothing "
-              "here (earlier tokens of the prompt have their later keys set to −∞)."),
-             "sⱼ = −∞ for j > p", ("models/attention.py: build_mask",), (b + "attn.hook_attn_scores",),
+              "later (earlier tokens of the prompt have their later keys set to −∞).")
+             + (f" This layer is local: it sees only the last {window} keys (itself included), so the "
+                f"{n_far} older one(s) are −∞ too, and its KV cache never holds more than {window} positions."
+                if window else ""),
+             "sⱼ = −∞ for j > p" + (f" or j ≤ p − {window}" if window else ""), ("models/attention.py: build_mask",), (b + "attn.hook_attn_scores",),
              {"scores": t.scores}),
         Step("softmax", layer, f"{at}softmax · attention weights of {token} · {_shape(H, T)}, each row sums to 1",
              f"Softmax turns each head's scores into weights between 0 and 1 that sum to 1; the masked keys get "
@@ -339,11 +393,18 @@ def _steps(w: Walkthrough, layer: int, token: str) -> list[Step]:
              f"z is what this token gathered from the context (computed by the {w.attn_impl} implementation).",
              "z_h = Σⱼ aₕⱼ vⱼ", ("models/attention.py: attention", "models/attention.py: repeat_kv"),
              (b + "attn.hook_z",), {"z": t.z}),
-        Step("o_proj", layer, f"{at}o_proj · {H} heads × {D} → {_shape(C)}",
+        Step("o_proj", layer, f"{at}o_proj · {H} heads × {D} → {_shape(C)}"
+             + (f" · then its own RMSNorm (RMS {t.rms_attn:.4g})" if t.attn_raw is not None else ""),
              f"The {H} heads' outputs are laid side by side ({H * D} numbers) and one linear map mixes them back "
-             f"into the model's {C} dimensions.",
-             "o = concat(z₁ … z_H) W_oᵀ", ("models/attention.py: Attention.forward",), (b + "hook_attn_out",),
-             {"o": t.attn_out}),
+             f"into the model's {C} dimensions."
+             + (f" This family normalises that output too before adding it (the sandwich's norm after attention, "
+                f"post_attention_layernorm: divided by its RMS {t.rms_attn:.4g}, times {gain})."
+                if t.attn_raw is not None else ""),
+             "o = concat(z₁ … z_H) W_oᵀ" + ("; o ← RMSNorm(o)" if t.attn_raw is not None else ""),
+             ("models/attention.py: Attention.forward",)
+             + (("models/block.py: PreNormBlock.forward",) if t.attn_raw is not None else ()),
+             (b + "attn.hook_z", b + "hook_attn_out") if t.attn_raw is not None else (b + "hook_attn_out",),
+             o_arrays),
         Step("resid1", layer, f"{at}residual add · x + o → {_shape(C)}",
              "Attention's output is added to the stream rather than replacing it: the token keeps what it was "
              "and gains what it read.",
@@ -352,20 +413,32 @@ def _steps(w: Walkthrough, layer: int, token: str) -> list[Step]:
              {"x": t.resid_pre, "o": t.attn_out, "x + o": t.resid_mid}),
         Step("norm2", layer, f"{at}RMSNorm before the MLP · {_shape(C)} · RMS {t.rms2:.4g}",
              f"The same normalisation again, with its own gain: divided by its RMS ({t.rms2:.4g}), scaled per "
-             "dimension.",
-             "x̂ = x / √(mean(x²) + ε) ⊙ g", ("models/layers.py: RMSNorm.forward",),
-             (b + "hook_resid_mid", b + "post_attention_layernorm.hook_scale",
-              b + "post_attention_layernorm.hook_normalized"),
+             "dimension." + (" (In this family it is pre_feedforward_layernorm: post_attention_layernorm is the "
+                             "norm after attention.)" if c.sandwich_norm else ""),
+             f"x̂ = x / √(mean(x²) + ε) ⊙ {gain}", ("models/layers.py: RMSNorm.forward",),
+             (b + "hook_resid_mid", b + f"{'pre_feedforward' if c.sandwich_norm else 'post_attention'}_layernorm"
+              ".hook_scale", b + f"{'pre_feedforward' if c.sandwich_norm else 'post_attention'}_layernorm"
+              ".hook_normalized"),
              {"x": t.resid_mid, "x̂": t.normed2}, {"rms": t.rms2}),
-        Step("swiglu", layer, f"{at}SwiGLU · gate, up and SiLU(gate) · up, each {_shape(F)}",
-             f"Two linear maps widen the token to {F} numbers; SiLU of the gate decides how much of each "
-             "up-projected feature passes (near 0 for negative gates, the gate itself for large ones).",
-             "h = SiLU(x̂ W_gateᵀ) ⊙ (x̂ W_upᵀ), SiLU(g) = g · σ(g)", ("models/layers.py: SwiGLU.forward",),
+        Step("swiglu", layer, f"{at}{act[0]} · gate, up and {act[1]}(gate) · up, each {_shape(F)}",
+             f"Two linear maps widen the token to {F} numbers; {act[1]} of the gate decides how much of each "
+             "up-projected feature passes (near 0 for negative gates, the gate itself for large ones)."
+             + (" (GeGLU: Llama's SwiGLU with GELU, tanh-approximated, in place of SiLU.)" if act[0] == "GeGLU"
+                else ""),
+             f"h = {act[1]}(x̂ W_gateᵀ) ⊙ (x̂ W_upᵀ), {act[2]}", ("models/layers.py: SwiGLU.forward",),
              (b + "mlp.hook_gate", b + "mlp.hook_up", b + "mlp.hook_post"),
-             {"gate": t.gate, "up": t.up, "SiLU(gate) · up": t.post}),
-        Step("down", layer, f"{at}down_proj · {_shape(F)} → {_shape(C)}",
-             f"A third linear map brings the {F} features back to the model's {C} dimensions.",
-             "m = h W_downᵀ", ("models/layers.py: SwiGLU.forward",), (b + "hook_mlp_out",), {"m": t.mlp_out}),
+             {"gate": t.gate, "up": t.up, f"{act[1]}(gate) · up": t.post}),
+        Step("down", layer, f"{at}down_proj · {_shape(F)} → {_shape(C)}"
+             + (f" · then its own RMSNorm (RMS {t.rms_mlp:.4g})" if t.mlp_raw is not None else ""),
+             f"A third linear map brings the {F} features back to the model's {C} dimensions."
+             + (f" This family normalises it before adding it (post_feedforward_layernorm: divided by its RMS "
+                f"{t.rms_mlp:.4g}, times {gain}), the second half of the sandwich." if t.mlp_raw is not None
+                else ""),
+             "m = h W_downᵀ" + ("; m ← RMSNorm(m)" if t.mlp_raw is not None else ""),
+             ("models/layers.py: SwiGLU.forward",)
+             + (("models/block.py: PreNormBlock.forward",) if t.mlp_raw is not None else ()),
+             (b + "mlp.hook_post", b + "hook_mlp_out") if t.mlp_raw is not None else (b + "hook_mlp_out",),
+             m_arrays),
         Step("resid2", layer, f"{at}residual add · x + m → {_shape(C)}",
              f"The MLP's output is added to the stream too: this is layer {layer}'s output, the input of "
              + (f"layer {layer + 1}." if layer + 1 < L else "the final norm."),
@@ -386,7 +459,7 @@ def _steps(w: Walkthrough, layer: int, token: str) -> list[Step]:
         Step("final_norm", None, f"Final RMSNorm · {_shape(C)} · RMS {w.final_rms:.4g}",
              f"After the last layer one more RMSNorm (RMS {w.final_rms:.4g}) prepares the stream for the "
              "prediction.",
-             "x̂ = x / √(mean(x²) + ε) ⊙ g", ("models/layers.py: RMSNorm.forward",),
+             f"x̂ = x / √(mean(x²) + ε) ⊙ {gain}", ("models/layers.py: RMSNorm.forward",),
              (f"blocks.{L - 1}.hook_resid_post", "norm.hook_scale", "norm.hook_normalized"),
              {"x": w.layers[-1].resid_post, "x̂": w.final_normed}, {"rms": w.final_rms}),
         Step("logits", None, f"Logits · {_shape(V)}, one score per vocabulary token · top {len(w.top_ids)} shown",

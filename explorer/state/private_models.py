@@ -34,6 +34,18 @@ def _private_budget() -> int:
 PRIVATE_MODELS_BUDGET_BYTES = _private_budget()
 
 
+def _client_share() -> float:
+    try:
+        return min(1.0, max(0.05, float(os.environ.get("EXPLORER_CLIENT_PRIVATE_SHARE", "") or 0.5)))
+    except ValueError:
+        return 0.5
+
+
+#: The share of the cap one client address's models may hold (``explorer.state.clients``): a script rotating
+#: session ids makes room from its own models, never from everyone else's.
+CLIENT_SHARE = _client_share()
+
+
 def _idle_seconds() -> float:
     try:
         return max(0.0, float(os.environ.get("EXPLORER_SESSION_IDLE_MINUTES", "") or 30)) * 60
@@ -42,7 +54,8 @@ def _idle_seconds() -> float:
 
 
 IDLE_SECONDS = _idle_seconds()
-# id(state) -> (state, last used, monotonic s); the state dict is Gradio's own, shared with the session.
+# id(state) -> [state, last used (monotonic s), client address]; the state dict is Gradio's own, shared with the
+# session.
 _owners: "dict[int, list]" = {}
 _private_models: "weakref.WeakSet" = weakref.WeakSet()
 
@@ -66,6 +79,7 @@ def reserve_private(nbytes: int, what: str) -> None:
     Call it holding ``PRIVATE_LOCK`` and register the model made with ``add_private`` before releasing it.
     """
     expire_idle()
+    _within_client_share(nbytes, what)
     held = private_models_bytes()
     if held + nbytes > PRIVATE_MODELS_BUDGET_BYTES:
         gc.collect()  # sessions Gradio has dropped may still wait for the collector
@@ -79,6 +93,31 @@ def reserve_private(nbytes: int, what: str) -> None:
         raise ValueError(f"{what} needs {format_bytes(nbytes)}, and visitors' own models already hold "
                          f"{format_bytes(held)} of the {format_bytes(PRIVATE_MODELS_BUDGET_BYTES)} this server keeps "
                          "for them: try again in a while, or keep using the shared default model.")
+
+
+def _client_bytes(client: str) -> int:
+    return sum(model_bytes(e[0]["model"]) for e in list(_owners.values())
+               if len(e) > 2 and e[2] == client and e[0].get("model") is not None)
+
+
+def _within_client_share(nbytes: int, what: str) -> None:
+    """Make room within the requesting client's share from that client's own models, idle longest first; a
+    sentence (ValueError) when the model alone is larger than the share."""
+    from explorer.state.clients import current
+
+    client, share = current(), int(CLIENT_SHARE * PRIVATE_MODELS_BUDGET_BYTES)
+    if client == "local":  # no network client (start-up, the benchmark, tests calling handlers): the cap alone
+        return
+    while _client_bytes(client) + nbytes > share:
+        mine = [e for e in _owners.values() if len(e) > 2 and e[2] == client and e[0].get("model") is not None]
+        if not mine:
+            break
+        _evict(min(mine, key=lambda entry: entry[1])[0],
+               "to make room for another model opened from your network address, after it was idle longest")
+        gc.collect()
+    if _client_bytes(client) + nbytes > share:
+        raise ValueError(f"{what} needs {format_bytes(nbytes)}, more than the {format_bytes(share)} one network "
+                         "address may hold in its own models on this server: keep using the shared default model.")
 
 
 def add_private(model: torch.nn.Module) -> None:
@@ -99,7 +138,9 @@ def _evict(state: dict, why: str) -> None:
 
 def register_owner(state: dict) -> None:
     """Note that ``state`` holds a private model now (used now); call it holding ``PRIVATE_LOCK``."""
-    _owners[id(state)] = [state, time.monotonic()]
+    from explorer.state.clients import current
+
+    _owners[id(state)] = [state, time.monotonic(), current()]
 
 
 def forget_owner(state: dict) -> None:

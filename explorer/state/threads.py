@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 import torch
 
@@ -44,3 +45,29 @@ def threads_for(model: torch.nn.Module):
     """
     small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS
     return run_threads(1 if small else DEFAULT_THREADS)
+
+
+class Stopped(Exception):
+    """The visitor pressed Stop: raised by ``check_stop`` inside the work, between two kernels."""
+
+
+_stop = threading.local()
+
+
+@contextlib.contextmanager
+def stoppable(event: threading.Event):
+    """Within the block, ``check_stop()`` on this thread raises ``Stopped`` once ``event`` is set."""
+    before = getattr(_stop, "event", None)
+    _stop.event = event
+    try:
+        yield
+    finally:
+        _stop.event = before
+
+
+def check_stop() -> None:
+    """Raise ``Stopped`` when this thread's work was stopped (``stoppable``); cheap enough to call per kernel, so
+    a Stop frees the cores after the kernel running now rather than after a whole measured length."""
+    event = getattr(_stop, "event", None)
+    if event is not None and event.is_set():
+        raise Stopped("stopped")

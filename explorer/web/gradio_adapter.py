@@ -5,7 +5,11 @@ Everything else uses Gradio's public API (``queue(max_size=, default_concurrency
 another module assigns to a Gradio object or names one of these internals):
 
     queue_of(demo)                         the queue ``demo.queue()`` made
+    keep_sessions_with_events(demo)        Gradio's per-session message books never drop a session with events
+                                           pending, and an event whose session they dropped is dropped, not fatal
+    cap_queue(demo, rules)                 per session and per client address: caps, one long job, fair order
     cap_per_session(demo, cap, refusal)    at most ``cap`` of one session's events in the queue at once
+    tag_requests_with_client(demo, set)    each handler runs with its request's client address known
     sentence_for_bad_values(demo, say)     Gradio's check of a sent value against its component, as a sentence
     compute_summary_every(demo, n)         Gradio's timing summary recomputed after ``n`` events, not after each
     set_group(demo, i, group, limit)       a concurrency group for an event registered without one
@@ -32,7 +36,8 @@ import contextlib
 import datetime
 import inspect
 import warnings
-from typing import Any, Callable
+from collections import OrderedDict
+from typing import Any, Callable, NamedTuple
 
 import gradio as gr
 
@@ -42,32 +47,37 @@ TESTED_GRADIO = "6.31.0"
 try:
     from gradio.block_function import BlockFunction
     from gradio.blocks import Blocks
-    from gradio.queueing import Queue
+    from gradio.queueing import Event, EventQueue, Queue
     from gradio.state_holder import SessionState, StateHolder
+    from gradio.utils import LRUCache
 except ImportError as exc:  # a module moved: say which version this was written for
     raise RuntimeError(f"Gradio {gr.__version__} lacks a module explorer/web/gradio_adapter.py uses ({exc}); it was "
                        f"tested with {TESTED_GRADIO}: install gradio=={TESTED_GRADIO} or update the adapter.") from exc
 
 #: The classes whose methods and attributes are used here.
 CLASSES = {"Blocks": Blocks, "Queue": Queue, "BlockFunction": BlockFunction, "StateHolder": StateHolder,
-           "SessionState": SessionState}
+           "SessionState": SessionState, "LRUCache": LRUCache}
 #: Methods wrapped or called here: the parameters they must start with, and whether they must be coroutines.
 METHODS: dict[str, tuple[tuple[str, ...], bool]] = {
     "Blocks.preprocess_data": (("self", "block_fn", "inputs", "state", "explicit_call"), True),
     "Blocks.process_api": (("self", "block_fn", "inputs", "state"), True),
     "Queue.push": (("self", "body", "request", "username"), True),
+    "Queue.send_message": (("self", "event", "event_message"), False),
+    "Queue.clean_events": (("self",), True),
+    "LRUCache.__setitem__": (("self", "key", "value"), False),
     "StateHolder.delete_state": (("self", "session_id"), False),
     "StateHolder.__getitem__": (("self", "session_id"), False),
     "SessionState.__init__": (("self", "blocks"), False),
 }
 #: Instance attributes read or written here, by the class that sets them, with the type each must have.
 ATTRIBUTES: dict[str, tuple[str, ...]] = {
-    "Queue": ("pending_event_ids_session:dict", "pending_messages_per_session", "ANAYLTICS_CACHE_FREQUENCY:int"),
+    "Queue": ("pending_event_ids_session:dict", "pending_messages_per_session:LRUCache", "event_ids_to_events:dict",
+              "event_queue_per_concurrency_id:dict", "ANAYLTICS_CACHE_FREQUENCY:int"),
     "BlockFunction": ("fn", "inputs:list", "outputs:list", "targets:list", "trigger_after", "api_name", "name",
                       "concurrency_limit", "concurrency_id:str"),
     "StateHolder": ("session_data:dict", "time_last_used:dict", "lock"),
 }
-_KINDS = {"dict": dict, "list": list, "int": int, "str": str}
+_KINDS = {"dict": dict, "list": list, "int": int, "str": str, "LRUCache": LRUCache}
 
 
 def default_group(fn: Callable) -> str:
@@ -112,6 +122,15 @@ def shape_problems() -> list[str]:
                 problems.append(f"{cls} has no attribute {attr}")
             elif kind and not isinstance(getattr(made[cls], attr), _KINDS[kind]):
                 problems.append(f"{cls}.{attr} is a {type(getattr(made[cls], attr)).__name__}, not a {kind}")
+    books = made["Queue"].pending_messages_per_session
+    if not isinstance(getattr(books, "max_size", None), int):
+        problems.append("Queue.pending_messages_per_session no longer has an int max_size")
+    event = Event(None, made["BlockFunction"], None, None)
+    for attr in ("_id", "session_hash", "concurrency_id", "request", "alive"):
+        if not hasattr(event, attr):
+            problems.append(f"Event has no attribute {attr}")
+    if not isinstance(getattr(EventQueue("probe", 1), "queue", None), list):
+        problems.append("EventQueue.queue is no longer a list")
     if made["BlockFunction"].concurrency_id != default_group(_probe_handler):
         problems.append("a listener registered without concurrency_id is no longer in its function's own group")
     probe = gr.Markdown("before", render=False)
@@ -151,23 +170,155 @@ def queue_of(demo: gr.Blocks) -> Queue:
     return queue
 
 
-def cap_per_session(demo: gr.Blocks, cap: int, refusal: str,
-                    on_join: Callable[[str], None] | None = None) -> None:
-    """At most ``cap`` of one session's events in the queue at once (queued or running): one more is answered
-    ``refusal`` the way Gradio answers a full queue (HTTP 503), so one client cannot fill the queue everyone
-    shares (Gradio's ``max_size`` is one bound for all). ``on_join(session_hash)`` runs first on every join."""
+class SessionBooks(LRUCache):
+    """Gradio's per-session message books (``Queue.pending_messages_per_session``, an LRU of 2,000 sessions in
+    Gradio 6.31) that, when full, drop the least recently used session holding no pending event rather than
+    the least recently used one: Gradio's own drops a session whose events are still queued, and the next
+    estimate sent to that event raises KeyError inside the queue's loop, which stops the queue for everyone."""
+
+    def __init__(self, max_size: int, pending: dict) -> None:
+        super().__init__(max_size)
+        self._pending = pending  # the queue's pending_event_ids_session: session hash -> event ids
+
+    def __setitem__(self, key, value) -> None:
+        if key not in self and len(self) >= self.max_size:
+            idle = next((k for k in self if not self._pending.get(k)), None)
+            if idle is not None:  # room from a session nothing is waiting for; else Gradio's own choice
+                OrderedDict.__delitem__(self, idle)
+        super().__setitem__(key, value)
+
+
+def keep_sessions_with_events(demo: gr.Blocks) -> int:
+    """Gradio's per-session message books keep every session with an event pending (``SessionBooks``), and a
+    message for an event whose session they no longer hold drops that session's events instead of raising
+    inside the queue's loop (a KeyError there stops the queue: every later join is answered "Queue is
+    stopped."). The queue's ``max_size`` is lowered to half the books' size when larger, so the sessions of
+    events that finished but were never read keep room there too. Returns the books' size."""
+    import asyncio
+
+    queue = queue_of(demo)
+    old = queue.pending_messages_per_session
+    books = SessionBooks(old.max_size, queue.pending_event_ids_session)
+    for key, value in old.items():
+        OrderedDict.__setitem__(books, key, value)
+    queue.pending_messages_per_session = books
+    send = queue.send_message
+
+    def send_or_drop(event, event_message):
+        if event.session_hash in books:
+            return send(event, event_message)
+        if event.alive:  # nobody can be told anything about it: drop the session's events, once
+            event.alive = False
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing queued to drop either
+                asyncio.get_running_loop().create_task(queue.clean_events(session_hash=event.session_hash))
+        return None
+
+    queue.send_message = send_or_drop
+    if queue.max_size is None or queue.max_size > books.max_size // 2:
+        queue.max_size = books.max_size // 2
+    return books.max_size
+
+
+def session_books_size(demo: gr.Blocks) -> int:
+    """How many sessions Gradio's per-session message books hold."""
+    return queue_of(demo).pending_messages_per_session.max_size
+
+
+class QueueRules(NamedTuple):
+    """What ``cap_queue`` enforces at each join; a refusal is answered like a full queue (HTTP 503)."""
+    session_cap: int  # events of one session in the queue at once (queued or running)
+    client_cap: int  # events of one client address in the queue at once
+    long_groups: frozenset  # concurrency groups of long jobs: one session holds at most one of them
+    client_of: Callable[[Any], str]  # the client address of a Starlette request
+    session_refusal: str
+    client_refusal: str
+    long_refusal: str
+    unknown_refusal: str  # a join naming no event of the app (Gradio answers it with HTTP 500)
+    on_join: Callable[[str], None] | None = None  # runs first on every join, with the session hash
+
+
+def cap_queue(demo: gr.Blocks, rules: QueueRules) -> None:
+    """At each join: at most ``rules.session_cap`` of a session's events and ``rules.client_cap`` of a client
+    address's in the queue at once, and at most one long job (an event of ``rules.long_groups``) per session;
+    then the new event takes its fair place in its group's line: round robin by client address (a client's
+    n-th waiting event goes after every other client's n-th), so one client's flood of fresh sessions waits
+    behind everyone else's next request, where Gradio's line is first come first served."""
     queue = queue_of(demo)
     push = queue.push
+    clients: dict[str, str] = {}  # event id -> client address, for the events in the queue
 
-    async def push_within_cap(body, request, username):
-        if on_join is not None and body.session_hash:
-            on_join(body.session_hash)
-        held = queue.pending_event_ids_session.get(body.session_hash) if body.session_hash else None
-        if held is not None and len(held) >= cap:
-            return False, refusal, "queue_full"
-        return await push(body, request, username)
+    def held(ids) -> list:
+        return [queue.event_ids_to_events[i] for i in list(ids or ()) if i in queue.event_ids_to_events]
 
-    queue.push = push_within_cap
+    async def push_within_rules(body, request, username):
+        session = body.session_hash
+        fn = demo.fns.get(body.fn_index) if isinstance(body.fn_index, int) and body.fn_index >= 0 else None
+        if fn is None or fn.fn is None:
+            return False, rules.unknown_refusal, "error"
+        if rules.on_join is not None and session:
+            rules.on_join(session)
+        for gone in [i for i in clients if i not in queue.event_ids_to_events]:
+            del clients[gone]
+        client = rules.client_of(request)
+        ids = queue.pending_event_ids_session.get(session) if session else None
+        mine = held(ids)
+        if len(ids or ()) >= rules.session_cap:
+            return False, rules.session_refusal, "queue_full"
+        if sum(1 for c in clients.values() if c == client) >= rules.client_cap:
+            return False, rules.client_refusal, "queue_full"
+        if fn.concurrency_id in rules.long_groups and \
+                any(e.concurrency_id in rules.long_groups for e in mine):
+            return False, rules.long_refusal, "queue_full"
+        ok, answer, kind = await push(body, request, username)
+        if ok and isinstance(answer, str) and answer in queue.event_ids_to_events:
+            clients[answer] = client
+            _fair_place(queue, queue.event_ids_to_events[answer], clients)
+        return ok, answer, kind
+
+    queue.push = push_within_rules
+
+
+def _fair_place(queue: Queue, event, clients: dict[str, str]) -> None:
+    """Move ``event`` (last in its group's line) before the first waiting event of a later round: its round
+    is how many of its client's events wait before it."""
+    line = queue.event_queue_per_concurrency_id.get(event.concurrency_id)
+    if line is None or not line.queue or line.queue[-1] is not event:
+        return
+    seen: dict[str, int] = {}
+    rounds = []
+    for e in line.queue:
+        c = clients.get(e._id, e.session_hash)
+        rounds.append(seen.get(c, 0))
+        seen[c] = rounds[-1] + 1
+    mine = rounds[-1]
+    for i, r in enumerate(rounds[:-1]):
+        if r > mine:
+            line.queue.insert(i, line.queue.pop())
+            return
+
+
+def cap_per_session(demo: gr.Blocks, cap: int, refusal: str,
+                    on_join: Callable[[str], None] | None = None) -> None:
+    """At most ``cap`` of one session's events in the queue at once (``cap_queue`` with only this rule)."""
+    cap_queue(demo, QueueRules(cap, 10**9, frozenset(), lambda request: "", refusal, refusal, refusal,
+                               "That event does not exist in this app.", on_join))
+
+
+def tag_requests_with_client(demo: gr.Blocks, set_client: Callable[[Any], Any]) -> None:
+    """Each handler runs with ``set_client(request)`` called first in its task (a context variable set there
+    reaches the handler's worker thread, which copies the task's context), and its token reset after."""
+    process = demo.process_api
+
+    async def process_with_client(block_fn, inputs, state=None, request=None, *args, **kwargs):
+        first = request[0] if isinstance(request, list) and request else request
+        reset = set_client(first)
+        try:
+            return await process(block_fn, inputs, state, request, *args, **kwargs)
+        finally:
+            if reset is not None:
+                reset()
+
+    demo.process_api = process_with_client
 
 
 def sentence_for_bad_values(demo: gr.Blocks, say: Callable[[str | None, Exception], str]) -> None:
@@ -321,9 +472,13 @@ def fresh_state_value(demo: gr.Blocks, session_hash: str, key: int) -> Any:
 
 
 def events_held(demo: gr.Blocks, session_hash: str) -> int:
-    """How many of the session's events are in the queue (queued or running)."""
+    """How many of the session's events are in the queue (queued or running). Gradio's own count also keeps
+    events that finished until their answer is read, which a script that never reads them never does."""
     queue = getattr(demo, "_queue", None)
-    return len(queue.pending_event_ids_session.get(session_hash) or ()) if queue is not None else 0
+    if queue is None:
+        return 0
+    return sum(1 for i in list(queue.pending_event_ids_session.get(session_hash) or ())
+               if i in queue.event_ids_to_events)
 
 
 def forget_session(demo: gr.Blocks, session_hash: str) -> None:

@@ -142,7 +142,9 @@ def parse_value(raw: str, component):
     if isinstance(component, (gr.Slider, gr.Number)):
         x = _as_float(raw)
         lo, hi = component.minimum, component.maximum
-        if (lo is not None and x < lo) or (hi is not None and x > hi):
+        if (lo is not None and x < lo) or (hi is not None and x > hi):  # a Number may have one bound only
+            if lo is None or hi is None:
+                raise ValueError(f"must be at least {lo:g}" if hi is None else f"must be at most {hi:g}")
             raise ValueError(f"must be between {lo:g} and {hi:g}")
         if isinstance(component, gr.Number) and component.precision == 0:
             if not x.is_integer():

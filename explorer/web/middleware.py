@@ -1,13 +1,19 @@
 """The HTTP side of a public Space, as ASGI middleware around Gradio's app (``launch(app_kwargs=app_kwargs())``):
 
-    PageCache     the page and its configuration built once, served from memory (and gzipped)
-    UploadLimit   Gradio's upload route bounded per request, or refused when no component takes files
+    PageCache        the page and its configuration built once, served from memory (and gzipped)
+    UploadLimit      Gradio's upload route bounded per request, or refused when no component takes files;
+                     Gradio's recording route refused (no component records audio)
+    SecurityHeaders  a Content-Security-Policy, frame-ancestors and nosniff on every response
+    BrowserSessions  which sessions opened Gradio's heartbeat (a browser tab or Gradio's client): the sweeper
+                     keeps those longer than a script's (explorer.web.sweeper)
 
 ``explorer.web.serving.apply`` sets ``ACCEPTS_FILES`` from the built app (``takes_files``).
 """
 from __future__ import annotations
 
 import gzip
+import threading
+from collections import OrderedDict
 
 import gradio as gr
 
@@ -28,7 +34,9 @@ class PageCache:
 
     def __init__(self, app) -> None:
         self.app = app
-        self._kept: dict[tuple, tuple[dict, bytes, bytes | None]] = {}  # key -> (start, body, gzipped body)
+        # key -> (start, body, gzipped body), least recently served first: junk Host headers push each other
+        # out, never the page real visitors ask for
+        self._kept: "OrderedDict[tuple, tuple[dict, bytes, bytes | None]]" = OrderedDict()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] != "GET" or scope["path"] not in self.PATHS:
@@ -43,6 +51,7 @@ class PageCache:
         key = (scope["path"], scope.get("root_path", ""), query, tuple(headers.get(h) for h in self.KEY_HEADERS))
         kept = self._kept.get(key)
         if kept is not None:
+            self._kept.move_to_end(key)
             start, body, zipped = kept
             if zipped is not None and b"gzip" in headers.get(b"accept-encoding", b"").lower():
                 start, body = _gzipped_start(start, len(zipped)), zipped
@@ -59,11 +68,12 @@ class PageCache:
                 chunks.append(message.get("body", b""))
                 if not message.get("more_body", False):
                     names = {k.lower() for k, _ in captured.get("headers", [])}
-                    if captured.get("status") == 200 and b"set-cookie" not in names and \
-                            len(self._kept) < self.MAX_ENTRIES:
+                    if captured.get("status") == 200 and b"set-cookie" not in names:
                         body = b"".join(chunks)
                         zipped = None if b"content-encoding" in names else gzip.compress(body, 6)
                         self._kept[key] = (dict(captured), body, zipped)
+                        while len(self._kept) > self.MAX_ENTRIES:
+                            self._kept.popitem(last=False)
             await send(message)
 
         return await self.app(scope, receive, capture)
@@ -82,8 +92,17 @@ ACCEPTS_FILES = False
 #: With a component that takes files: the most one upload request may carry (all its files together).
 UPLOAD_REQUEST_BYTES = 2 * 2**20
 
+#: Set by ``apply``: whether a component of the app records audio (none does: Gradio's route is then refused).
+ACCEPTS_RECORDINGS = False
+RECORDING_REFUSED = "This app records no audio: nothing can be sent here."
+
 UPLOAD_REFUSED = ("This app takes no files: nothing can be uploaded here. Type or paste your text into the page "
                   "instead.")
+
+
+def records_audio(demo: gr.Blocks) -> bool:
+    """Whether a component of ``demo`` records audio (Gradio's ``process_recording`` route serves only those)."""
+    return any(isinstance(block, gr.Audio) for block in demo.blocks.values())
 
 
 def takes_files(demo: gr.Blocks) -> bool:
@@ -102,6 +121,9 @@ class UploadLimit:
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and \
+                scope["path"].rstrip("/").endswith("/process_recording") and not ACCEPTS_RECORDINGS:
+            return await _plain(send, 403, RECORDING_REFUSED)
         if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].rstrip("/").endswith("/upload"):
             return await self.app(scope, receive, send)
         if not ACCEPTS_FILES:
@@ -131,8 +153,89 @@ async def _plain(send, status: int, text: str) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+#: What the page needs and nothing more: Gradio's own scripts and styles (inline ones too: the page's configuration
+#: and Svelte's styles), images as data: and blob: URLs (Plotly's downloads), the queue's event streams and
+#: websockets to this same origin, fonts from here; embedding by this origin and Hugging Face (a Space's page
+#: shows the app in an iframe), by nobody else.
+CONTENT_SECURITY_POLICY = "; ".join([
+    "default-src 'self'",
+    "script-src 'self' 'unsafe-inline' 'unsafe-eval' blob:",
+    "style-src 'self' 'unsafe-inline'",
+    "img-src 'self' data: blob:",
+    "font-src 'self' data:",
+    "media-src 'self' data: blob:",
+    "connect-src 'self' ws: wss: blob: data:",
+    "worker-src 'self' blob:",
+    "object-src 'none'",
+    "base-uri 'self'",
+    "form-action 'self'",
+    "frame-ancestors 'self' https://huggingface.co https://*.huggingface.co https://*.hf.space",
+])
+SECURITY_HEADERS = [(b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"referrer-policy", b"strict-origin-when-cross-origin")]
+
+
+class SecurityHeaders:
+    """ASGI middleware: ``SECURITY_HEADERS`` on every HTTP response (those the app set itself are kept)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def with_headers(message):
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                have = {k.lower() for k, _ in headers}
+                headers += [(k, v) for k, v in SECURITY_HEADERS if k not in have]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        return await self.app(scope, receive, with_headers)
+
+
+class BrowserSessions:
+    """ASGI middleware that notes each session hash opening Gradio's heartbeat route (a browser tab does, and
+    so does Gradio's own client; a script posting to the queue does not), in a bounded record."""
+    MAX = 20_000
+    _seen: "OrderedDict[str, None]" = OrderedDict()
+    _guard = threading.Lock()
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if "/heartbeat/" in path:
+            self.note(path.rstrip("/").rsplit("/", 1)[-1])
+        return await self.app(scope, receive, send)
+
+    @classmethod
+    def note(cls, session_hash: str) -> None:
+        with cls._guard:
+            cls._seen[session_hash[:128]] = None
+            cls._seen.move_to_end(session_hash[:128])
+            while len(cls._seen) > cls.MAX:
+                cls._seen.popitem(last=False)
+
+    @classmethod
+    def has_browser(cls, session_hash: str) -> bool:
+        """Whether ``session_hash`` opened the heartbeat (a page or Gradio's client holds it)."""
+        return session_hash in cls._seen
+
+    @classmethod
+    def forget(cls, session_hash: str) -> None:
+        with cls._guard:
+            cls._seen.pop(session_hash, None)
+
+
 def app_kwargs() -> dict:
-    """For ``launch(app_kwargs=...)``: the page cache and the upload limit, as Starlette middleware."""
+    """For ``launch(app_kwargs=...)``: security headers, browser sessions noted, the upload limit and the page
+    cache, as Starlette middleware (the first listed is the outermost)."""
     from starlette.middleware import Middleware
 
-    return {"middleware": [Middleware(UploadLimit), Middleware(PageCache)]}
+    return {"middleware": [Middleware(SecurityHeaders), Middleware(BrowserSessions), Middleware(UploadLimit),
+                           Middleware(PageCache)]}

@@ -1,18 +1,29 @@
-"""How the queue serves many visitors: concurrency per event, by what the event holds, and a per-session cap.
+"""How the queue serves many visitors: lanes by what an event holds, caps per session and per client.
 
 Gradio runs each handler function one request at a time unless told otherwise, so a class of 40 waits in
-series on an idle second core. Here each event gets a concurrency group by what it holds:
+series on an idle second core. Here each event gets a concurrency group (a lane) by what it holds, and a lane's
+line never waits behind another lane's:
 
-    measure   timings and training (memory sweeps, generation, fine-tuning): one at a time, since two on the
-              same cores would time each other
-    play      the memory lab's Play: sleeps between frames, so many run side by side
-    view      everything else (cached opening examples, hooked forward passes on small models, predictions):
-              a few side by side; runs on one model still serialise on its model lock (explorer.state.locks)
+    generation  text generation: streams token by token; two at a time
+    measure     measurements (memory sweeps, the formats comparison, experiment sweeps): one at a time, since two
+                on the same cores would time each other
+    finetune    LoRA fine-tuning: one at a time
+    play        the memory lab's Play: sleeps between frames, so many run side by side
+    view        everything else (cached opening examples, hooked forward passes on small models, predictions):
+                a few side by side; runs on one model still serialise on its model lock (explorer.state.locks)
 
-A listener takes its group as ``**concurrency(api_name)``; views take the queue's default (``QUEUE``). A session
-(one browser tab or API client) may hold at most ``EXPLORER_SESSION_QUEUE_CAP`` events in the queue at once
-(queued or running); one more is refused with a sentence, so one client cannot fill the queue that everyone
-shares; a page load sends at most a link's three events.
+So a generation starts as soon as the generation lane is free, whatever fine-tunes and sweeps wait. A listener
+takes its group as ``**concurrency(api_name)``; views take the queue's default (``QUEUE``).
+
+Caps, checked at each join (``explorer.web.gradio_adapter.cap_queue``), each refusal a sentence:
+    a session (one browser tab or API client) holds at most ``EXPLORER_SESSION_QUEUE_CAP`` events in the queue
+    at once (queued or running; a page load sends at most a link's three events), and at most one long job
+    (generation, measurement or fine-tune);
+    a client address (``explorer.web.clients``: the peer, or behind a Space's proxy the address the proxy
+    forwarded) holds at most ``EXPLORER_CLIENT_QUEUE_CAP``, so fresh session ids do not buy a script more;
+    within a lane, events wait round robin by client address, so a flood waits behind everyone's next request.
+The queue's size stays well below Gradio's per-session message books (2,000 sessions in Gradio 6.31), which
+keep every session with an event pending (``keep_sessions_with_events``).
 
 Page loads cost little: every tab's opening example is computed once at start-up into the page itself
 (``explorer.web.opening``), so a page opened without a link sends no event; a link runs its own tab's view, from the
@@ -48,8 +59,12 @@ def _env_int(name: str, default: int, lo: int = 1) -> int:
 
 #: Events per session in the queue at once (queued or running): a link's page load sends 3.
 SESSION_QUEUE_CAP = _env_int("EXPLORER_SESSION_QUEUE_CAP", 24)
-#: The whole queue: room for 64 sessions' page loads at once, and more.
-QUEUE_MAX_SIZE = _env_int("EXPLORER_QUEUE_SIZE", 2048)
+#: Events per client address in the queue at once: a class behind one school address opening a link (3 events
+#: each) and asking questions fits.
+CLIENT_QUEUE_CAP = _env_int("EXPLORER_CLIENT_QUEUE_CAP", 256)
+#: The whole queue: room for a class's page loads many times over, and at most half of Gradio's per-session
+#: message books (``apply`` lowers it to that), so a session with an event pending always has its place there.
+QUEUE_MAX_SIZE = _env_int("EXPLORER_QUEUE_SIZE", 1024)
 #: Cheap views run this many at a time per group.
 VIEW_CONCURRENCY = _env_int("EXPLORER_VIEW_CONCURRENCY", 4)
 
@@ -62,10 +77,14 @@ QUEUE = {"max_size": QUEUE_MAX_SIZE, "default_concurrency_limit": VIEW_CONCURREN
 # (api_name prefix, group, limit); first match wins, anything unmatched is a view.
 GROUPS: list[tuple[str, str, int | None]] = [
     ("memory_compare", "measure", 1),
-    ("generate", "measure", 1),
-    ("lora_finetune", "measure", 1),
+    ("formats", "measure", 1),
+    ("experiment_sweep", "measure", 1),
+    ("generate", "generation", 2),
+    ("lora_finetune", "finetune", 1),
     ("memory_trace_play", "play", 16),
 ]
+#: The lanes of long jobs: a session holds at most one event of these at once.
+LONG_GROUPS = frozenset({"measure", "generation", "finetune"})
 
 
 def group_of(api_name: str | None) -> tuple[str | None, int | None]:
@@ -91,6 +110,25 @@ def refused_sentence(cap: int) -> str:
             "page) before sending more.")
 
 
+def client_refused_sentence(cap: int) -> str:
+    return (f"Your network address already has {cap} requests waiting or running on this server: wait for them "
+            "to finish before sending more.")
+
+
+LONG_REFUSED = ("This page already has a generation, measurement or fine-tune waiting or running: wait for it to "
+                "finish (or press Stop) before starting another.")
+UNKNOWN_EVENT = "That event does not exist in this app: reload the page."
+
+
+def _set_client(request):
+    """Run the handler with its client's address known (``explorer.state.clients``); the reset to call after."""
+    from explorer.state import clients as current
+    from explorer.web.clients import address_of_request
+
+    token = current.CURRENT.set(address_of_request(request))
+    return lambda: current.CURRENT.reset(token)
+
+
 def bad_value_sentence(api_name: str | None, exc: Exception) -> str:
     """A value Gradio refused before any handler ran, as one sentence quoting a short, escaped prefix of why."""
     from explorer.panels.errors import no_paths, short
@@ -108,11 +146,18 @@ def apply(demo: gr.Blocks) -> gr.Blocks:
         if group is not None and adapter.event_group(demo, i) != (group, limit):
             adapter.set_group(demo, i, group, limit)  # a listener registered without **concurrency(name)
     adapter.compute_summary_every(demo, ANALYTICS_EVERY)  # after each event, it costs a class's page loads dearly
-    adapter.cap_per_session(demo, SESSION_QUEUE_CAP, refused_sentence(SESSION_QUEUE_CAP),
-                            on_join=lambda session_hash: sweeper.tell_returning_visitor(demo, session_hash))
+    adapter.keep_sessions_with_events(demo)
+    from explorer.web.clients import address_of_request
+
+    adapter.cap_queue(demo, adapter.QueueRules(
+        SESSION_QUEUE_CAP, CLIENT_QUEUE_CAP, LONG_GROUPS, address_of_request, refused_sentence(SESSION_QUEUE_CAP),
+        client_refused_sentence(CLIENT_QUEUE_CAP), LONG_REFUSED, UNKNOWN_EVENT,
+        on_join=lambda session_hash: sweeper.tell_returning_visitor(demo, session_hash)))
+    adapter.tag_requests_with_client(demo, _set_client)
     adapter.sentence_for_bad_values(demo, bad_value_sentence)
     open_in_page(demo)
     middleware.ACCEPTS_FILES = middleware.takes_files(demo)
+    middleware.ACCEPTS_RECORDINGS = middleware.records_audio(demo)
     sweeper.limit_heap_arenas()
     sweeper.start_sweeper(demo)
     return demo

@@ -1,7 +1,13 @@
 """Sessions that left are forgotten: a daemon (``start_sweeper``, started by ``explorer.web.serving.apply``) runs
-``sweep_once`` every quarter of ``EXPLORER_SESSION_IDLE_MINUTES``, freeing idle visitors' own models, what Gradio
+``sweep_once`` every quarter of the shorter idle time below, freeing idle visitors' own models, what Gradio
 keeps for sessions idle that long and the results nobody used meanwhile (the opening examples stay). A visitor
 whose model was freed is told so on their next action, even when their Gradio session was dropped meanwhile.
+
+    EXPLORER_SESSION_IDLE_MINUTES      (default 30) a session that opened Gradio's heartbeat (a browser tab, or
+                                       Gradio's own client: ``middleware.BrowserSessions``) and its own model
+    EXPLORER_API_SESSION_IDLE_MINUTES  (default 1) a session that never did: a script posting to the queue, whose
+                                       per-session copy of the page's configuration and unread answers would
+                                       otherwise stay for the longer time
 """
 from __future__ import annotations
 
@@ -56,19 +62,38 @@ def tell_returning_visitor(demo: gr.Blocks, session_hash: str) -> None:
         value[EVICTED_KEY] = sentence
 
 
-def forget_idle_sessions(demo: gr.Blocks, idle_seconds: float, now: float | None = None) -> int:
+def _api_idle_seconds() -> float:
+    try:
+        return max(0.0, float(os.environ.get("EXPLORER_API_SESSION_IDLE_MINUTES", "") or 1)) * 60
+    except ValueError:  # a bad setting must not stop the app from starting
+        return 60.0
+
+
+#: How long a session that never opened the heartbeat (a script) is kept idle.
+API_IDLE_SECONDS = _api_idle_seconds()
+
+
+def forget_idle_sessions(demo: gr.Blocks, idle_seconds: float, now: float | None = None,
+                         api_idle_seconds: float | None = None) -> int:
     """Drop what Gradio keeps for each session idle longer than ``idle_seconds`` (its per-session copy of every
     component's configuration and its ``gr.State`` values): Gradio keeps an API client's session until 10,000
     sessions exist and a closed tab's for an hour. A session still holding its own model, or the notice that it
     was freed, is kept four times as long; dropped with a notice waiting, the notice is kept (a sentence) and
-    given to the session's fresh state when it comes back. How many were dropped."""
+    given to the session's fresh state when it comes back. A session that never opened Gradio's heartbeat (a
+    script) is dropped after ``api_idle_seconds`` (``API_IDLE_SECONDS``) when that is shorter. How many were
+    dropped."""
     import datetime
+
+    from explorer.web.middleware import BrowserSessions
+
+    api_idle = min(idle_seconds, API_IDLE_SECONDS if api_idle_seconds is None else api_idle_seconds)
 
     now_dt = datetime.datetime.now() if now is None else datetime.datetime.fromtimestamp(now)
     dropped = 0
     for session_hash, last in adapter.sessions_last_used(demo).items():
         idle = (now_dt - last).total_seconds()
-        if idle <= idle_seconds or adapter.events_held(demo, session_hash):
+        limit = idle_seconds if BrowserSessions.has_browser(session_hash) else api_idle
+        if idle <= limit or adapter.events_held(demo, session_hash):
             continue
         values = adapter.session_values(demo, session_hash)
         if idle <= 4 * idle_seconds and _holds_own_model(values):
@@ -79,6 +104,7 @@ def forget_idle_sessions(demo: gr.Blocks, idle_seconds: float, now: float | None
             while len(RETURNING) > MAX_RETURNING:
                 RETURNING.popitem(last=False)
         adapter.forget_session(demo, session_hash)
+        BrowserSessions.forget(session_hash)
         dropped += 1
     return dropped
 
@@ -132,11 +158,11 @@ _SWEEPERS: "weakref.WeakKeyDictionary[gr.Blocks, tuple[threading.Thread, threadi
 
 
 def start_sweeper(demo: gr.Blocks) -> threading.Thread:
-    """A daemon thread that runs ``sweep_once`` every quarter of the idle time (1 s to 60 s), until the demo is
+    """A daemon thread that runs ``sweep_once`` every quarter of the shorter idle time (1 s to 60 s), until the demo is
     gone or ``stop_sweeper`` is called."""
     from explorer.state import private_models
 
-    period = min(60.0, max(1.0, private_models.IDLE_SECONDS / 4))
+    period = min(60.0, max(1.0, min(private_models.IDLE_SECONDS, API_IDLE_SECONDS) / 4))
     ref = weakref.ref(demo)
     stop = threading.Event()
 

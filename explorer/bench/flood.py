@@ -1,0 +1,212 @@
+"""A stranger's script against ``python app.py`` (issue 31): floods of fresh session ids, throw-away sessions,
+long jobs queued before a generation, and Stop. Raw queue routes (``explorer.bench.page_client``), one process
+of clients; the server runs in its own (``explorer.bench.server``). Used by ``python -m explorer.bench`` (the
+robustness rows) and tests/test_robustness_flood.py.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import time
+import uuid
+from typing import Any
+
+from .page_client import API, fetch_plan, run_events  # noqa: F401 (fetch_plan: tests)
+
+#: The memory lab's sweep at lengths that take seconds on 2 cores: a long measurement.
+SWEEP = [4096, 8, 64, 8, ["naive", "tiled"], True, "float32"]
+
+
+def _join(http, url: str, fn: int, data: list, session_hash: str, headers: dict | None = None) -> tuple[int, str]:
+    body = {"data": data, "fn_index": fn, "session_hash": session_hash, "event_data": None, "trigger_id": None}
+    try:
+        r = http.post(url + API + "queue/join", json=body, headers=headers or {}, timeout=60)
+        return r.status_code, r.text[:200]
+    except Exception as exc:  # noqa: BLE001 - counted as a failure of this join
+        return 0, f"{type(exc).__name__}: {exc}"[:200]
+
+
+def flood(url: str, fn: int, data: list, n: int, *, tag: str, workers: int = 32,
+          headers: dict | None = None, wait_when_full: float = 0.0) -> dict[str, Any]:
+    """``n`` joins of event ``fn``, each from a new session id, ``workers`` at a time, streams never read: how
+    many were accepted, refused (by status) and how many said the queue was stopped. With ``wait_when_full``
+    seconds, a join told the queue is full is sent again until accepted or that long has passed."""
+    import httpx
+
+    deadline = time.monotonic() + wait_when_full
+
+    def one(i: int):
+        with httpx.Client() as http:
+            while True:
+                code, text = _join(http, url, fn, data, f"{tag}-{i}-{uuid.uuid4().hex[:6]}", headers)
+                if code != 503 or "Queue is full" not in text or time.monotonic() > deadline:
+                    return code, text
+                time.sleep(0.25)
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        codes = list(pool.map(one, range(n)))
+    by_status: dict[int, int] = {}
+    for code, _ in codes:
+        by_status[code] = by_status.get(code, 0) + 1
+    return {"joins": n, "by_status": by_status, "accepted": by_status.get(200, 0),
+            "queue_stopped": sum("Queue is stopped" in text for _, text in codes),
+            "examples": sorted({text for code, text in codes if code != 200})[:3]}
+
+
+def answer_seconds(url: str, api_name: str, values: list | None = None, *, headers: dict | None = None,
+                   timeout: float = 120.0) -> tuple[float | None, list[str]]:
+    """Seconds until one new session's ``api_name`` is answered (None: not answered), and what failed."""
+    import httpx
+
+    plan = fetch_plan(url)
+    fn = plan.fn_of(api_name)
+    t0 = time.monotonic()
+    with httpx.Client(timeout=60, headers=headers or {}) as http:
+        out = run_events(http, url, f"victim-{uuid.uuid4().hex[:8]}", plan, [fn], {fn: values or plan.values[fn]},
+                         time.monotonic() + timeout, follow=False)
+    return (time.monotonic() - t0 if fn in out.done else None), out.refused + out.failed
+
+
+def queue_outlives_flood(url: str, *, long_jobs: int = 20, joins: int = 2300) -> dict[str, Any]:
+    """Long jobs queued (sweeps, one session each: they stay pending for minutes), then ``joins`` cheap joins
+    (``kv_calculator``) each from a new session, never read, sent again while the queue is full until taken:
+    more sessions than Gradio's per-session message books hold, with events pending. Then a page and an answer
+    from a new visitor."""
+    import httpx
+
+    plan = fetch_plan(url)
+    sweep = plan.fn_of("memory_compare")
+    held = flood(url, sweep, SWEEP, long_jobs, tag="long", workers=long_jobs)
+    cheap = plan.fn_of("kv_calculator")
+    t0 = time.monotonic()
+    flooded = flood(url, cheap, plan.values[cheap], joins, tag="cheap", wait_when_full=400.0)
+    flood_s = time.monotonic() - t0
+    page = httpx.get(url, timeout=60)
+    seconds, failed = answer_seconds(url, "kv_calculator", timeout=300.0)
+    books = held["accepted"] + flooded["accepted"]
+    return {"long_jobs": held, "flood": flooded, "flood_seconds": flood_s, "sessions_joined": books,
+            "page_status": page.status_code, "answer_seconds": seconds, "answer_failed": failed}
+
+
+def victim_beside_rotation(url: str, *, joins: int = 300, flooder: str = "10.1.1.1",
+                           victim: str = "10.2.2.2") -> dict[str, Any]:
+    """``joins`` attention questions, each from a new session id, all from one (forwarded) address, then one
+    from another address: how the flood was answered and how long the victim waited. The server must trust
+    one proxy hop (``EXPLORER_PROXY_HOPS=1``) for the forwarded addresses to count."""
+    plan = fetch_plan(url)
+    fn = plan.fn_of("attention")
+    values = list(plan.values[fn])
+    flooded = flood(url, fn, values, joins, tag="rotating", headers={"X-Forwarded-For": flooder})
+    values[0] = "The victim asks a question of their own."
+    seconds, failed = answer_seconds(url, "attention", values, headers={"X-Forwarded-For": victim})
+    return {"flood": flooded, "victim_seconds": seconds, "victim_failed": failed}
+
+
+def memory_after_throwaway(server, *, sessions: int = 600, settle_s: float = 120.0, log=print) -> dict[str, Any]:
+    """Resident memory of the server before ``sessions`` throw-away ``memory_trace`` sessions (each a new id,
+    never read), right after, and ``settle_s`` seconds later (their sessions expired meanwhile)."""
+    import gc
+
+    plan = fetch_plan(server.url)
+    fn = plan.fn_of("memory_trace")
+    gc.collect()
+    before = server.rss_bytes()
+    t0 = time.monotonic()
+    flooded = flood(server.url, fn, plan.values[fn], sessions, tag="throwaway", workers=16)
+    # the flood's events may still be running: wait until the server is idle (CPU time stops growing)
+    while time.monotonic() - t0 < 600:
+        cpu = server.cpu_seconds()
+        time.sleep(2)
+        if server.cpu_seconds() - cpu < 0.2:
+            break
+    after = server.rss_bytes()
+    log(f"robust: {sessions} throw-away memory_trace sessions: RSS {before / 2**20:.0f} -> {after / 2**20:.0f} MiB")
+    time.sleep(settle_s)
+    settled = server.rss_bytes()
+    return {"sessions": sessions, "flood": flooded, "rss_before": before, "rss_after": after,
+            "rss_settled": settled, "settle_seconds": settle_s,
+            "rss_settled_above_start": settled - before}
+
+
+def generation_beside_finetunes(url: str, *, finetunes: int = 20, sweeps: int = 1) -> dict[str, Any]:
+    """``finetunes`` LoRA fine-tunes (each from its own session) and ``sweeps`` memory sweeps queued, then a
+    generation from a new session: seconds until its first streamed token (or its answer)."""
+    import httpx
+
+    plan = fetch_plan(url)
+    ft = plan.fn_of("lora_finetune")
+    queued = flood(url, ft, plan.values[ft], finetunes, tag="finetune", workers=8)
+    swept = flood(url, plan.fn_of("memory_compare"), SWEEP, sweeps, tag="sweep", workers=1) if sweeps else None
+    time.sleep(0.5)
+    gen = plan.fn_of("generate")
+    values = list(plan.values[gen])
+    session = f"generation-{uuid.uuid4().hex[:8]}"
+    t0 = time.monotonic()
+    first = None
+    with httpx.Client(timeout=120) as http:
+        code, _ = _join(http, url, gen, values, session)
+        with http.stream("GET", url + API + "queue/data", params={"session_hash": session}) as stream:
+            for line in stream.iter_lines():
+                if '"msg":"process_generating"' in line[:200] or '"msg":"process_completed"' in line[:200]:
+                    first = time.monotonic() - t0
+                    break
+                if time.monotonic() - t0 > 300:
+                    break
+    return {"finetunes": queued, "sweeps": swept, "generation_join": code, "generation_first_seconds": first}
+
+
+def stop_frees_cpu(server, *, run_s: float = 3.0, after_s: float = 1.0, watch_s: float = 4.0) -> dict[str, Any]:
+    """A memory sweep started, Stop pressed after ``run_s`` seconds (Gradio's /cancel, as the button sends it);
+    the server's CPU seconds used in each ``after_s`` window from then on, and when they fell below a tenth of
+    a core (``settled_after``)."""
+    import httpx
+
+    plan = fetch_plan(server.url)
+    fn = plan.fn_of("memory_compare")
+    session = f"stopper-{uuid.uuid4().hex[:8]}"
+    with httpx.Client(timeout=60) as http:
+        r = http.post(server.url + API + "queue/join", json={"data": SWEEP, "fn_index": fn, "session_hash": session,
+                                                            "event_data": None, "trigger_id": None})
+        event_id = r.json()["event_id"]
+        time.sleep(run_s)
+        busy = server.cpu_seconds()
+        time.sleep(0.5)
+        busy_rate = (server.cpu_seconds() - busy) / 0.5
+        http.post(server.url + API + "cancel", json={"session_hash": session, "fn_index": fn, "event_id": event_id})
+        t0, windows, settled = time.monotonic(), [], None
+        last = server.cpu_seconds()
+        while time.monotonic() - t0 < watch_s:
+            time.sleep(0.25)
+            now = server.cpu_seconds()
+            windows.append(round((now - last) / 0.25, 2))
+            last = now
+            if settled is None and windows[-1] < 0.1:
+                settled = time.monotonic() - t0
+    return {"cores_busy_before_stop": busy_rate, "cores_per_quarter_second_after": windows,
+            "settled_after": settled}
+
+
+def bench_robust(log=print) -> dict[str, Any]:
+    """The benchmark's robustness rows (issue 31), each on a fresh ``python app.py``: the queue after more new
+    sessions than Gradio's books hold, a victim beside 300 rotating session ids from one forwarded address, a
+    generation beside 20 queued fine-tunes and a sweep, CPU after Stop, and resident memory after 600
+    throw-away sessions."""
+    from .server import served_app
+
+    out: dict[str, Any] = {}
+    with served_app({"EXPLORER_CLIENT_QUEUE_CAP": "100000"}) as server:
+        out["queue"] = queue_outlives_flood(server.url)
+    log(f"robust: queue after {out['queue']['flood']['joins']} new-session joins: "
+        f"{out['queue']['flood']['queue_stopped']} 'queue stopped', answer {out['queue']['answer_seconds']}")
+    with served_app({"EXPLORER_PROXY_HOPS": "1"}) as server:
+        out["rotation"] = victim_beside_rotation(server.url)
+        log(f"robust: victim beside 300 rotating ids: {out['rotation']['victim_seconds']}")
+        out["lanes"] = generation_beside_finetunes(server.url)
+        log(f"robust: generation beside 20 fine-tunes: first token {out['lanes']['generation_first_seconds']}")
+    with served_app() as server:
+        out["stop"] = stop_frees_cpu(server)
+        log(f"robust: CPU settled {out['stop']['settled_after']} s after Stop")
+    with served_app({"EXPLORER_CLIENT_QUEUE_CAP": "100000"}) as server:
+        fetch_plan(server.url)
+        out["memory"] = memory_after_throwaway(server, log=log)
+        log(f"robust: RSS {out['memory']['rss_settled_above_start'] / 2**20:.0f} MiB above start, 2 min after")
+    return out

@@ -1,0 +1,280 @@
+"""Class rooms: a teacher asks a question, phones vote, the teacher's page tallies and reveals.
+
+One process holds every room, in memory, bounded and expiring (nothing of a room is kept once it ends):
+
+    MAX_ROOMS        rooms open at once on this process (``EXPLORER_MAX_ROOMS``, default 50)
+    MAX_VOTES        voters per question in one room (``EXPLORER_MAX_VOTES``, default 200)
+    ROOM_MINUTES     a room ends this long after it opened (``EXPLORER_ROOM_MINUTES``, default 45)
+    2-6 choices      each at most 60 characters, made by the app (never a visitor's free text)
+
+A room code is 6 characters from a 31-letter alphabet without look-alikes (no 0/O, 1/I/L): 31**6 = 887,503,681
+codes. Wrong codes are rate-limited, per session (5 in 10 minutes) and for the whole process (300 a minute,
+after which every typed code waits for the minute to pass), so a stranger can try at most 13,500 codes in a
+room's 45 minutes: a chance of about 1.5e-5 of finding one given room, 7.6e-4 of finding any of 50.
+
+Only the session that opened a room holds its secret (a 32-byte token kept in that session's ``gr.State``,
+never sent to a browser): revealing, closing and asking the next question need it; the room code does not
+give it. A voter is one browser session (Gradio's session hash): one vote per question, changeable until the
+reveal; nobody but the room's owner sees the tally.
+
+The store's guard is held only to read or write its books (microseconds), never while a model runs.
+"""
+from __future__ import annotations
+
+import hmac
+import os
+import re
+import secrets
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+
+def _env_number(name: str, default: float, lo: float) -> float:
+    try:
+        return max(lo, float(os.environ.get(name, "") or default))
+    except ValueError:  # a bad setting must not stop the app from starting
+        return default
+
+
+ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"  # 31 characters: no 0/O, no 1/I/L
+CODE_LEN = 6
+CODE_SPACE = len(ALPHABET) ** CODE_LEN
+MAX_ROOMS = int(_env_number("EXPLORER_MAX_ROOMS", 50, 1))
+MAX_VOTES = int(_env_number("EXPLORER_MAX_VOTES", 200, 1))
+ROOM_MINUTES = _env_number("EXPLORER_ROOM_MINUTES", 45, 0.01)
+MIN_CHOICES, MAX_CHOICES, MAX_CHOICE_CHARS, MAX_QUESTION_CHARS = 2, 6, 60, 300
+WRONG_PER_SESSION, WRONG_SESSION_WINDOW = 5, 600.0  # wrong codes one session may try, per 10 minutes
+WRONG_PER_PROCESS, WRONG_PROCESS_WINDOW = 300, 60.0  # wrong codes the whole process accepts, per minute
+MAX_GUESSERS = 10_000  # sessions whose wrong codes are remembered (oldest forgotten first)
+
+_CODE = re.compile(f"^[{ALPHABET}]{{{CODE_LEN}}}$")
+
+
+def normalize(code) -> str:
+    """A typed code as the store reads it: upper case, spaces and dashes dropped; ValueError with a sentence if it
+    cannot be a code (such a code is not counted as a guess: it cannot open any room)."""
+    if not isinstance(code, str):
+        raise ValueError("Type the room code shown on the projector (6 letters and digits).")
+    text = re.sub(r"[\s\-]", "", code).upper()
+    if not text:
+        raise ValueError("Type the room code shown on the projector (6 letters and digits).")
+    if not _CODE.match(text):  # no code has 0, O, 1, I or L, and every code has 6 characters
+        raise ValueError(f"A room code is {CODE_LEN} letters and digits without 0, O, 1, I or L: check the code on "
+                         "the projector.")
+    return text
+
+
+@dataclass
+class Question:
+    """What voters see: a question and its choices (the app's words and the model's tokens, shown as text)."""
+    qid: int
+    text: str
+    choices: tuple[str, ...]
+
+
+@dataclass
+class Tally:
+    code: str
+    qid: int
+    text: str
+    choices: tuple[str, ...]
+    counts: tuple[int, ...]
+    revealed: bool
+    version: int  # changes with every vote counted, so a page redraws only when something changed
+    seconds_left: float
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+
+@dataclass
+class _Room:
+    code: str
+    secret: str
+    expires: float
+    question: Question
+    votes: dict = field(default_factory=dict)  # voter -> choice index
+    revealed: bool = False
+    version: int = 0
+
+
+def check_question(text, choices) -> tuple[str, tuple[str, ...]]:
+    if not isinstance(text, str) or not text.strip() or len(text) > MAX_QUESTION_CHARS:
+        raise ValueError(f"A question is 1 to {MAX_QUESTION_CHARS} characters of text.")
+    choices = tuple(choices)
+    if not MIN_CHOICES <= len(choices) <= MAX_CHOICES:
+        raise ValueError(f"A question has {MIN_CHOICES} to {MAX_CHOICES} choices, not {len(choices)}.")
+    if any(not isinstance(c, str) or not c or len(c) > MAX_CHOICE_CHARS for c in choices):
+        raise ValueError(f"Each choice is 1 to {MAX_CHOICE_CHARS} characters of text.")
+    if len(set(choices)) != len(choices):
+        raise ValueError("Two choices read the same: a question needs choices a voter can tell apart.")
+    return text, choices
+
+
+class Rooms:
+    """Every room of this process. ``clock`` is injectable so tests can expire rooms without waiting."""
+
+    def __init__(self, *, max_rooms: int = MAX_ROOMS, max_votes: int = MAX_VOTES, minutes: float = ROOM_MINUTES,
+                 clock=time.monotonic) -> None:
+        self.max_rooms, self.max_votes, self.minutes, self.clock = max_rooms, max_votes, minutes, clock
+        self._rooms: dict[str, _Room] = {}
+        self._guard = threading.Lock()
+        self._wrong: "OrderedDict[str, deque]" = OrderedDict()  # session -> times of its wrong codes
+        self._wrong_all: deque = deque()
+        self._next_qid = 1
+
+    # --- books, under the guard ---------------------------------------------------------------------------
+    def _sweep(self, now: float) -> None:
+        for code in [c for c, r in self._rooms.items() if r.expires <= now]:
+            del self._rooms[code]  # nothing of an ended room is kept
+
+    def _new_question(self, text: str, choices: tuple[str, ...]) -> Question:
+        qid, self._next_qid = self._next_qid, self._next_qid + 1
+        return Question(qid, text, choices)
+
+    def _owned(self, code: str, secret) -> _Room:
+        room = self._rooms.get(code) if isinstance(code, str) else None
+        if room is None:
+            raise ValueError(f"Room {code} has ended (rooms last {self.minutes:g} minutes, or it was closed): "
+                             "ask the class again to open a new one.")
+        if not isinstance(secret, str) or not hmac.compare_digest(room.secret, secret):
+            raise ValueError("Only the page that asked this question can reveal it, close it or ask the next one.")
+        return room
+
+    def _tally(self, room: _Room, now: float) -> Tally:
+        counts = [0] * len(room.question.choices)
+        for choice in room.votes.values():
+            counts[choice] += 1
+        return Tally(room.code, room.question.qid, room.question.text, room.question.choices, tuple(counts),
+                     room.revealed, room.version, max(0.0, room.expires - now))
+
+    def _refuse_guessing(self, voter: str, now: float) -> None:
+        while self._wrong_all and self._wrong_all[0] <= now - WRONG_PROCESS_WINDOW:
+            self._wrong_all.popleft()
+        if len(self._wrong_all) >= WRONG_PER_PROCESS:
+            raise ValueError("Too many wrong room codes were typed on this server in the last minute: wait a "
+                             "minute and type the code again, or open the link or QR code on the projector.")
+        mine = self._wrong.get(voter)
+        if mine is not None:
+            while mine and mine[0] <= now - WRONG_SESSION_WINDOW:
+                mine.popleft()
+            if len(mine) >= WRONG_PER_SESSION:
+                raise ValueError(f"{WRONG_PER_SESSION} wrong room codes from this page in 10 minutes: wait a few "
+                                 "minutes, or open the link or QR code on the projector.")
+
+    def _count_wrong(self, voter: str, now: float) -> None:
+        self._wrong_all.append(now)
+        mine = self._wrong.pop(voter, None) or deque()
+        mine.append(now)
+        self._wrong[voter] = mine
+        while len(self._wrong) > MAX_GUESSERS:
+            self._wrong.popitem(last=False)
+
+    # --- the teacher's page ---------------------------------------------------------------------------------
+    def open(self, text: str, choices) -> tuple[str, str, int]:
+        """A new room with its first question: (code, secret, question id). ValueError when the process is full."""
+        text, choices = check_question(text, choices)
+        now = self.clock()
+        with self._guard:
+            self._sweep(now)
+            if len(self._rooms) >= self.max_rooms:
+                soonest = min(r.expires for r in self._rooms.values()) - now
+                raise ValueError(f"This server already holds {self.max_rooms} class rooms, its limit: one ends in "
+                                 f"{max(1, round(soonest / 60))} min; try again then, or run your own copy.")
+            code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
+            while code in self._rooms:
+                code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
+            secret = secrets.token_urlsafe(32)
+            question = self._new_question(text, choices)
+            self._rooms[code] = _Room(code, secret, now + self.minutes * 60, question)
+            return code, secret, question.qid
+
+    def ask(self, code: str, secret: str, text: str, choices) -> int:
+        """The next question in the owner's room (votes start again from none); its id."""
+        text, choices = check_question(text, choices)
+        now = self.clock()
+        with self._guard:
+            self._sweep(now)
+            room = self._owned(code, secret)
+            room.question, room.votes, room.revealed = self._new_question(text, choices), {}, False
+            room.version += 1
+            return room.question.qid
+
+    def tally(self, code: str, secret: str) -> Tally:
+        now = self.clock()
+        with self._guard:
+            self._sweep(now)
+            return self._tally(self._owned(code, secret), now)
+
+    def reveal(self, code: str, secret: str) -> Tally:
+        """Votes closed for this question; the tally as it stands."""
+        now = self.clock()
+        with self._guard:
+            self._sweep(now)
+            room = self._owned(code, secret)
+            if not room.revealed:
+                room.revealed, room.version = True, room.version + 1
+            return self._tally(room, now)
+
+    def close(self, code: str, secret: str) -> None:
+        with self._guard:
+            self._sweep(self.clock())
+            self._owned(code, secret)
+            del self._rooms[code]
+
+    # --- a voter's phone ------------------------------------------------------------------------------------
+    def join(self, code, voter: str) -> Question:
+        """The room's current question for a voter. ValueError with a sentence for a bad, unknown or ended code."""
+        typed = normalize(code)
+        now = self.clock()
+        with self._guard:
+            self._sweep(now)
+            self._refuse_guessing(voter, now)
+            room = self._rooms.get(typed)
+            if room is None:
+                self._count_wrong(voter, now)
+                raise ValueError(f"No open room has the code {typed}: check the code on the projector (rooms end "
+                                 f"{self.minutes:g} minutes after they open, or when the teacher closes them).")
+            return room.question
+
+    def vote(self, code: str, voter: str, qid, choice) -> tuple[Question, int]:
+        """Count ``voter``'s choice (replacing their earlier one) for question ``qid``: (question, choice)."""
+        now = self.clock()
+        with self._guard:
+            self._sweep(now)
+            room = self._rooms.get(code) if isinstance(code, str) else None
+            if room is None:
+                raise ValueError("This room has ended (or the code is wrong): type the code on the projector again.")
+            q = room.question
+            if qid != q.qid:
+                raise ValueError("The teacher has asked a new question: here it is; vote again.")
+            if room.revealed:
+                raise ValueError("The answer has been revealed: votes are closed for this question.")
+            if isinstance(choice, bool) or not isinstance(choice, int) or not 0 <= choice < len(q.choices):
+                raise ValueError(f"Choose one of the {len(q.choices)} answers shown.")
+            if voter not in room.votes and len(room.votes) >= self.max_votes:
+                raise ValueError(f"This room has {self.max_votes} votes, its limit: your vote was not counted.")
+            if room.votes.get(voter) != choice:
+                room.votes[voter] = choice
+                room.version += 1
+            return q, choice
+
+    def current(self, code: str) -> tuple[Question, bool] | None:
+        """(the room's question, whether it is revealed) for a phone already in the room; None once it has ended.
+        Only for codes a join accepted (kept in the phone's server-side state): no guess is counted here."""
+        with self._guard:
+            self._sweep(self.clock())
+            room = self._rooms.get(code) if isinstance(code, str) else None
+            return None if room is None else (room.question, room.revealed)
+
+    def __len__(self) -> int:
+        with self._guard:
+            self._sweep(self.clock())
+            return len(self._rooms)
+
+
+#: The process's rooms (one process holds them all: with several replicas, a room lives on the one that opened it).
+rooms = Rooms()
