@@ -300,3 +300,18 @@ def test_play_steps_through_the_snapshots_and_stops_at_the_last(monkeypatch):
         seen.append(step)
     assert seen == steps and not timer.active and button.value == "▶ Play"
     assert tab.toggle_play(steps[3], True)[3] is False  # Pause
+
+
+@shipped_snapshots
+@pytest.mark.parametrize("step, head, prompt, message", [
+    (1000, "L1H3", "   ", "The prompt is empty"),
+    (float("nan"), "L1H3", "Once", "finite number"),
+    ("soon", "L1H3", "Once", "must be a number"),
+    (1000, "<b>L1H3</b>", "Once", "head must be one of"),
+])
+def test_bad_input_gets_a_sentence(monkeypatch, step, head, prompt, message):
+    from explorer.panels.training import step_view
+
+    monkeypatch.setenv("EXPLORER_DEFAULT_MODEL", str(SHIPPED))
+    with pytest.raises(ValueError, match=message):
+        step_view(step, head, prompt)
