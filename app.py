@@ -32,6 +32,8 @@ from explorer.panels.memory import build_memory
 from explorer.panels.model import build_model, load_model, local_checkpoints
 from explorer.panels.positions import build_positions
 from explorer.panels import vote
+from explorer.panels.training import build_training, connect_header
+from explorer.state.snapshots import snapshot_names
 from explorer.panels.walkthrough import build_walkthrough
 
 TITLE = "Transformer Explorer"
@@ -41,6 +43,7 @@ TABS = [
     ("Inside the model", "walkthrough", build_walkthrough),
     ("Attention", "attention", build_attention),
     ("Experiments", "experiments", build_experiments),
+    ("Training", "training", build_training),
     ("Positions", "positions", build_positions),
     ("KV cache & generation", "generation", build_generation),
     ("Memory lab", "memory", build_memory),
@@ -183,8 +186,8 @@ def build_demo() -> gr.Blocks:
         state = gr.State(session.new_state())  # per browser session: the model this user looks at
         with gr.Row(elem_id="header-row", equal_height=True):
             gr.Markdown(f"## {TITLE}", scale=2, min_width=220)
-            picker = gr.Dropdown(["default", *local_checkpoints()], value="default", allow_custom_value=True,
-                                 show_label=False, container=False, scale=2, min_width=180, elem_id="header-model")
+            picker = gr.Dropdown(["default", *local_checkpoints(), *snapshot_names()], value="default",
+                                 allow_custom_value=True, show_label=False, container=False, scale=2, min_width=180, elem_id="header-model")
             load = gr.Button("Load model", variant="primary", scale=0, min_width=110, elem_id="header-load")
             projector = gr.Checkbox(label="Projector mode", value=False, scale=0, min_width=150, container=False,
                                     elem_id="projector")
@@ -214,6 +217,7 @@ def build_demo() -> gr.Blocks:
         card = links.views(demo)["model"].outputs
         links.register_model_loads(demo, load.click(load_model, [picker, state], [*card, state],
                                                     api_name="header_load_model", api_visibility="private"))
+        connect_header(demo, tabs, picker, card)  # "knock out at this step" loads a snapshot, opens Experiments
         links.wire(demo, tabs, notice)
         inputs, js = links.copy_link_js(demo)
         copy.click(None, inputs, [link], js=js, api_name="copy_link", api_visibility="private")

@@ -43,3 +43,19 @@ def per_token_loss(model: nn.Module, tokens) -> torch.Tensor:
         raise ValueError(f"per_token_loss takes one sequence of at least 2 tokens, got shape {tuple(tokens.shape)}.")
     with torch.inference_mode():
         return token_losses(model(tokens), tokens)[0]
+
+
+@torch.no_grad()
+def repeated_half_loss(model: nn.Module, span_len: int = 32, batch: int = 8, seed: int = 0) -> float:
+    """Mean loss (nats per token) on the second copy of ``r`` in the induction probe ``[BOS] + r + r``
+    (``lens.heads.repeated_random_tokens``, the same rows ``head_scores`` reads with this seed), from
+    its second token on: the first token of the copy cannot be known, every later one can be copied."""
+    from .heads import repeated_random_tokens
+
+    config = model.config
+    bos = config.bos_token_id
+    tokens = repeated_random_tokens(config.vocab_size, span_len, batch, seed, bos_id=bos)
+    device = next(model.parameters()).device
+    losses = token_losses(model(tokens.to(device)), tokens.to(device))  # (B, P + 2*span - 1)
+    n_prefix = 0 if bos is None else 1
+    return float(losses[:, n_prefix + span_len:].mean())

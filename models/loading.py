@@ -133,16 +133,21 @@ def load_pretrained(source: str | os.PathLike, dtype: torch.dtype = torch.float3
     return model.to(dtype=dtype).eval()
 
 
-def save_pretrained(model: Decoder, folder: str | os.PathLike) -> Path:
+def save_pretrained(model: Decoder, folder: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
     """Write ``config.json`` and ``model.safetensors`` that the transformers class of ``model.config.family``
     loads (``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ...). Raises ValueError, before writing anything, when the
-    config's switches do not fit that class."""
+    config's switches do not fit that class.
+
+    dtype: the weights' dtype on disk (None: as they are in ``model``); the config names it.
+    """
     from safetensors.torch import save_file
 
     hf_config = model.config.to_hf()
+    if dtype is not None:
+        hf_config["dtype"] = str(dtype).removeprefix("torch.")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {ours_to_hf(k): v.detach().contiguous() for k, v in model.state_dict().items()}
+    state = {ours_to_hf(k): v.detach().to(dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_embeddings:
         state.pop("lm_head.weight")
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})

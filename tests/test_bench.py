@@ -123,3 +123,18 @@ def test_different_tokens_fail_the_cache_target():
     targets = bench.evaluate_targets(_report(cache={"speedup": 50.0, "tokens_identical": False}))
     cache = [x for x in targets if x["target"].startswith("Cached")][0]
     assert cache["pass"] is False and "DIFFERENT" in cache["measured"]
+
+
+def test_training_tab_target_is_the_slowest_cold_step():
+    def judged(cold_max):
+        tr = {"snapshots": 24, "total_bytes": 50_000_000, "payload_bytes": 90_000,
+              "load_seconds": {"median": 0.01, "max": 0.02},
+              "step_cold_seconds": {"median": 0.1, "max": cold_max},
+              "step_warm_seconds": {"median": 0.08, "max": 0.09}}
+        report = _report(training=tr)
+        return next(x for x in bench.evaluate_targets(report) if x["target"].startswith("Training tab"))
+    ok, slow = judged(0.25), judged(0.35)
+    assert ok["pass"] is True and slow["pass"] is False
+    assert slow["measured"].startswith("350 ms (median 100 ms")
+    assert next(x for x in bench.evaluate_targets(_report())
+                if x["target"].startswith("Training tab"))["pass"] is None

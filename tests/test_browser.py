@@ -20,6 +20,7 @@ TABS = [
     ("Inside the model", "walkthrough", "Walk through"),
     ("Attention", "attention", "Show attention"),
     ("Experiments", "experiments", "Knock out"),
+    ("Training", "training", "▶ Play"),
     ("Positions", "positions", "Apply θ"),
     ("KV cache & generation", "generation", None),
     ("Memory lab", "memory", None),

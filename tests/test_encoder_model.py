@@ -39,9 +39,13 @@ def test_folder_holds_the_shipped_files_and_assets_stay_small():
     for name in ("config.json", "model.safetensors", "README.md", "training_log.json",
                  heldout.HELD_OUT_FILE, *E.TOKENIZER_FILES):
         assert os.path.isfile(os.path.join(FOLDER, name)), name
-    total = sum(os.path.getsize(os.path.join(d, f))
-                for d, _, files in os.walk(os.path.join(ROOT, "assets")) for f in files)
-    assert total < 20 * 1024 * 1024, total
+    snapshots = os.path.join(ROOT, "assets", "default-model", "checkpoints")
+    sizes = {os.path.join(d, f): os.path.getsize(os.path.join(d, f))
+             for d, _, files in os.walk(os.path.join(ROOT, "assets")) for f in files}
+    in_snapshots = sum(n for path, n in sizes.items() if path.startswith(snapshots + os.sep))
+    assert sum(sizes.values()) - in_snapshots < 20 * 1024 * 1024, sizes
+    # the default model's training snapshots (issue 27): 26 fp16 copies of 2.07 MB, 53.9 MB in all
+    assert in_snapshots < 60e6, in_snapshots
 
 
 def test_encoder_reads_the_default_decoders_tokenizer(tok):

@@ -94,6 +94,47 @@ def results(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def snapshot_section(summary: dict) -> str:
+    """The snapshots the run kept, their size and the phase change measured on them ("" when none)."""
+    snaps = summary.get("snapshots") or []
+    if not snaps:
+        return ""
+    s = summary["settings"]
+    span = str(snaps[0].get("repeated_half_span", 32))
+    total = sum(e["bytes"] for e in snaps)
+    ind = [(e["step"], best(e["induction"][span])[0]) for e in snaps]
+    start = next((st for st, v in ind if v >= 0.2), None)
+    end = next((st for st, v in ind if v >= 0.8), None)
+    at = {e["step"]: e for e in snaps}
+    phase = ""
+    if start is not None and end is not None:
+        a, b = at[start], at[end]
+        phase = (f" On them the best induction score at span {span} first reached 0.2 at step {start} "
+                 f"({best(a['induction'][span])[0]:.2f}) and 0.8 at step {end} ({best(b['induction'][span])[0]:.2f}); "
+                 f"the loss on the repeated half went from {a['repeated_half_loss']:.2f} to "
+                 f"{b['repeated_half_loss']:.2f} nats/token and the held-out loss from {a['held_out_loss']:.3f} to "
+                 f"{b['held_out_loss']:.3f}.")
+    rows = ["| step | held-out loss | repeated-half loss | best previous-token | best induction (span "
+            f"{span}) |", "|---|---|---|---|---|"]
+    for e in snaps:
+        p, pl, ph = best(e["previous_token"])
+        v, il, ih = best(e["induction"][span])
+        rows.append(f"| {e['step']} | {e['held_out_loss']:.3f} | {e['repeated_half_loss']:.3f} | {p:.2f} (L{pl}H{ph}) "
+                    f"| {v:.2f} (L{il}H{ih}) |")
+    return f"""## Snapshots
+The model as it was at {len(snaps)} steps of this run is in `checkpoints/step-NNNNN/` (config.json + fp16
+model.safetensors, {total / len(snaps) / 1e6:.2f} MB each, {total / 1e6:.1f} MB in all); each loads with
+`LlamaForCausalLM.from_pretrained` (the tokenizer is this folder's). A snapshot was saved every
+{s.get('snapshot_every', 0)} steps; kept are steps {', '.join(map(str, s['snapshot_steps']))} and every one
+across the measured phase change (the best induction or previous-token score at span {span} going from under
+0.2 to 0.8, one more on each side), at least {s.get('snapshot_min', len(snaps))} in all. Each was measured from
+its saved fp16 weights: the held-out loss, the head scores, and the loss on the second copy of the span-{span}
+probe from its second token on.{phase}
+
+{chr(10).join(rows)}
+"""
+
+
 def write_model_card(summary: dict, out: str, cfg) -> None:
     s = summary["settings"]
     picked = summary["picked"]
@@ -179,7 +220,7 @@ Training took **{summary['train_minutes']:.1f} minutes** ({summary['total_minute
 with the tokenizer, data and evaluation) on {machine_line(summary['machine'])}, CPU, fp32, SDPA
 attention. The cores were shared with other work, so times vary from run to run. The loop stops
 after {s['max_minutes']:g} minutes whatever the step, keeping the best evaluation so far, so a
-rebuild on a busy machine still ends within 30 minutes; {stop_note}
+rebuild on a busy machine still ends in bounded time; {stop_note}
 
 Every {s['eval_every']} steps the loop measured the held-out loss and the head scores at spans
 {spans} (8 probe rows, seed {summary['probe_seed']}); the shipped weights are the evaluation with
@@ -193,6 +234,7 @@ model copies, and falls towards zero once induction works.
 
 {history_table(summary['history'])}
 
+{snapshot_section(summary)}
 ## Results (shipped weights)
 {results(summary)}
 

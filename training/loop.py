@@ -24,6 +24,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -35,7 +36,8 @@ from . import corpus
 from .card import write_model_card
 from .data import (pool_size, random_background, repeated_span_rows, story_rows, token_pool,
                    unigram_entropy)
-from .evaluate import best, checkpoint_key, evaluate, spans_that_fit, worst_span_induction
+from .evaluate import (PREVIOUS_TOKEN_SPAN, PROBE_ROWS, best, checkpoint_key, evaluate,
+                       spans_that_fit, worst_span_induction)
 from .tokenizer import save_tokenizer, train_tokenizer
 
 DEFAULT_OUT = os.path.join("assets", "default-model")
@@ -97,6 +99,16 @@ class TrainSettings:
     # evaluation
     eval_every: int = 50
     max_minutes: float = 28.0         # hard stop: the build must fit in 30 minutes
+    # Snapshots: the decoder saved as it is (fp16, a transformers folder under checkpoints/step-NNNNN/) and
+    # measured from those saved weights. Every `snapshot_every` steps a snapshot is saved; after training
+    # those in `snapshot_steps` are kept, and every one across the measured phase change (where the best
+    # induction or previous-token score at span 32 goes from under 0.2 to 0.8 or more, one more on each
+    # side), widened until `snapshot_min` are kept: dense where the scores change fastest, wherever that
+    # turns out to be in this run. Saving reads no random numbers, so the run is the same without it.
+    snapshot_steps: tuple[int, ...] = (0, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400,
+                                       1600, 1800)
+    snapshot_every: int = 25          # 0: the steps of snapshot_steps only
+    snapshot_min: int = 24
 
     @classmethod
     def quick(cls) -> "TrainSettings":
@@ -105,7 +117,8 @@ class TrainSettings:
                    short_span=(2, 6),
                    max_gap=8, max_lead=4, pool_start=64, steps=40, batch=8, late_batch=12,
                    late_span_batch=4, lr=3e-3, warmup=5,
-                   eval_every=20, max_minutes=2.0)
+                   eval_every=20, max_minutes=2.0, snapshot_steps=(0, 20, 40), snapshot_every=10,
+                   snapshot_min=5)
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
@@ -287,12 +300,71 @@ class Checkpoints:
         self.history: list[dict] = []
         self.best_entry: dict | None = None
         self.best_state: dict | None = None
+        self.snapshots: list[dict] = []     # the snapshots written, in order (save_snapshot)
 
     def consider(self, entry: dict, model) -> None:
         self.history.append(entry)
         if self.best_entry is None or checkpoint_key(entry) < checkpoint_key(self.best_entry):
             self.best_entry = entry
             self.best_state = copy.deepcopy(model.state_dict())
+
+
+SNAPSHOT_DIR = "checkpoints"
+
+
+def snapshot_folder(out: str, step: int) -> str:
+    return os.path.join(out, SNAPSHOT_DIR, f"step-{step:05d}")
+
+
+def save_snapshot(model, step: int, out: str, held_rows: torch.Tensor, spans, seed: int) -> dict:
+    """Write the decoder as it is at ``step`` in fp16 and measure those saved weights (not the fp32
+    ones being trained), so the log's scores are what loading the snapshot gives."""
+    from lens.loss import repeated_half_loss
+    from models import save_pretrained
+
+    saved = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in saved.parameters():    # what load_pretrained(folder) reads back: fp16 values in fp32
+            p.copy_(p.half().float())
+    folder = snapshot_folder(out, step)
+    save_pretrained(saved, folder, dtype=torch.float16)
+    entry = {"step": step, "folder": os.path.relpath(folder, out),
+             "bytes": os.path.getsize(os.path.join(folder, "model.safetensors")),
+             **evaluate(saved, held_rows, spans, seed)}
+    saved.eval()
+    ref_span = PREVIOUS_TOKEN_SPAN if PREVIOUS_TOKEN_SPAN in spans else max(spans)  # as probe_scores
+    entry["repeated_half_span"] = ref_span
+    entry["repeated_half_loss"] = repeated_half_loss(saved, ref_span, PROBE_ROWS, seed)
+    return entry
+
+
+def phase_window(entries: list[dict], key: str, span: int, lo: float = 0.2, hi: float = 0.8):
+    """(last step under ``lo`` before the first at ``hi`` or more, that first step) of the best head's ``key``
+    score ("induction" at ``span``, or "previous_token"); None when it never reaches ``hi``."""
+    scores = [(e["step"], best(e[key][str(span)] if key == "induction" else e[key])[0]) for e in entries]
+    top = next((step for step, v in scores if v >= hi), None)
+    if top is None:
+        return None
+    below = [step for step, v in scores if v < lo and step < top]
+    return (below[-1] if below else scores[0][0]), top
+
+
+def kept_snapshots(entries: list[dict], s: TrainSettings) -> list[dict]:
+    """The snapshots to keep (see ``TrainSettings.snapshot_steps``): the fixed steps, and every one across the
+    measured phase changes, one more on each side, widened until ``snapshot_min`` are kept."""
+    steps = [e["step"] for e in entries]
+    span = entries[0].get("repeated_half_span", PREVIOUS_TOKEN_SPAN) if entries else PREVIOUS_TOKEN_SPAN
+    windows = [w for w in (phase_window(entries, k, span) for k in ("induction", "previous_token")) if w]
+    if windows:
+        lo, hi = min(w[0] for w in windows), max(w[1] for w in windows)
+        i, j = steps.index(lo), steps.index(hi)
+    else:  # no phase change measured: keep the fixed steps, widened around the middle if too few
+        i = j = len(steps) // 2
+    keep = lambda i, j: set(s.snapshot_steps) | set(steps[max(0, i - 1):j + 2])  # noqa: E731
+    while len(keep(i, j) & set(steps)) < min(s.snapshot_min, len(steps)):
+        i, j = i - 1, j + 1
+    kept = keep(i, j)
+    return [e for e in entries if e["step"] in kept]
 
 
 class Ema:
@@ -313,8 +385,10 @@ def describe(entry: dict, baseline: float) -> str:
             f"{baseline:.3f}) prev-token {p:.2f} (L{pl}H{ph}) induction by span {spans}")
 
 
-def run_loop(model, data: Data, s: TrainSettings, g: torch.Generator, t_start: float, log):
-    """The optimisation itself. Returns (Checkpoints, steps run, stopped early, minutes)."""
+def run_loop(model, data: Data, s: TrainSettings, g: torch.Generator, t_start: float, log,
+             out: str | None = None):
+    """The optimisation itself. Returns (Checkpoints, steps run, stopped early, minutes); with
+    ``out``, ``ckpt.snapshots`` lists the snapshots written under it (``s.snapshot_steps``)."""
     opt = make_optimizer(model, s)
     spans = spans_that_fit(s.seq_len)
     seed = s.seed + PROBE_SEED_OFFSET
@@ -332,7 +406,19 @@ def run_loop(model, data: Data, s: TrainSettings, g: torch.Generator, t_start: f
             print("", flush=True)
         log(describe(entry, baseline))
 
+    wanted = set(s.snapshot_steps) if out is not None else set()
+    if out is not None and s.snapshot_every > 0:
+        wanted |= set(range(0, s.steps + 1, s.snapshot_every))
+
+    def snapshot(step: int) -> None:
+        if step in wanted:
+            entry = save_snapshot(model, step, out, data.held_rows, spans, seed)
+            ckpt.snapshots.append(entry)
+            model.train()
+            log(f"  snapshot step {step}: {entry['folder']} ({entry['bytes'] / 1e6:.2f} MB)")
+
     log_eval(0, None, None)        # the untrained model: held-out loss near ln(V)
+    snapshot(0)
     model.train()
     story_ema, span_ema = Ema(), Ema()
     step, stopped_early = 0, False
@@ -349,6 +435,7 @@ def run_loop(model, data: Data, s: TrainSettings, g: torch.Generator, t_start: f
         over_time = (time.time() - t_start) / 60 > s.max_minutes
         if (step + 1) % s.eval_every == 0 or step == s.steps - 1 or over_time:
             log_eval(step + 1, story_ema.value, span_ema.value)
+        snapshot(step + 1)
         if over_time:
             stopped_early = True
             log(f"stopping at step {step + 1}: over the {s.max_minutes} minute limit")
@@ -392,7 +479,15 @@ def train(s: TrainSettings, out: str, log=print) -> dict:
     n_params = model.num_parameters()
     log(f"model: {n_params:,} parameters, d_model {s.d_model}, {s.n_layers} layers, "
         f"{s.n_heads} query / {s.n_kv_heads} KV heads, d_ff {s.d_ff}, vocab {data.vocab_size}")
-    ckpt, steps_run, stopped_early, train_minutes = run_loop(model, data, s, g, t_start, log)
+    shutil.rmtree(os.path.join(out, SNAPSHOT_DIR), ignore_errors=True)  # no snapshot of another run
+    ckpt, steps_run, stopped_early, train_minutes = run_loop(model, data, s, g, t_start, log, out)
+    kept = kept_snapshots(ckpt.snapshots, s)
+    for entry in ckpt.snapshots:
+        if entry not in kept:
+            shutil.rmtree(os.path.join(out, entry["folder"]))
+    ckpt.snapshots = kept
+    log(f"kept {len(kept)} snapshots: steps {', '.join(str(e['step']) for e in kept)} "
+        f"({sum(e['bytes'] for e in kept) / 1e6:.1f} MB)")
 
     model.load_state_dict(ckpt.best_state)
     model.eval()
@@ -416,6 +511,7 @@ def train(s: TrainSettings, out: str, log=print) -> dict:
         "held_out_seed": s.seed + HELD_OUT_SEED_OFFSET,
         "picked": picked,
         "history": ckpt.history,
+        "snapshots": ckpt.snapshots,
         "machine": machine_info(),
         "samples": greedy_samples(model, data.tokenizer),
     }

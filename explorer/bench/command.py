@@ -21,6 +21,7 @@ from .experiments import bench_experiments
 from .formats import bench_formats
 from .generation import bench_generation
 from .report import render_markdown
+from .training import bench_training
 from .runs import (bench_app, bench_attention, bench_induction, bench_cache, bench_vs_transformers, default_budget,
                    load_transformers_copy, log, model_config, settings_for, weight_bytes_per_token)
 from .targets import (EXPERIMENT_TOKENS, LOAD_CLASS, LOAD_MOST, PROMPT_LEN, SHIPPED_NAME, SMOL_NAME,
@@ -81,6 +82,9 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
             optimize_for_decode(shipped)
         app_models = {SHIPPED_NAME: shipped, **app_models}
         report["induction"] = bench_induction(shipped, shipped.config.bos_token_id)
+        if not dev.is_cuda(device) and torch_dtype == torch.float32:  # the tab serves float32 on the CPU
+            report["training"] = bench_training()
+            log(f"training tab: {report['training']}")
     report["app"] = bench_app(app_models, settings) if not dev.is_cuda(device) and torch_dtype == torch.float32 else {
         "skipped": "the app serves float32 on the CPU; run the CPU float32 benchmark for these numbers"}
     report["experiments"] = bench_experiments(model, tokens=EXPERIMENT_TOKENS)

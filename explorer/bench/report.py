@@ -112,6 +112,17 @@ def render_markdown(report: dict[str, Any]) -> str:
         for span, r in ind["spans"].items():
             lines.append(f"| {span} | {r['best']:.3f} | {r['layer']} | {r['head']} |")
         lines.append("")
+    tr = report.get("training") or {}
+    if "step_cold_seconds" in tr:
+        ms = lambda d: f"{d['median'] * 1e3:.0f} | {d['max'] * 1e3:.0f}"  # noqa: E731
+        lines += ["## Training tab (shipped model's snapshots)", "",
+                  f"{tr['snapshots']} snapshots, {measure.format_bytes(tr['total_bytes'])} on disk. Each answer of the "
+                  "step slider: scores, pattern, 24-token continuation, figures and the JSON sent.", "",
+                  "| row | median ms | slowest ms |", "|---|---|---|",
+                  f"| snapshot read from disk (fp16 file to a float32 model) | {ms(tr['load_seconds'])} |",
+                  f"| step answer, snapshot read from disk first | {ms(tr['step_cold_seconds'])} |",
+                  f"| step answer, snapshot in memory | {ms(tr['step_warm_seconds'])} |", "",
+                  f"Largest answer sent: {measure.format_bytes(tr['payload_bytes'])}.", ""]
     lines += _load_lines(report.get("load") or {})
     lines += _vote_lines(report.get("vote") or {})
     lines += ["## (e) Machine", "", "| | |", "|---|---|"]

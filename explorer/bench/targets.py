@@ -77,6 +77,10 @@ TARGETS: tuple[Target, ...] = (
            f"load_refused:{LOAD_MOST}", "<=", 0, "issue 11"),
     Target("Attention answered while another client's memory sweep and a third's generation run: <= 1 s",
            "load_attention_beside_sweep", "<=", 1.0, "issue 11"),
+    # issue 27: moving the Training tab's step slider answers within a reader's pause, even when the snapshot
+    # must first be read from disk (Play steps through more snapshots than the shared cache keeps)
+    Target("Training tab, shipped model: step slider answer, snapshot read from disk, slowest step <= 300 ms",
+           "training_step_cold", "<=", 0.3, "issue 27"),
     Target(f"Class vote: {VOTE_CLASS} phones vote within one second while another session asks the Attention tab: "
            "submit to shown on the projector's tally (its 1 s timer) p95 <= 3 s, every vote counted",
            "vote_p95", "<=", 3.0, "issue 30", requires="vote_exact"),
@@ -204,6 +208,11 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
     for key, r in (report.get("experiments") or {}).items():
         if isinstance(r, dict) and "seconds" in r:
             m[f"experiments:{key}"] = (r["seconds"], f"{r['seconds']:.1f} s")
+    tr = report.get("training") or {}
+    if "step_cold_seconds" in tr:
+        c, w = tr["step_cold_seconds"], tr["step_warm_seconds"]
+        m["training_step_cold"] = (c["max"], f"{c['max'] * 1e3:.0f} ms (median {c['median'] * 1e3:.0f} ms; in "
+                                             f"memory: median {w['median'] * 1e3:.0f} ms, slowest {w['max'] * 1e3:.0f} ms)")
     for span, r in ((report.get("induction") or {}).get("spans") or {}).items():
         m[f"induction:{span}"] = (r["best"], f"{r['best']:.3f} (layer {r['layer']}, head {r['head']})")
     return m

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,14 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
     Hub ids are fetched only when the Hub is reachable; offline (``HF_HUB_OFFLINE=1`` or no network)
     raises ValueError and the caller keeps the model the user had.
     """
-    kind, cleaned = resolve_model_source(source)
+    from . import snapshots  # it imports this module
+
+    step = snapshots.parse_name(source) if isinstance(source, str) else None
+    if step is not None:  # the default model as it was at a step of its training
+        kind, cleaned = "local", str(snapshots.snapshot_folder(snapshots.check_step(step)).resolve())
+    else:
+        kind, cleaned = resolve_model_source(source)
+    tokenizer_folder = None  # the checkpoint's own folder
     if kind == "default":
         return None, None, default_model_name(), "default"
     if kind == "hub":
@@ -150,8 +158,15 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
         folder = Path(cleaned)
         if folder == default_model_dir().resolve():  # the shipped model, unchanged: the shared copy, no private one
             return None, None, default_model_name(), "default"
-        check_files_inside_root(folder)
-        name = f"{folder.relative_to(model_root())} (local)" if folder != model_root() else "assets (local)"
+        snapshot = re.fullmatch(r"step-(\d+)", folder.name)
+        if snapshot and folder.parent == snapshots.snapshots_dir().resolve():
+            # a snapshot: its folder holds weights only; the tokenizer is the default model's
+            step = int(snapshot.group(1))
+            name, cleaned, tokenizer_folder = snapshots.snapshot_name(step), snapshots.snapshot_name(step), \
+                default_model_dir()
+        else:
+            check_files_inside_root(folder)
+            name = f"{folder.relative_to(model_root())} (local)" if folder != model_root() else "assets (local)"
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{name} has no config.json: it is not a transformers checkpoint folder.")
@@ -188,5 +203,5 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
         add_private(model)
     for p in model.parameters():
         p.requires_grad_(False)
-    tokenizer = load_tokenizer(folder)
+    tokenizer = load_tokenizer(tokenizer_folder or folder)
     return model, tokenizer, name, cleaned

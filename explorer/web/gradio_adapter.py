@@ -495,3 +495,11 @@ def forget_session(demo: gr.Blocks, session_hash: str) -> None:
         queue.pending_event_ids_session.pop(session_hash, None)
         with contextlib.suppress(KeyError):
             del queue.pending_messages_per_session[session_hash]
+
+
+def plotly_payload(figure_json: str):
+    """What ``gr.Plot`` sends for a Plotly figure given as its JSON text (``gr.Plot`` passes this on as it is), so a
+    handler can send a figure it serialised itself without building a plotly ``Figure`` again."""
+    from gradio.components.plot import PlotData
+
+    return PlotData(type="plotly", plot=figure_json)
