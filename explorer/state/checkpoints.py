@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,16 @@ def shown_root() -> str:
         return "the allowed model folder"
 
 
+_MARKUP = re.compile(r"[^\w .,+/-]|_(?![^\W_])|(?<![^\W_])_")
+
+
+def shown_name(text: str) -> str:
+    """A folder or repo name as the page may show it: every character that Markdown, HTML or a Plotly title
+    could read as markup (``<``, ``&``, ``*``, a backtick, an ``_`` not inside a word, ...) becomes ``?``, since
+    the name is the visitor's text and lands in Markdown and chart titles across every tab."""
+    return _MARKUP.sub("?", text)[:200]
+
+
 def resolve_model_source(source: str) -> tuple[str, str]:
     """Classify and validate what the user typed: ("default" | "hub" | "local", cleaned source).
 
@@ -82,9 +93,12 @@ def resolve_model_source(source: str) -> tuple[str, str]:
                          "or a folder path.")
     try:
         return _resolve_model_source(source)
-    except OSError as exc:  # a name too long for the file system, a loop of links, ...
+    except OSError as exc:  # a name too long for the file system, ...
         raise ValueError(f"{source[:80]!r} is not a usable folder name ({exc.strerror or exc}): give a checkpoint "
                          "folder under the allowed root or a Hub id like 'HuggingFaceTB/SmolLM2-135M'.") from None
+    except RuntimeError:  # Python 3.11's pathlib answers a loop of links with a RuntimeError
+        raise ValueError(f"{source[:80]!r} is a loop of links that leads to no folder: give a checkpoint folder "
+                         "under the allowed root or a Hub id like 'HuggingFaceTB/SmolLM2-135M'.") from None
 
 
 def _resolve_model_source(source: str | None) -> tuple[str, str]:
@@ -145,13 +159,14 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
         return None, None, default_model_name(), "default"
     if kind == "hub":
         folder = fetch_hub(cleaned)  # the Hub only: never a folder outside the root
-        name = cleaned
+        name = shown_name(cleaned)
     else:
         folder = Path(cleaned)
         if folder == default_model_dir().resolve():  # the shipped model, unchanged: the shared copy, no private one
             return None, None, default_model_name(), "default"
         check_files_inside_root(folder)
-        name = f"{folder.relative_to(model_root())} (local)" if folder != model_root() else "assets (local)"
+        name = f"{shown_name(str(folder.relative_to(model_root())))} (local)" if folder != model_root() \
+            else "assets (local)"
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{name} has no config.json: it is not a transformers checkpoint folder.")
