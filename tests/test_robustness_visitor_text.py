@@ -107,3 +107,31 @@ def test_a_text_box_takes_only_text(value):
         asyncio.run(demo.preprocess_data(block_fn, [value], None))
     assert "formats" in caught.value.message and not seen
     assert asyncio.run(demo.preprocess_data(block_fn, ["a sentence"], None)) == ["a sentence"]
+
+
+def test_sessions_loading_the_same_folder_share_one_copy_until_one_fine_tunes(root):
+    """Two sessions load the same local folder: one model object, counted once against the cap, shown as
+    shared; the first change (a private copy, as a fine-tune or LoRA makes) gives that session its own, and the
+    other keeps the shared one untouched. Changed files on disk make a new load."""
+    import torch
+
+    from explorer.state import session
+    from explorer.state.private_models import model_bytes, private_models_bytes
+
+    before = private_models_bytes()
+    status_a, *_, a = load("good")
+    status_b, *_, b = load("good")
+    assert a["model"] is b["model"] and a["tokenizer"] is b["tokenizer"]
+    assert private_models_bytes() - before == model_bytes(a["model"])  # one copy held, one counted
+    assert session.is_shared(a["model"]) and "shared by every session" in status_b
+    shared = a["model"]
+    weights = {k: v.clone() for k, v in shared.state_dict().items()}
+    own, _, _ = session.private_model(a)
+    assert own is not shared and a["model"] is own and b["model"] is shared and not session.is_shared(own)
+    with torch.no_grad():
+        next(own.parameters()).add_(1.0)  # what a fine-tune would do to its own copy
+    assert all(torch.equal(weights[k], v) for k, v in shared.state_dict().items())
+    (root / "good" / "config.json").touch()
+    os.utime(root / "good" / "config.json", ns=(1, 1))
+    *_, c = load("good")
+    assert c["model"] is not shared  # the files changed: not the copy made from the old ones

@@ -63,6 +63,14 @@ def _folder(state: dict) -> Path | None:
     return path if path.is_dir() else None
 
 
+def _whose(model) -> str:
+    if not session.is_shared(model):
+        return "your own copy"
+    if model is session.load_default()[0]:
+        return "shared default (read-only)"
+    return "one copy shared by every session that loaded it (read-only: a fine-tune makes your own)"
+
+
 def model_card(state):
     """(summary markdown, parameter figure, config rows, model card markdown, rows of how the model differs from
     Llama) for the user's model."""
@@ -77,7 +85,7 @@ def model_card(state):
     summary = (f"**{name}** · {total:,} parameters · dtype **{info['dtype']}** · device {info['device']} · "
                f"weights **{measure.format_bytes(held['parameters'])}** in memory "
                f"(+ {measure.format_bytes(held['buffers'])} of RoPE "
-               f"tables) · torch {info['torch']} · {'shared default (read-only)' if session.is_shared(model) else 'your own copy'}"
+               f"tables) · torch {info['torch']} · {_whose(model)}"
                f"\n\n{differences_sentence(c)}")
     rows = [[k, str(v)] for k, v in c.to_dict().items()]
     rows += [["head_dim (derived)", str(c.head_dim)], ["n_kv_groups (derived)", str(c.n_kv_groups)]]

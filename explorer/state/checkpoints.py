@@ -7,6 +7,7 @@ import json
 import os
 import re
 import unicodedata
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -197,11 +198,36 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
         raise ValueError(f"{name}: its .safetensors files hold {format_bytes(on_disk)}, more than its config.json "
                          f"describes ({n:,} parameters) or the {format_bytes(budget)} budget allows: "
                          "they were not read. Choose a checkpoint whose files match its config.")
+    key = _files_key(folder)
     with PRIVATE_LOCK:  # one load at a time: two loads must not both pass the check below
+        model = _shared_loads.get(key)
+        if model is not None:  # another session holds these very files unchanged: one copy serves both
+            return model, _shared_tokenizers[model], name, cleaned
         reserve_private(4 * n + tables, f"{name} (float32 weights and rotary tables)")
         model = prepare(load_pretrained(folder))  # the app's device and dtype, once
+        for p in model.parameters():
+            p.requires_grad_(False)
+        tokenizer = load_tokenizer(folder)
         add_private(model)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    tokenizer = load_tokenizer(folder)
+        _shared_loads[key], _shared_tokenizers[model] = model, tokenizer
     return model, tokenizer, name, cleaned
+
+
+#: Loaded checkpoints, by their folder and files, for as long as a session holds one: read-only like the
+#: default model (``session.private_model`` copies one before a fine-tune or LoRA changes it).
+_shared_loads: "weakref.WeakValueDictionary[tuple, Decoder]" = weakref.WeakValueDictionary()
+_shared_tokenizers: "weakref.WeakKeyDictionary[Decoder, Any]" = weakref.WeakKeyDictionary()
+
+
+def _files_key(folder: Path) -> tuple:
+    """A checkpoint folder and its files' sizes and change times: files changed on disk make a new load."""
+    try:
+        files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir() if f.is_file())
+    except OSError as exc:
+        raise ValueError(f"{shown_name(folder.name)}: the folder cannot be read ({exc.strerror or exc}).") from None
+    return str(folder.resolve()), tuple(files)
+
+
+def is_shared_load(model: Decoder) -> bool:
+    """Whether ``model`` is a loaded checkpoint that sessions share (read-only), not one session's own."""
+    return any(m is model for m in list(_shared_loads.values()))
