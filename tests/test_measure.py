@@ -314,3 +314,29 @@ def test_timed_sweep_stops_before_a_length_predicted_to_pass_the_time_limit(monk
     with pytest.raises(ValueError, match="over the memory budget"):  # every size is checked before any runs
         list(measure.timed_sweep([64, 8192], 8, 64, time_limit=60, budget_bytes=4_000_000))
     assert ran == []
+
+
+def test_a_stop_ends_a_naive_measurement_between_two_operations(monkeypatch):
+    """Stop pressed inside one naive call (here: as its mask is built, after the QKᵀ product) ends the call
+    before its softmax: the visitor waits for one operation, not one whole T = 4,096 call (1-2 s)."""
+    import threading
+
+    import models.attention as attention_module
+    from explorer.measure.run import attention_memory
+    from explorer.state.threads import Stopped, stoppable
+
+    event, softmaxes = threading.Event(), []
+    build_mask, softmax = attention_module.build_mask, torch.softmax
+
+    def mask_then_stop(*args, **kwargs):
+        event.set()
+        return build_mask(*args, **kwargs)
+
+    monkeypatch.setattr(attention_module, "build_mask", mask_then_stop)
+    monkeypatch.setattr(torch, "softmax", lambda *a, **k: softmaxes.append(1) or softmax(*a, **k))
+    with stoppable(event), pytest.raises(Stopped):
+        attention_memory(64, 2, 16, impls=["naive"], repeats=1)
+    assert not softmaxes
+    event.clear()  # without a Stop, the same call runs whole
+    monkeypatch.setattr(attention_module, "build_mask", build_mask)
+    assert attention_memory(64, 2, 16, impls=["naive"], repeats=1)["naive"]["seconds"] > 0 and softmaxes

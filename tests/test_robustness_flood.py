@@ -56,8 +56,8 @@ def test_after_stop_the_servers_cpu_time_stops_growing_within_a_second(behind_pr
             break
     out = flood.stop_frees_cpu(behind_proxy, run_s=3.0)
     assert out["cores_busy_before_stop"] > 0.5, out  # the sweep was working
-    # within the kernel running at Stop (a naive T = 4,096 product, ~1 s on 2 busy cores); it was 13-15 s
-    assert out["settled_after"] is not None and out["settled_after"] <= 2.5, out
+    # within the torch operation running at Stop (checked between operations); it was 13-15 s, then 1.0-1.75 s
+    assert out["settled_after"] is not None and out["settled_after"] <= 1.0, out
 
 
 def test_every_response_carries_the_security_headers(behind_proxy):

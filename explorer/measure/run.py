@@ -14,7 +14,7 @@ import torch
 from lens import device as dev
 
 from explorer.state.locks import MEASURE_LOCK
-from explorer.state.threads import check_stop
+from explorer.state.threads import check_stop, stop_between_ops
 from explorer.state.threads import default_threads
 from models.attention import attention, naive_attention, tiled_attention
 from models.config import ATTN_IMPLS
@@ -74,7 +74,8 @@ def attention_memory(seq_len: int, n_heads: int, head_dim: int, *, n_kv_heads: i
     with torch.inference_mode():
         for impl in impls:
             def fn(q, k, v, impl=impl):
-                return attention(q, k, v, impl=impl, causal=causal, tile_size=tile_size)[0]
+                with stop_between_ops():  # one naive T = 4,096 call is 1-2 s of products: Stop between them
+                    return attention(q, k, v, impl=impl, causal=causal, tile_size=tile_size)[0]
 
             if dev.is_cuda(device):
                 # a first CUDA call allocates lasting workspaces (cuBLAS, kernels); keep them out of the peak
@@ -254,9 +255,9 @@ STILL_RUNNING = object()
 
 def abandonable(items: Iterator, poll_s: float = 0.25) -> Iterator:
     """``items`` produced on a worker thread, yielding ``STILL_RUNNING`` every ``poll_s`` seconds while one is
-    computed. Closing this generator (a Stop) returns within ``poll_s``: the worker ends after the kernel it is
-    in (a kernel cannot be interrupted; ``time_call`` checks the stop before each call), releases its locks, and
-    starts nothing further."""
+    computed. Closing this generator (a Stop) returns within ``poll_s``: the worker ends after the torch operation
+    it is in (``attention_memory`` checks the stop between operations), releases its locks, and starts nothing
+    further."""
     import queue
     import threading
 

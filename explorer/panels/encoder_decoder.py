@@ -34,7 +34,7 @@ encoder guesses it from both sides, the decoder from the words before it only.""
 def _token_index(value, T: int) -> int:
     try:
         i = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite number
         raise ValueError(f"token position must be a whole number from -{T} to {T - 1}, got {value!r}.") from None
     if not -T <= i < T:
         raise ValueError(f"token position must be from -{T} to {T - 1} for this prompt ({T} tokens), got {i}.")

@@ -51,12 +51,15 @@ def _as_user_error(exc: Exception) -> gr.Error:
         gc.collect()
         return gr.Error("The machine ran out of memory for this request: choose smaller sizes or a shorter "
                         "text and try again.")
+    if isinstance(exc, OverflowError):  # int(inf) or a number past a C type, where no check named the control
+        return gr.Error("A number sent is infinite or too large for this view: use the page's own ranges.")
     return gr.Error(plain(short(no_paths(str(exc)))))
 
 
 def user_errors(fn):
     """Wrap a handler (a plain function or a generator that streams updates) so that a ``ValueError``
-    reaches the browser as ``gr.Error`` with the same sentence, and a ``MemoryError`` as a sentence too."""
+    reaches the browser as ``gr.Error`` with the same sentence, and a ``MemoryError`` or ``OverflowError`` (an infinite
+    number where no check named the control) as a sentence too."""
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def stream(*args, **kwargs):
@@ -64,7 +67,7 @@ def user_errors(fn):
                 yield from fn(*args, **kwargs)
             except gr.Error:
                 raise
-            except (ValueError, MemoryError) as exc:
+            except (ValueError, MemoryError, OverflowError) as exc:
                 raise _as_user_error(exc) from exc
         return stream
 
@@ -74,6 +77,6 @@ def user_errors(fn):
             return fn(*args, **kwargs)
         except gr.Error:
             raise
-        except (ValueError, MemoryError) as exc:
+        except (ValueError, MemoryError, OverflowError) as exc:
             raise _as_user_error(exc) from exc
     return wrapper

@@ -2,6 +2,7 @@
 folder under EXPLORER_MODEL_ROOT) and read its card: parameters by component, dtype, memory, config."""
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 
@@ -42,11 +43,16 @@ def _card_text(folder: Path | None) -> str:
     if folder is None or not (folder / "README.md").is_file():
         return ""
     card = (folder / "README.md").resolve()
-    if folder != checkpoints.default_model_dir() and not card.is_relative_to(checkpoints.model_root()):
+    shipped = folder == checkpoints.default_model_dir()
+    if not shipped and not card.is_relative_to(checkpoints.model_root()):
         return "(This folder's README.md links outside the allowed model folder, so it is not shown.)"
+    if not shipped and card.stat().st_nlink > 1:  # a hard link: the same file may also lie outside the root
+        return ("(This folder's README.md is a hard link, the same file as one elsewhere on the server, so it is "
+                "not shown: copy the card into the folder instead.)")
     text = card.read_text(errors="replace")
     text = re.sub(r"\A---\n.*?\n---\n", "", text, flags=re.S)  # drop YAML front matter
-    return text[:20000]
+    # a card a visitor chose (any Hub repo) is their text: its HTML shows as text, its Markdown still formats
+    return text[:20000] if shipped else html.escape(text[:20000], quote=False)
 
 
 def _folder(state: dict) -> Path | None:
@@ -55,6 +61,14 @@ def _folder(state: dict) -> Path | None:
         return checkpoints.default_model_dir()
     path = Path(src)
     return path if path.is_dir() else None
+
+
+def _whose(model) -> str:
+    if not session.is_shared(model):
+        return "your own copy"
+    if model is session.load_default()[0]:
+        return "shared default (read-only)"
+    return "one copy shared by every session that loaded it (read-only: a fine-tune makes your own)"
 
 
 def model_card(state):
@@ -71,7 +85,7 @@ def model_card(state):
     summary = (f"**{name}** · {total:,} parameters · dtype **{info['dtype']}** · device {info['device']} · "
                f"weights **{measure.format_bytes(held['parameters'])}** in memory "
                f"(+ {measure.format_bytes(held['buffers'])} of RoPE "
-               f"tables) · torch {info['torch']} · {'shared default (read-only)' if session.is_shared(model) else 'your own copy'}"
+               f"tables) · torch {info['torch']} · {_whose(model)}"
                f"\n\n{differences_sentence(c)}")
     rows = [[k, str(v)] for k, v in c.to_dict().items()]
     rows += [["head_dim (derived)", str(c.head_dim)], ["n_kv_groups (derived)", str(c.n_kv_groups)]]
@@ -113,7 +127,7 @@ def build_model(demo: gr.Blocks, state: gr.State) -> None:
                 load = gr.Button("Load", variant="primary")
                 reset = gr.Button("Back to default")
             if found:
-                gr.Markdown("Local checkpoints under the allowed root: " + ", ".join(f"`{f}`" for f in found))
+                gr.Markdown("Local checkpoints under the allowed root: " + ", ".join(f"`{checkpoints.shown_name(f)}`" for f in found))
             status = gr.Markdown()
         with gr.Column(scale=3):
             bars = gr.Plot(label="Parameters by component")

@@ -102,7 +102,7 @@ def check_position(position, n_tokens: int) -> int:
     """The token to hide: a whole number from 1 (0 is ``<s>``) to ``n_tokens - 1``."""
     try:
         i = int(position)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite number
         raise ValueError(f"the word to hide must be a token position from 1 to {n_tokens - 1}, "
                          f"got {position!r}.") from None
     if n_tokens < 2:

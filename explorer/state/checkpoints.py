@@ -7,6 +7,7 @@ import json
 import os
 import re
 import unicodedata
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,16 @@ def shown_root() -> str:
         return "the allowed model folder"
 
 
+_MARKUP = re.compile(r"[^\w .,+/-]|_(?![^\W_])|(?<![^\W_])_")
+
+
+def shown_name(text: str) -> str:
+    """A folder or repo name as the page may show it: every character that Markdown, HTML or a Plotly title
+    could read as markup (``<``, ``&``, ``*``, a backtick, an ``_`` not inside a word, ...) becomes ``?``, since
+    the name is the visitor's text and lands in Markdown and chart titles across every tab."""
+    return _MARKUP.sub("?", text)[:200]
+
+
 def resolve_model_source(source: str) -> tuple[str, str]:
     """Classify and validate what the user typed: ("default" | "hub" | "local", cleaned source).
 
@@ -83,9 +94,12 @@ def resolve_model_source(source: str) -> tuple[str, str]:
                          "or a folder path.")
     try:
         return _resolve_model_source(source)
-    except OSError as exc:  # a name too long for the file system, a loop of links, ...
+    except OSError as exc:  # a name too long for the file system, ...
         raise ValueError(f"{source[:80]!r} is not a usable folder name ({exc.strerror or exc}): give a checkpoint "
                          "folder under the allowed root or a Hub id like 'HuggingFaceTB/SmolLM2-135M'.") from None
+    except RuntimeError:  # Python 3.11's pathlib answers a loop of links with a RuntimeError
+        raise ValueError(f"{source[:80]!r} is a loop of links that leads to no folder: give a checkpoint folder "
+                         "under the allowed root or a Hub id like 'HuggingFaceTB/SmolLM2-135M'.") from None
 
 
 def _resolve_model_source(source: str | None) -> tuple[str, str]:
@@ -153,7 +167,7 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
         return None, None, default_model_name(), "default"
     if kind == "hub":
         folder = fetch_hub(cleaned)  # the Hub only: never a folder outside the root
-        name = cleaned
+        name = shown_name(cleaned)
     else:
         folder = Path(cleaned)
         if folder == default_model_dir().resolve():  # the shipped model, unchanged: the shared copy, no private one
@@ -166,7 +180,8 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
                 default_model_dir()
         else:
             check_files_inside_root(folder)
-            name = f"{folder.relative_to(model_root())} (local)" if folder != model_root() else "assets (local)"
+            name = f"{shown_name(str(folder.relative_to(model_root())))} (local)" if folder != model_root() \
+                else "assets (local)"
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{name} has no config.json: it is not a transformers checkpoint folder.")
@@ -197,11 +212,36 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
         raise ValueError(f"{name}: its .safetensors files hold {format_bytes(on_disk)}, more than its config.json "
                          f"describes ({n:,} parameters) or the {format_bytes(budget)} budget allows: "
                          "they were not read. Choose a checkpoint whose files match its config.")
+    key = _files_key(folder)
     with PRIVATE_LOCK:  # one load at a time: two loads must not both pass the check below
+        model = _shared_loads.get(key)
+        if model is not None:  # another session holds these very files unchanged: one copy serves both
+            return model, _shared_tokenizers[model], name, cleaned
         reserve_private(4 * n + tables, f"{name} (float32 weights and rotary tables)")
         model = prepare(load_pretrained(folder))  # the app's device and dtype, once
+        for p in model.parameters():
+            p.requires_grad_(False)
+        tokenizer = load_tokenizer(tokenizer_folder or folder)
         add_private(model)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    tokenizer = load_tokenizer(tokenizer_folder or folder)
+        _shared_loads[key], _shared_tokenizers[model] = model, tokenizer
     return model, tokenizer, name, cleaned
+
+
+#: Loaded checkpoints, by their folder and files, for as long as a session holds one: read-only like the
+#: default model (``session.private_model`` copies one before a fine-tune or LoRA changes it).
+_shared_loads: "weakref.WeakValueDictionary[tuple, Decoder]" = weakref.WeakValueDictionary()
+_shared_tokenizers: "weakref.WeakKeyDictionary[Decoder, Any]" = weakref.WeakKeyDictionary()
+
+
+def _files_key(folder: Path) -> tuple:
+    """A checkpoint folder and its files' sizes and change times: files changed on disk make a new load."""
+    try:
+        files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir() if f.is_file())
+    except OSError as exc:
+        raise ValueError(f"{shown_name(folder.name)}: the folder cannot be read ({exc.strerror or exc}).") from None
+    return str(folder.resolve()), tuple(files)
+
+
+def is_shared_load(model: Decoder) -> bool:
+    """Whether ``model`` is a loaded checkpoint that sessions share (read-only), not one session's own."""
+    return any(m is model for m in list(_shared_loads.values()))

@@ -96,8 +96,9 @@ def reserve_private(nbytes: int, what: str) -> None:
 
 
 def _client_bytes(client: str) -> int:
-    return sum(model_bytes(e[0]["model"]) for e in list(_owners.values())
-               if len(e) > 2 and e[2] == client and e[0].get("model") is not None)
+    held = {id(e[0]["model"]): e[0]["model"] for e in list(_owners.values())
+            if len(e) > 2 and e[2] == client and e[0].get("model") is not None}  # a shared load counts once
+    return sum(model_bytes(m) for m in held.values())
 
 
 def _within_client_share(nbytes: int, what: str) -> None:

@@ -2,8 +2,9 @@
 
 The default model (``assets/default-model``, or the folder named by ``EXPLORER_DEFAULT_MODEL``) is
 loaded once per process and is read-only: nobody attaches LoRA to it, switches its attention
-implementation or leaves hooks on it. A user who loads another checkpoint, or who needs to change a
-model (LoRA), gets their own copy in their ``gr.State``; nothing they do reaches another user.
+implementation or leaves hooks on it. A checkpoint loaded by several sessions is one copy, read-only the same
+way (``checkpoints.load_checkpoint``). A user who needs to change a model (LoRA) gets their own copy in their
+``gr.State``; nothing they do reaches another user.
 
 Per-user state is a plain dict made by ``new_state()``:
     source     "default", a Hub repo id or a local folder path (what the user asked for)
@@ -70,11 +71,15 @@ def get_model(state: dict | None) -> tuple[Decoder, Any, str]:
 
 
 def is_shared(model: Decoder) -> bool:
-    return _default is not None and model is _default[0]
+    """Whether sessions share ``model`` (the default, or a checkpoint loaded by several): nobody may change it."""
+    from .checkpoints import is_shared_load
+
+    return _default is not None and model is _default[0] or is_shared_load(model)
 
 
 def private_model(state: dict) -> tuple[Decoder, Any, str]:
-    """(model, tokenizer, name) the user may modify: the first call copies the shared default into ``state``."""
+    """(model, tokenizer, name) the user may modify: the first call copies the shared model (the default, or a
+    checkpoint other sessions loaded too) into ``state``."""
     model, tokenizer, name = get_model(state)
     if is_shared(model):
         with PRIVATE_LOCK:

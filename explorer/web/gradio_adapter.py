@@ -328,11 +328,20 @@ def sentence_for_bad_values(demo: gr.Blocks, say: Callable[[str | None, Exceptio
 
     async def preprocess_with_sentence(block_fn, inputs, state, explicit_call=False):
         try:
+            _text_boxes_get_text(block_fn, inputs)
             return await preprocess(block_fn, inputs, state, explicit_call)
         except Exception as exc:  # noqa: BLE001 - every failure here is a value the page would never send
             raise gr.Error(say(block_fn.api_name, exc), print_exception=False) from None
 
     demo.preprocess_data = preprocess_with_sentence
+
+
+def _text_boxes_get_text(block_fn, inputs) -> None:
+    """A Textbox passes whatever was sent through ``str()``: a script's ``Infinity`` or ``{}`` would reach the
+    handler as the prompt "inf" or "{}". Only text (or nothing) is a Textbox's value."""
+    for block, value in zip(block_fn.inputs or [], inputs or []):
+        if isinstance(block, gr.Textbox) and value is not None and not isinstance(value, str):
+            raise ValueError(f"{block.label or 'a text box'} must be text, not a {type(value).__name__}")
 
 
 def compute_summary_every(demo: gr.Blocks, events: int) -> None:
