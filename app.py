@@ -79,6 +79,8 @@ body.projector .intro:not(.open) .md > :first-child::after {content: " ▸ more"
    break between words, and inside one only when it is wider than the whole line */
 .textfield, .textfield .token-container, .textfield .token, .textfield .text {word-break: normal !important;
   overflow-wrap: break-word}
+/* a link's focus=<name>: the figure it lands on, outlined for a few seconds (drawn inside, never clipped) */
+.focus-flash {outline: 4px solid #f59e0b !important; outline-offset: -4px}
 .save-figures {align-items: center; opacity: 0.85}
 .save-figures .prose {margin: 0}
 /* a phone: nothing wider than the page */

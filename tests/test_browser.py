@@ -144,7 +144,7 @@ LINKS = [
     ("positions", "prompt=The%20cat%20sat.&theta=100&layer=1&head=1", {"rope_theta (θ)": "100",
                                                                        "Prompt for the attention map": "The cat sat."},
      None),
-    ("walkthrough", "prompt=The%20dog%20sat.&step=3", {"Prompt": "The dog sat."}, None),
+    ("walkthrough", "prompt=The%20dog%20sat.&step=rope", {"Prompt": "The dog sat."}, None),
     ("generation", "prompt=Anna%20saw&tokens=5&seed=3", {"Prompt": "Anna saw", "seed": "3"}, None),
     ("lora", "prompt=The%20sun%20was&tokens=4", {"Prompt to continue": "The sun was"}, None),
     ("encoder_decoder", "sentence=The%20bird%20sang.&layer=1", {"Sentence": "The bird sang."}, None),
@@ -160,6 +160,7 @@ def test_a_deep_link_opens_its_tab_with_its_settings(app_url, browser, tab, quer
     if title is not None:
         assert title in panel.locator(".js-plotly-plot .gtitle").first.text_content()
     assert not page.locator("#link-notice").is_visible(), "a good link gave a notice"
+    assert page.locator(".toast-body.error").count() == 0, "a good link gave an error"
     page.locator("#copy-link").click()  # the tab's link, rebuilt from the widgets, carries the same settings
     page.wait_for_function("() => document.querySelector('#view-link textarea, #view-link input').value !== ''")
     link = page.locator("#view-link textarea, #view-link input").first.input_value()

@@ -472,12 +472,12 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
             chat = gr.Checkbox(value=True, label="chat",
                                info="wrap the prompt with the model's chat template (when its tokenizer has one)")
         with gr.Column(scale=3):
-            probs = gr.Plot(label="Next-token probabilities at this step")
+            probs = gr.Plot(label="Next-token probabilities at this step", elem_id="generation-probs")
     summary = gr.Markdown()
     view_state = gr.State(None)
     with gr.Row():
-        cache_plot = gr.Plot(label="KV cache fill")
-        timing_plot = gr.Plot(label="Time per token, with and without the cache")
+        cache_plot = gr.Plot(label="KV cache fill", elem_id="generation-cache")
+        timing_plot = gr.Plot(label="Time per token, with and without the cache", elem_id="generation-timing")
     table = gr.Dataframe(headers=["step", "position", "token id", "token", "probability (sampled from)",
                                   "rank by logit", "cache length", "ms with cache",
                                   "ms without cache (measured steps only)"],
@@ -518,4 +518,5 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
     demo.load(kv_calculator, kv_inputs, kv_outputs, api_name="kv_calculator_example", api_visibility="undocumented")
     links.register(demo, "generation", generate_example, gen_inputs, gen_outputs, api_name="generate_example",
                    params=dict(prompt=prompt, tokens=max_new, temperature=temperature, top_k=top_k, top_p=top_p,
-                               seed=seed, decode=decode))
+                               seed=seed, decode=decode),
+                   focus=dict(probs=probs, cache=[cache_plot, timing_plot]))

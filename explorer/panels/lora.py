@@ -318,7 +318,7 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
             alpha = gr.Number(value=16, label="alpha", info="the update is scaled by alpha / r")
             targets = gr.CheckboxGroup(list(PROJECTIONS), value=DEFAULT_TARGETS, label="projections to adapt")
         with gr.Column(scale=3):
-            params_plot = gr.Plot(label="Trainable vs frozen parameters and training memory")
+            params_plot = gr.Plot(label="Trainable vs frozen parameters and training memory", elem_id="lora-params")
             params_md = gr.Markdown()
     params_table = gr.Dataframe(headers=LORA_HEADERS, label="Adapter size per projection", interactive=False)
 
@@ -360,7 +360,7 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
                                                 color_map={"adapter on": "#ffd37a", "adapter merged": "#ffb17a",
                                                            "no adapter yet": "#dddddd"})
             cmp_md = gr.Markdown()
-            cmp_plot = gr.Plot(label="Attention before and after")
+            cmp_plot = gr.Plot(label="Attention before and after", elem_id="lora-compare")
 
     p_inputs = [rank, alpha, targets, state]
     p_outputs = [params_plot, params_table, params_md]
@@ -382,7 +382,8 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     # the adapter's size (the tab's first chart) follows the loaded model too: run after the comparison's view
     links.register(demo, "lora", cached_opening("lora_compare", lora_compare), cmp_inputs, cmp_outputs, api_name="lora_compare_example",
                    params=dict(prompt=prompt, layer=layer, head=head, tokens=new_tokens),
-                   then=[(cached_opening("lora", lora), p_inputs, p_outputs, "lora", "public")])
+                   then=[(cached_opening("lora", lora), p_inputs, p_outputs, "lora", "public")],
+                   focus=dict(params=params_plot, compare=cmp_plot))
     demo.load(cached_opening("lora_empty_curve", lambda: figs.loss_curve_figure([], [], max_steps=40)), None,
               [loss_plot], api_name="lora_empty_curve", api_visibility="private")
     build_formats(demo, state)  # Weight formats: fp32 · bf16 · int8, and the measured summary table
