@@ -114,7 +114,9 @@ ON_LOAD_JS = r"""() => {
   // every figure's hover bar: "PNG" and "SVG" buttons (in place of Plotly's camera), at slide size. Gradio
   // gives each new figure a fresh config, so the buttons are put back whenever they are missing.
   const button = (format) => ({name: 'Download as ' + format.toUpperCase() + ' (sized for a 1920×1080 slide)',
-                               icon: window.Plotly.Icons.camera, click: (gd) => SAVE(gd, format)});
+                               icon: format === 'png' ? window.Plotly.Icons.camera  // a picture; SVG: a drawing
+                                     : (window.Plotly.Icons.pencil || window.Plotly.Icons.disk),
+                               click: (gd) => SAVE(gd, format)});
   const downloads = () => {
     if (!window.Plotly) return;
     window.explorerSave = SAVE;

@@ -406,6 +406,9 @@ def test_a_tab_saves_its_figures_as_png_and_svg_at_slide_size(app_url, browser):
     # one figure, from its hover bar: SVG
     plot = panel.locator(".js-plotly-plot").first
     plot.hover()
+    icons = [plot.locator(f'.modebar-btn[data-title^="Download as {f}"] path').first.get_attribute("d")
+             for f in ("PNG", "SVG")]
+    assert icons[0] and icons[1] and icons[0] != icons[1], "PNG and SVG buttons with the same icon"
     with page.expect_download() as info:
         plot.locator('.modebar-btn[data-title^="Download as SVG"]').click()
     svg = Path(info.value.path()).read_text()

@@ -75,6 +75,15 @@ def check_adapter(rank, alpha, targets, config) -> tuple[int, float, tuple[str, 
     return rank, alpha, targets
 
 
+def _total_sentence(model, counted: dict) -> str:
+    """Why the total here is not the Model tab's: it counts the adapter too (said only when the counts say so)."""
+    own = model.num_parameters()
+    if counted["frozen"] == own and counted["total"] == own + counted["trainable"]:
+        return (f"The total, {counted['total']:,}, is the model's own {own:,} parameters (the Model tab's count) "
+                f"plus the adapter's {counted['trainable']:,}.")
+    return f"The total counted here is {counted['total']:,}; the model itself has {own:,} parameters."
+
+
 @user_errors
 def lora(rank, alpha, targets, state):
     """Trainable vs frozen parameters and training memory for an adapter, counted and by formula."""
@@ -100,7 +109,7 @@ def lora(rank, alpha, targets, state):
           f"Counted on a copy of the model's structure: **{counted['trainable']:,} trainable**, "
           f"{counted['frozen']:,} frozen ({counted['trainable'] / counted['total']:.2%} trainable). "
           f"Formula r·(in + out) per projection × {c.n_layers} layers: **{formula['trainable']:,}** ({agree}). "
-          f"Each adapted weight is {formula['ratio']:.1f}× larger than its adapter.\n\n"
+          f"Each adapted weight is {formula['ratio']:.1f}× larger than its adapter. {_total_sentence(model, counted)}\n\n"
           f"Training memory without activations ({dtype}): LoRA {measure.format_bytes(lora_mem)} vs full "
           f"fine-tuning {measure.format_bytes(full_mem)}.")
     return fig, rows, md
@@ -330,11 +339,11 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
             with gr.Row():
                 steps = gr.Slider(1, finetune.MAX_STEPS, value=40, step=1, label="steps")
                 max_seconds = gr.Slider(1, finetune.MAX_SECONDS, value=30, step=1, label="time limit (s)")
+            # the rate on a row of its own: beside the buttons its hint was cut to "...(128/width)^"
+            lr = gr.Number(value=None, label="learning rate",
+                           info=f"1e-5 to 0.1; blank or 0: from the model's width, 1e-2 × (128 / width) to the power "
+                                f"{finetune.LR_EXPONENT:g} ({finetune.default_lr(c.d_model):g} for width {c.d_model})")
             with gr.Row():
-                lr = gr.Number(value=None, label="learning rate", min_width=120,
-                               info=f"1e-5 to 0.1; blank or 0: from the model's width, 1e-2·(128/width)^"
-                                    f"{finetune.LR_EXPONENT:g} ({finetune.default_lr(c.d_model):g} for "
-                                    f"width {c.d_model})")
                 train = gr.Button("Fine-tune", variant="primary", min_width=100)
                 stop = gr.Button("Stop", variant="stop", min_width=80)
             ft_md = gr.Markdown()
