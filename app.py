@@ -62,6 +62,7 @@ body.projector {--text-xs: 15px; --text-sm: 16px; --text-md: 18px; --text-lg: 20
 body.projector .gradio-container {font-size: 18px}
 body.projector .js-plotly-plot .xtick text, body.projector .js-plotly-plot .ytick text,
 body.projector .js-plotly-plot .cbaxis text {font-size: 16px !important}
+body.projector .textfield, body.projector .textfield .text {font-size: 18px !important}  /* generated text */
 body.projector .intro .md > *:not(:first-child) {display: none}
 body.projector .intro.open .md > *:not(:first-child) {display: revert}
 body.projector .intro .md > :first-child {cursor: pointer; margin-bottom: 0}
@@ -82,6 +83,11 @@ body.projector .intro:not(.open) .md > :first-child::after {content: " ▸ more"
    break between words, and inside one only when it is wider than the whole line */
 .textfield, .textfield .token-container, .textfield .token, .textfield .text {word-break: normal !important;
   overflow-wrap: break-word}
+/* a link's focus=<name>: the figure it lands on, framed for a few seconds (an overlay: a plot's layers would
+   cover an outline, and a parent's overflow would clip one drawn outside) */
+.focus-flash {position: relative}
+.focus-flash::after {content: ""; position: absolute; inset: 0; border: 4px solid #f59e0b; border-radius: 8px;
+  pointer-events: none; z-index: 20}
 .save-figures {align-items: center; opacity: 0.85}
 .save-figures .prose {margin: 0}
 /* a phone: nothing wider than the page */
@@ -115,7 +121,9 @@ ON_LOAD_JS = r"""() => {
   // every figure's hover bar: "PNG" and "SVG" buttons (in place of Plotly's camera), at slide size. Gradio
   // gives each new figure a fresh config, so the buttons are put back whenever they are missing.
   const button = (format) => ({name: 'Download as ' + format.toUpperCase() + ' (sized for a 1920×1080 slide)',
-                               icon: window.Plotly.Icons.camera, click: (gd) => SAVE(gd, format)});
+                               icon: format === 'png' ? window.Plotly.Icons.camera  // a picture; SVG: a drawing
+                                     : (window.Plotly.Icons.pencil || window.Plotly.Icons.disk),
+                               click: (gd) => SAVE(gd, format)});
   const downloads = () => {
     if (!window.Plotly) return;
     window.explorerSave = SAVE;

@@ -161,6 +161,7 @@ def test_a_deep_link_opens_its_tab_with_its_settings(app_url, browser, tab, quer
     if title is not None:
         assert title in panel.locator(".js-plotly-plot .gtitle").first.text_content()
     assert not page.locator("#link-notice").is_visible(), "a good link gave a notice"
+    assert page.locator(".toast-body.error").count() == 0, "a good link gave an error"
     page.locator("#copy-link").click()  # the tab's link, rebuilt from the widgets, carries the same settings
     page.wait_for_function("() => document.querySelector('#view-link textarea, #view-link input').value !== ''")
     link = page.locator("#view-link textarea, #view-link input").first.input_value()
@@ -406,6 +407,9 @@ def test_a_tab_saves_its_figures_as_png_and_svg_at_slide_size(app_url, browser):
     # one figure, from its hover bar: SVG
     plot = panel.locator(".js-plotly-plot").first
     plot.hover()
+    icons = [plot.locator(f'.modebar-btn[data-title^="Download as {f}"] path').first.get_attribute("d")
+             for f in ("PNG", "SVG")]
+    assert icons[0] and icons[1] and icons[0] != icons[1], "PNG and SVG buttons with the same icon"
     with page.expect_download() as info:
         plot.locator('.modebar-btn[data-title^="Download as SVG"]').click()
     svg = Path(info.value.path()).read_text()

@@ -51,3 +51,35 @@ def test_stop_tokens_come_from_config_generation_config_and_end_of_turn():
 
     assert text.stop_token_ids(tok) == [end]
     assert text.stop_token_ids(tok, Config(), {"eos_token_id": [6, 7]}) == sorted({end, 5, 6, 7})
+
+
+def test_a_chat_templates_system_prompt_is_folded_so_the_answer_stays_in_sight():
+    """Issue 28: SmolLM2's template puts a system prompt before the user's turn; shown whole it filled a 1280×720
+    screen and the answer was below it."""
+    from explorer.panels.generation import _highlighted
+
+    from tokenizers import Regex, decoders
+
+    words = ["<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant", "hello", "there", "\n", "system", " "]
+    word_level = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    word_level.pre_tokenizer = pre_tokenizers.Split(Regex(r"\s"), behavior="isolated")
+    word_level.decoder = decoders.Fuse()  # spaces are tokens of their own: decoded back as they were
+    tok = PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="<unk>", eos_token="<|im_end|>",
+                                  additional_special_tokens=["<|im_start|>"])
+    tok.chat_template = "<|im_start|>system\nhello there hello there<|im_end|>\n" + CHAT_TEMPLATE
+    ids = tok(text.chat_prompt(tok, "there hello"), add_special_tokens=False)["input_ids"]
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    new = tok.convert_tokens_to_ids(["hello", "<|im_end|>"])
+    shown = _highlighted(tok, ids, new, user_text="there hello")
+    first_turn = ids.index(end) + 2  # <|im_start|> system ... <|im_end|> \n, then the user's <|im_start|>
+    assert shown[0] == (f"⟨chat template and system prompt: {first_turn} tokens, not shown⟩", "special")
+    assert shown[1] == ("⟨<|im_start|>⟩", "special") and "there hello" in shown[2][0]
+    assert shown[-2:] == [("hello", "generated"), ("⟨<|im_end|>⟩", "special")]
+    assert "hello there hello there" not in "".join(t for t, _ in shown)
+    # without a system prompt nothing is folded, and without chat the prompt is shown whole
+    plain = PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="<unk>", eos_token="<|im_end|>",
+                                    additional_special_tokens=["<|im_start|>"])
+    plain.chat_template = CHAT_TEMPLATE
+    wrapped = plain(text.chat_prompt(plain, "there hello"), add_special_tokens=False)["input_ids"]
+    assert _highlighted(plain, wrapped, [], user_text="there hello")[0] == ("⟨<|im_start|>⟩", "special")
+    assert "hello there hello there" in "".join(t for t, _ in _highlighted(tok, ids, new))

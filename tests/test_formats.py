@@ -225,3 +225,14 @@ def test_summary_table_cells_equal_the_calculators_and_measurements(formats_answ
     assert f"weights {saved:.0%} smaller than fp32" in rows["INT8"][2]
     assert f"x{i8['tokens_per_s'] / f32['tokens_per_s']:.2f} the fp32" in rows["INT8"][2]
     assert all(r[4] for r in rows.values())  # every row names where it is measured live
+
+
+@pytest.mark.slow
+def test_the_measurement_tells_the_progress_bar_each_stage_in_order():
+    """Issue 28: the measurement ran for minutes on a real model with nothing on screen saying it was running."""
+    from explorer.panels import formats as panel
+
+    said = []
+    panel.formats_view("Tom saw a progress bar at the park", None,
+                       progress=lambda value, desc=None, unit=None: said.append((value, desc)))
+    assert said == [((i, len(panel.STAGES)), stage) for i, stage in enumerate(panel.STAGES)]

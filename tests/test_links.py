@@ -145,3 +145,61 @@ def test_a_number_with_one_bound_refuses_a_value_past_it_with_a_sentence():
     with pytest.raises(ValueError, match="must be at most 5"):
         parse_value("9", gr.Number(maximum=5, render=False))
     assert parse_value("7", gr.Number(minimum=0, precision=0, render=False)) == 7
+
+
+def test_focus_names_a_registered_figure_and_a_wrong_name_says_which_exist():
+    with gr.Blocks() as demo:
+        prompt = gr.Textbox(value="hi")
+        heat = gr.Plot(elem_id="x-heat")
+        sentence = gr.Markdown(elem_id="x-sentence")
+        links.register(demo, "attention", lambda *a: None, [prompt], [], api_name="x", params=dict(prompt=prompt),
+                       focus=dict(heatmap=[heat, sentence]))
+    views = links.views(demo)
+    assert links.focus_targets(demo) == {"attention": {"heatmap": ["x-heat", "x-sentence"]}}
+    tab, values, notes = links.read_query({"tab": "attention", "focus": "heatmap", "prompt": "a"}, views)
+    assert tab == "attention" and notes == [] and list(values.values()) == ["a"]  # focus is no component's value
+    _, _, notes = links.read_query({"tab": "attention", "focus": "<b>lens</b>"}, views)
+    assert notes == ["Ignored focus='<b>lens</b>': the attention tab has heatmap."]
+    _, _, notes = links.read_query({"focus": "heatmap"}, views)
+    assert "focus" in notes[0] and "tab=" in notes[0]  # a focus without its tab is explained, not dropped
+    js = links.link_js(links.focus_targets(demo))
+    assert '"heatmap": ["x-heat", "x-sentence"]' in js and '["present", "__theme"]' in js
+
+
+def test_a_focus_target_needs_an_element_id():
+    with gr.Blocks() as demo:
+        with pytest.raises(ValueError, match="elem_id"):
+            links.register(demo, "x", lambda: None, [], [], api_name="x", focus=dict(lens=gr.Plot()))
+
+
+def test_every_lesson_link_names_a_figure_its_tab_has():
+    """docs/lesson.md's links are read as the app reads them: each focus names a registered figure."""
+    import re
+    from pathlib import Path
+    from urllib.parse import parse_qsl
+
+    import app
+
+    demo = _app_demo(app)
+    text = (Path(__file__).resolve().parent.parent / "docs" / "lesson.md").read_text()
+    lesson = text[text.index("## A 50-minute lesson"):]
+    found = re.findall(r"`\?([^`]+)`", lesson)
+    assert len(found) >= 10
+    for query in found:
+        tab, _, notes = links.read_query(dict(parse_qsl(query)), links.views(demo))
+        assert tab is not None and notes == [], (query, notes)
+        assert "focus" in dict(parse_qsl(query)), f"{query}: a lesson link lands on its figure (focus=…)"
+
+
+def _app_demo(app):
+    """Every tab of the app, built as app.py builds them (no server, no opening examples computed)."""
+    from explorer.state import session
+
+    session.load_default()
+    with gr.Blocks() as demo:
+        state = gr.State(None)
+        with gr.Tabs():
+            for label, tab_id, build in app.TABS:
+                with gr.Tab(label, id=tab_id):
+                    build(demo, state)
+    return demo

@@ -18,7 +18,7 @@ from models.speed import decode_blas, optimize_for_decode
 from models.loading import load_pretrained
 
 from .experiments import bench_experiments
-from .formats import bench_formats
+from .formats import bench_formats, bench_formats_view
 from .generation import bench_generation
 from .report import render_markdown
 from .training import bench_training
@@ -72,6 +72,7 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
                                                           weight_bytes_per_token(cfg, torch_dtype))
         if torch_dtype == torch.float32:  # the formats are conversions of an fp32 model
             report["formats"] = bench_formats(model, hf, prompt, settings, log)
+            report["formats_view"] = bench_formats_view(model, log)
         del hf
     app_models = {SMOL_NAME: model}
     from explorer.state.checkpoints import default_model_dir

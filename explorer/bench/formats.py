@@ -50,6 +50,28 @@ def bench_formats(model: Decoder, hf, prompt: torch.Tensor, settings: dict[str, 
     return out
 
 
+def bench_formats_view(model: Decoder, log) -> dict[str, Any]:
+    """The "Weight formats" view's whole measurement (``explorer.panels.formats._measure``: three formats,
+    transformers, the summary rows) on ``model``, once, with the shipped tokenizer's ids for its prompt: what a
+    visitor waits for after "Measure"."""
+    import time
+
+    from explorer.panels import formats as panel
+    from explorer.state import session
+
+    _, tokenizer = session.load_default()
+    if model.config.vocab_size < len(tokenizer):
+        return {"skipped": "the model cannot read the shipped tokenizer's ids (the tiny test model)"}
+    ids = tokenizer(panel.DEFAULT_PROMPT)["input_ids"][:panel.MAX_PROMPT_TOKENS]
+    t0 = time.perf_counter()
+    numbers = panel._measure(model, tokenizer, ids)
+    seconds = time.perf_counter() - t0
+    log(f"formats view: {seconds:.1f} s (" + ", ".join(
+        f"{k} {v['tokens_per_s']:.1f} tok/s" for k, v in numbers["formats"].items()) + ")")
+    return {"seconds": seconds, "new_tokens": numbers["new_tokens"],
+            "tokens_per_s": {k: v["tokens_per_s"] for k, v in numbers["formats"].items()}}
+
+
 def render_formats(f: dict[str, Any]) -> list[str]:
     """The report's section for ``bench_formats``'s result (markdown lines)."""
     bw = f["bandwidth"]

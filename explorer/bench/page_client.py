@@ -40,14 +40,14 @@ class PagePlan:
         raise KeyError(f"the app has no event named {api_name!r}")
 
 
-RESERVED_KEYS = ("present", "__theme")  # a URL with only these carries no link (explorer.web.links.LINK_JS)
+RESERVED_KEYS = ("present", "__theme")  # a URL with only these carries no link (explorer.web.links.link_js)
 
 
 def page_plan(config: dict, query: str = "") -> PagePlan:
     """Read the events a page opened at ``?query`` sends from the app's ``/config``, as the browser does: every
     event triggered by the page's load that runs on the server; when the query carries a link, the click of
     the linked tab's hidden trigger (``apply-link-<tab>``, or ``apply-link`` for a tab the app does not have:
-    explorer.web.links.LINK_JS); then every event chained (``.then``/``.success``) after one of those. Inputs are
+    explorer.web.links.link_js); then every event chained (``.then``/``.success``) after one of those. Inputs are
     the components' initial values; a ``gr.State`` is sent as null (the server keeps its value)."""
     from urllib.parse import parse_qsl
 

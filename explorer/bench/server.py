@@ -45,6 +45,8 @@ class Server:
     url: str
     process: subprocess.Popen
     log_path: Path
+    answered_seconds: float | None = None  # from the process's start to the first page config served
+    computed_seconds: float | None = None  # ... to the first one carrying computed figures (the opening examples)
 
     @property
     def pid(self) -> int:
@@ -63,6 +65,11 @@ class Server:
             return ""
 
 
+def computed_page(config: dict) -> bool:
+    """Whether a page config carries computed figures: some Plot component with a value."""
+    return any(c.get("type") == "plot" and (c.get("props") or {}).get("value") for c in config.get("components", []))
+
+
 @contextlib.contextmanager
 def served_app(env: dict[str, str] | None = None, *, start_timeout: float = 180.0):
     """``python app.py`` on a free loopback port, with ``env`` added to this process's environment; stopped
@@ -73,6 +80,7 @@ def served_app(env: dict[str, str] | None = None, *, start_timeout: float = 180.
     log = Path(tempfile.mkstemp(prefix="explorer-app-", suffix=".log")[1])
     full_env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_SERVER_NAME": "127.0.0.1",
                 "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    started = time.monotonic()
     with open(log, "wb") as out:
         process = subprocess.Popen([sys.executable, "app.py"], cwd=REPO, env=full_env, stdout=out,
                                    stderr=subprocess.STDOUT)
@@ -83,9 +91,14 @@ def served_app(env: dict[str, str] | None = None, *, start_timeout: float = 180.
             if process.poll() is not None:
                 raise RuntimeError(f"app.py exited with {process.returncode}:\n{server.log_tail()}")
             try:
-                if httpx.get(server.url + "config", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
+                answer = httpx.get(server.url + "config", timeout=5)
+                if answer.status_code == 200:
+                    now = time.monotonic() - started
+                    server.answered_seconds = server.answered_seconds or now
+                    if computed_page(answer.json()):
+                        server.computed_seconds = now
+                        break
+            except (httpx.HTTPError, ValueError):
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"app.py did not answer within {start_timeout:.0f} s:\n{server.log_tail()}")

@@ -75,6 +75,10 @@ TARGETS: tuple[Target, ...] = (
            "page ready p95 <= 5 s", f"load_p95:{LOAD_CLASS} via a link", "<=", 5.0, "issue 11"),
     Target(f"Classroom: {LOAD_MOST} sessions open the page at once: page-load events refused or failed <= 0",
            f"load_refused:{LOAD_MOST}", "<=", 0, "issue 11"),
+    Target(f"Weight formats view (three formats, transformers, summary), {SMOL_NAME}: answered <= 30 s",
+           "formats_view_seconds", "<=", 30.0, "issue 28"),
+    Target("Cold start: `python app.py` to a served page with computed figures <= 10 s", "cold_start", "<=", 10.0,
+           "issue 28"),
     Target("Attention answered while another client's memory sweep and a third's generation run: <= 1 s",
            "load_attention_beside_sweep", "<=", 1.0, "issue 11"),
     # issue 27: moving the Training tab's step slider answers within a reader's pause, even when the snapshot
@@ -170,6 +174,14 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
                                        f"{room['refused']} refused)")
         m[f"load_refused:{n}"] = (room["refused"] + room["failed"], f"{room['refused']} refused, {room['failed']} failed, "
                                                    f"{room['pages_ready']} of {room['clients']} pages ready")
+    view = report.get("formats_view") or {}
+    if view.get("seconds") is not None:
+        m["formats_view_seconds"] = (view["seconds"], f"{view['seconds']:.1f} s (" + ", ".join(
+            f"{k} {v:.1f} tok/s" for k, v in view["tokens_per_s"].items()) + ")")
+    cold = load.get("cold_start") or {}
+    if cold.get("computed_seconds") is not None:
+        m["cold_start"] = (cold["computed_seconds"], f"{cold['computed_seconds']:.1f} s (first page "
+                                                     f"{cold['answered_seconds']:.1f} s)")
     three = load.get("three_clients")
     if three and three.get("attention_seconds") is not None:
         a = three["attention_seconds"]

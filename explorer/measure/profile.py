@@ -8,11 +8,17 @@ and any other version raises a clear error instead of a wrong number.
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any, Callable
 
 import torch
+
+# torch's profiler library (Kineto) prints "profiler_start" / "profiler_stop" at each measurement, filling a
+# server's log; its levels run 0 (verbose) to 5, so 6 prints nothing. Read at the first profile; an operator's
+# own setting wins.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 from lens import device as dev
 from explorer.state.locks import PROFILER_LOCK

@@ -294,18 +294,19 @@ def build_attention(demo: gr.Blocks, state: gr.State) -> None:
             tokens = gr.Dataframe(headers=["position", "token", "id"], label="Tokens and their ids",
                                   interactive=False, max_height=360)
         with gr.Column(scale=3):
-            heat = gr.Plot(label="Attention weights of the chosen head")
-    head_md = gr.Markdown()
+            heat = gr.Plot(label="Attention weights of the chosen head", elem_id="attention-heatmap")
+            # the sentence that measures what the figure shows, right under it (a link's focus=heatmap shows both)
+            head_md = gr.Markdown(elem_id="attention-head-sentence")
     prediction = gr.Dataframe(headers=["rank", "next token", "id", "probability"],
                               label=f"What the model predicts next (top {TOP_K}, same forward)",
                               interactive=False)
     info = gr.Markdown()
     impl_md = gr.Markdown()
-    grid = gr.Plot(label="All layers × all heads")
+    grid = gr.Plot(label="All layers × all heads", elem_id="attention-grid")
     with gr.Row():
         with gr.Column(scale=3):
             pick = gr.Dropdown(label="Jump to a head by its score", choices=[], value=None)
-            scores = gr.Plot(label="Head scores")
+            scores = gr.Plot(label="Head scores", elem_id="attention-scores")
         with gr.Column(scale=2):
             gqa = gr.Plot(label="Grouped-query attention: which query heads share a KV head")
             gqa_md = gr.Markdown()
@@ -335,4 +336,5 @@ def build_attention(demo: gr.Blocks, state: gr.State) -> None:
         "attention_impls_after_jump")
     links.register(demo, "attention", attention_view, inputs, outputs, api_name="attention_example",
                    params=dict(prompt=prompt, layer=layer, head=head, mask=view, span=span, sink=sink),
-                   then=[(attention_impls, impl_inputs, [impl_md], "attention_impls_example")])
+                   then=[(attention_impls, impl_inputs, [impl_md], "attention_impls_example")],
+                   focus=dict(heatmap=[heat, head_md], grid=grid, scores=scores))

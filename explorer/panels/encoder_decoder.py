@@ -190,14 +190,14 @@ def build_encoder_decoder(demo: gr.Blocks, state: gr.State) -> None:
                            allow_custom_value=True, scale=1)
         token = gr.Number(value=-1, precision=0, label="Token for norms (−1 = last)", scale=1)
         run = gr.Button("Compare", variant="primary", scale=1)
-    masks = gr.Plot(label="Masks")
-    attn = gr.Plot(label="Attention maps")
+    masks = gr.Plot(label="Masks", elem_id="encoder-decoder-masks")
+    attn = gr.Plot(label="Attention maps", elem_id="encoder-decoder-attention")
     gr.Markdown("#### Fill in the blank\nPick a word to hide. The encoder sees the sentence with that word replaced "
                 "by `<mask>`; the decoder sees only the words before it.")
     with gr.Row():
         blank = gr.Dropdown(label="Word to hide", choices=[], value=None, allow_custom_value=True, scale=2)
         guess = gr.Button("Fill in the blank", scale=1)
-    blank_fig = gr.Plot(label="Top-10 guesses")
+    blank_fig = gr.Plot(label="Top-10 guesses", elem_id="encoder-decoder-blank")
     blank_md = gr.Markdown()
     blank_table = gr.Dataframe(label="Top-10 guesses (probabilities)", headers=TABLE_HEADERS, interactive=False)
     md = gr.Markdown()
@@ -219,4 +219,5 @@ def build_encoder_decoder(demo: gr.Blocks, state: gr.State) -> None:
     blank.input(fill_in_blank_view, *blank_io, api_name="fill_in_blank_pick", api_visibility="private")
     links.register(demo, "encoder_decoder", cached_opening("encoder_decoder", encoder_decoder_view), inputs, outputs, api_name="encoder_decoder_example",
                    params=dict(sentence=prompt, layer=layer, head=head, token=token),
-                   then=[(fill_in_blank_view, *blank_io, "fill_in_blank_example")])
+                   then=[(fill_in_blank_view, *blank_io, "fill_in_blank_example")],
+                   focus=dict(masks=masks, attention=attn, blank=blank_fig))

@@ -332,15 +332,15 @@ def build_experiments(demo: gr.Blocks, state: gr.State) -> None:
             top = gr.Dataframe(headers=["rank", "next token before", "p", "after", "p "],
                                label=f"Next token after the prompt, top {TOP_K}", interactive=False)
         with gr.Column(scale=3):
-            loss = gr.Plot(label="Loss per token, before and after")
-            summary = gr.Markdown()
+            loss = gr.Plot(label="Loss per token, before and after", elem_id="experiments-loss")
+            summary = gr.Markdown(elem_id="experiments-loss-summary")
     vote.ask_section(demo, "experiments", vote.knockout_question, [prompt, chosen, how, state],
                      what="what does the knock-out do to the loss?")
     gr.Markdown("#### Each head in turn: what it does beside what it looks like")
     with gr.Row():
         sweep_btn = gr.Button("Knock out each head in turn", scale=0, min_width=260)
         sweep_md = gr.Markdown(sweep0[1])
-    sweep_fig = gr.Plot(sweep0[0], label="Loss change per head, with its scores")
+    sweep_fig = gr.Plot(sweep0[0], label="Loss change per head, with its scores", elem_id="experiments-sweep")
     gr.Markdown("#### Patch: which activation carries the answer from one prompt to the other?")
     with gr.Row():
         with gr.Column(scale=2):
@@ -358,7 +358,7 @@ def build_experiments(demo: gr.Blocks, state: gr.State) -> None:
     with gr.Row():
         circuit_btn = gr.Button("Knock out its two heads", scale=0, min_width=260)
         circuit_md = gr.Markdown(circuit0[1])
-    circuit_fig = gr.Plot(circuit0[0], label="Loss on the repeated half")
+    circuit_fig = gr.Plot(circuit0[0], label="Loss on the repeated half", elem_id="experiments-circuit")
 
     inputs = [prompt, chosen, how, state]
     outputs = outputs_of(KnockoutView, loss=loss, top=top, summary=summary, heads=chosen)
@@ -369,4 +369,5 @@ def build_experiments(demo: gr.Blocks, state: gr.State) -> None:
                     api_name="experiment_patch")
     circuit_btn.click(circuit_view, [state], [circuit_fig, circuit_md], api_name="experiment_circuit")
     links.register(demo, "experiments", knockout_view, inputs, outputs, api_name="knockout_example",
-                   params=dict(prompt=prompt, heads=chosen, how=how), model_defaults=_model_defaults)
+                   params=dict(prompt=prompt, heads=chosen, how=how), model_defaults=_model_defaults,
+                   focus=dict(loss=[loss, summary], sweep=sweep_fig, circuit=circuit_fig))

@@ -151,18 +151,36 @@ def _summary(model, numbers: dict) -> list[list[Any]]:
     return rows
 
 
-def _measure(model, tokenizer, ids: list[int]) -> dict:
+#: What the progress bar says, stage by stage (the stages, not a time estimate: decoding takes most of it).
+STAGES = ("converting the model to bf16 and int8", "measuring memory read bandwidth",
+          f"decoding {NEW_TOKENS} tokens {REPEATS} times in fp32, bf16 and int8 (the longest stage)",
+          "fp32 prefill speed", "transformers on the same weights", "decoding with and without the cache",
+          "attention memory at two lengths")
+
+
+def _measure(model, tokenizer, ids: list[int], progress=None) -> dict:
     c = model.config
     device = model.embed_tokens.weight.device
     prompt = torch.tensor([ids], device=device)
     held = torch.tensor([held_out_ids(tokenizer, min(HELD_OUT_TOKENS, c.max_seq_len))], device=device)
+
+    def stage(i: int) -> None:
+        if progress is not None:
+            progress((i, len(STAGES)), desc=STAGES[i], unit="stages")
+
+    stage(0)
     copies = _copies(model)
     with session.default_threads(), MEASURE_LOCK:  # one measurement on the cores at a time
+        stage(1)
         bandwidth = fm.read_bandwidth(repeats=7, device=device)
         # decoded as the benchmark decodes: the fast step where it computes the model exactly, else the modules
+        stage(2)
         measured = fm.compare_formats(copies, prompt, held, new_tokens=NEW_TOKENS, repeats=REPEATS, step=fast_step)
-        prefill = {name: fm.prefill_speed(m, held, repeats=REPEATS) for name, m in copies.items()}
+        stage(3)
+        # fp32's only: the screen contrasts it with decoding; bf16 and int8 took 30 s more on SmolLM2-135M
+        prefill = {"fp32": fm.prefill_speed(copies["fp32"], held, repeats=REPEATS)}
         hf_speed = None
+        stage(4)
         with tempfile.TemporaryDirectory() as tmp:
             hf = fm.transformers_copy(copies["fp32"], Path(tmp))
             if hf is not None:
@@ -170,9 +188,11 @@ def _measure(model, tokenizer, ids: list[int]) -> dict:
                 hf_speed.update(fm.transformers_against(copies["fp32"], hf, held))
                 del hf
         fp32 = copies["fp32"]
+        stage(5)
         kv_on = fm.decode_speed(lambda n: generate(fp32, prompt, n, step=fast_step), CACHE_TOKENS, repeats=1)
         kv_off = fm.decode_speed(lambda n: generate(fp32, prompt, n, use_cache=False), CACHE_TOKENS, repeats=1)
         flash = {impl: [] for impl in ("naive", "sdpa")}
+        stage(6)
         for T in FLASH_LENGTHS:
             r = measure.attention_memory(T, c.n_heads, c.head_dim, n_kv_heads=c.n_kv_heads, impls=("naive", "sdpa"),
                                          repeats=1, device=device)
@@ -186,7 +206,7 @@ def _measure(model, tokenizer, ids: list[int]) -> dict:
         "formats": {name: {"weight_bytes": r["weight_bytes"], "tokens_per_s": r["tokens_per_s"],
                            "bytes_per_token": r["bytes_per_token"], "agreement": r["agreement"],
                            "max_abs_logit_diff": r["max_abs_logit_diff"], "held_out_loss": r["held_out_loss"],
-                           "int8_kernel": r["int8_kernel"], "prefill_tokens_per_s": prefill[name],
+                           "int8_kernel": r["int8_kernel"], "prefill_tokens_per_s": prefill.get(name),
                            "top": r["top"]} for name, r in measured.items()},
         "transformers": None if hf_speed is None else {"tokens_per_s": hf_speed["tokens_per_s"],
                                                        "tokens": hf_speed["tokens"][0].tolist(),
@@ -217,13 +237,14 @@ def _pct(x: float) -> str:
 
 
 @user_errors
-def formats_view(prompt, state):
-    """The loaded model at fp32, bf16 and int8: table, top-10, roofline, notes and the measured summary table."""
+def formats_view(prompt, state, progress=gr.Progress()):
+    """The loaded model at fp32, bf16 and int8: table, top-10, roofline, notes and the measured summary table.
+    progress: Gradio's progress bar, told each stage of a measurement (an answer from the cache has none)."""
     model, tokenizer, _ = session.get_model(state)
     ids, _, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_PROMPT_TOKENS,
                                                                       model.config.max_seq_len - NEW_TOKENS))
     numbers = results.get_or_compute(("formats", weights_key(model), tuple(ids)),
-                                     lambda: _measure(model, tokenizer, ids))
+                                     lambda: _measure(model, tokenizer, ids, progress))
     bw = numbers["bandwidth"]["bytes_per_s"]
     table, points = [], []
     for name, r in numbers["formats"].items():

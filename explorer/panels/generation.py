@@ -162,12 +162,37 @@ def _encode_prompt(tokenizer, prompt, chat: bool, room: int, max_seq_len: int, m
     return ids, use_chat
 
 
-def _highlighted(tokenizer, prompt_ids: list[int], new_ids: list[int]) -> list:
-    """HighlightedText segments: the prompt, the generated text, special tokens marked ``⟨…⟩``."""
-    out = [(t, "special" if sp else None) for t, sp in text.decoded_segments(tokenizer, prompt_ids)]
+def _highlighted(tokenizer, prompt_ids: list[int], new_ids: list[int], user_text: str | None = None) -> list:
+    """HighlightedText segments: the prompt, the generated text, special tokens marked ``⟨…⟩``. With ``user_text``
+    (the prompt the chat template wrapped), what the template put before the user's turn (a system prompt) is
+    folded into one marked segment that says how many tokens it holds: unfolded it filled a 1280×720 screen and
+    pushed the answer out of sight."""
+    segments = text.decoded_segments(tokenizer, prompt_ids)
+    out = [(t, "special" if sp else None) for t, sp in segments]
+    turn = next((i for i in range(len(segments) - 1, -1, -1) if user_text and not segments[i][1]
+                 and user_text.strip() in segments[i][0]), None)
+    if turn is not None:
+        start = turn - 1 if turn and segments[turn - 1][1] else turn  # the turn's own opening marker stays
+        if any(not sp and t.strip() for t, sp in segments[:start]):
+            n = _tokens_before(tokenizer, prompt_ids, segments[:start])
+            out = [(f"⟨chat template and system prompt: {n} tokens, not shown⟩", "special"), *out[start:]]
     out += [(t, "special" if sp else "generated")
             for t, sp in text.decoded_segments(tokenizer, new_ids, after=prompt_ids)]
     return out
+
+
+def _tokens_before(tokenizer, ids: list[int], segments: list) -> int:
+    """How many of ``ids`` the decoded ``segments`` (a prefix of theirs, ending before a special token) cover."""
+    special = text.special_ids(tokenizer)
+    k = sum(1 for _, sp in segments if sp)  # the next segment is the (k+1)-th special token of ids
+    at = [i for i, t in enumerate(ids) if t in special]
+    if len(at) > k:
+        return at[k]
+    shown = "".join(t for t, _ in segments)
+    for n in range(len(ids) + 1):
+        if len(text.decode_marked(tokenizer, ids[:n])) >= len(shown):
+            return n
+    return len(ids)
 
 
 def _run(model, tokenizer, name, prompt, s: dict, chat):
@@ -188,7 +213,7 @@ def _run(model, tokenizer, name, prompt, s: dict, chat):
         model, ids, s["max_new_tokens"], temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"],
         seed=s["seed"], stop_tokens=stops, uncached_at=schedule, top=TOP, step_lock=model_lock(model),
         measure_lock=MEASURE_LOCK, step=step)
-    ctx = {"ids": ids, "chat": use_chat, "chat_ignored": bool(chat) and not use_chat, "stops": stops,
+    ctx = {"ids": ids, "chat": use_chat, "user_text": prompt if use_chat else None, "chat_ignored": bool(chat) and not use_chat, "stops": stops,
            "schedule": schedule, "name": name, "stood_aside": stood_aside, "check": None}
     with session.default_threads():
         for st in stream:
@@ -314,7 +339,7 @@ def _final_view(model, tokenizer, steps: list[dict], ctx: dict, s: dict) -> Gene
     last = len(steps) - 1
     slider = gr.Slider(minimum=0, maximum=max(last, 1), value=0, step=1, interactive=last > 0,
                        label=f"step (0–{last})")
-    return GenerationView(text=_highlighted(tokenizer, ids, new_ids), view=view, step=slider,
+    return GenerationView(text=_highlighted(tokenizer, ids, new_ids, ctx["user_text"]), view=view, step=slider,
                           probs=_step_view(view, 0), cache=cache_fig, timing=timing_fig, summary=summary,
                           table=table)
 
@@ -345,7 +370,7 @@ def generate_stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, sta
             return
         progress = (f"Generating… token {len(steps)} of at most {s['max_new_tokens']} "
                     f"(last: {steps[-1]['seconds'] * 1e3:.1f} ms with the cache). The charts follow at the end.")
-        yield GenerationView(text=_highlighted(tokenizer, ctx["ids"], [st["token"] for st in steps]),
+        yield GenerationView(text=_highlighted(tokenizer, ctx["ids"], [st["token"] for st in steps], ctx["user_text"]),
                              view=gr.skip(), step=gr.skip(), probs=gr.skip(), cache=gr.skip(), timing=gr.skip(),
                              summary=progress, table=gr.skip())
 
@@ -472,12 +497,12 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
             chat = gr.Checkbox(value=True, label="chat",
                                info="wrap the prompt with the model's chat template (when its tokenizer has one)")
         with gr.Column(scale=3):
-            probs = gr.Plot(label="Next-token probabilities at this step")
+            probs = gr.Plot(label="Next-token probabilities at this step", elem_id="generation-probs")
     summary = gr.Markdown()
     view_state = gr.State(None)
     with gr.Row():
-        cache_plot = gr.Plot(label="KV cache fill")
-        timing_plot = gr.Plot(label="Time per token, with and without the cache")
+        cache_plot = gr.Plot(label="KV cache fill", elem_id="generation-cache")
+        timing_plot = gr.Plot(label="Time per token, with and without the cache", elem_id="generation-timing")
     table = gr.Dataframe(headers=["step", "position", "token id", "token", "probability (sampled from)",
                                   "rank by logit", "cache length", "ms with cache",
                                   "ms without cache (measured steps only)"],
@@ -518,4 +543,5 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
     demo.load(kv_calculator, kv_inputs, kv_outputs, api_name="kv_calculator_example", api_visibility="undocumented")
     links.register(demo, "generation", generate_example, gen_inputs, gen_outputs, api_name="generate_example",
                    params=dict(prompt=prompt, tokens=max_new, temperature=temperature, top_k=top_k, top_p=top_p,
-                               seed=seed, decode=decode))
+                               seed=seed, decode=decode),
+                   focus=dict(probs=probs, cache=[cache_plot, timing_plot]))

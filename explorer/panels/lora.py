@@ -75,6 +75,15 @@ def check_adapter(rank, alpha, targets, config) -> tuple[int, float, tuple[str, 
     return rank, alpha, targets
 
 
+def _total_sentence(model, counted: dict) -> str:
+    """Why the total here is not the Model tab's: it counts the adapter too (said only when the counts say so)."""
+    own = model.num_parameters()
+    if counted["frozen"] == own and counted["total"] == own + counted["trainable"]:
+        return (f"The total, {counted['total']:,}, is the model's own {own:,} parameters (the Model tab's count) "
+                f"plus the adapter's {counted['trainable']:,}.")
+    return f"The total counted here is {counted['total']:,}; the model itself has {own:,} parameters."
+
+
 @user_errors
 def lora(rank, alpha, targets, state):
     """Trainable vs frozen parameters and training memory for an adapter, counted and by formula."""
@@ -100,7 +109,7 @@ def lora(rank, alpha, targets, state):
           f"Counted on a copy of the model's structure: **{counted['trainable']:,} trainable**, "
           f"{counted['frozen']:,} frozen ({counted['trainable'] / counted['total']:.2%} trainable). "
           f"Formula r·(in + out) per projection × {c.n_layers} layers: **{formula['trainable']:,}** ({agree}). "
-          f"Each adapted weight is {formula['ratio']:.1f}× larger than its adapter.\n\n"
+          f"Each adapted weight is {formula['ratio']:.1f}× larger than its adapter. {_total_sentence(model, counted)}\n\n"
           f"Training memory without activations ({dtype}): LoRA {measure.format_bytes(lora_mem)} vs full "
           f"fine-tuning {measure.format_bytes(full_mem)}.")
     return fig, rows, md
@@ -318,7 +327,7 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
             alpha = gr.Number(value=16, label="alpha", info="the update is scaled by alpha / r")
             targets = gr.CheckboxGroup(list(PROJECTIONS), value=DEFAULT_TARGETS, label="projections to adapt")
         with gr.Column(scale=3):
-            params_plot = gr.Plot(label="Trainable vs frozen parameters and training memory")
+            params_plot = gr.Plot(label="Trainable vs frozen parameters and training memory", elem_id="lora-params")
             params_md = gr.Markdown()
     params_table = gr.Dataframe(headers=LORA_HEADERS, label="Adapter size per projection", interactive=False)
 
@@ -330,11 +339,11 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
             with gr.Row():
                 steps = gr.Slider(1, finetune.MAX_STEPS, value=40, step=1, label="steps")
                 max_seconds = gr.Slider(1, finetune.MAX_SECONDS, value=30, step=1, label="time limit (s)")
+            # the rate on a row of its own: beside the buttons its hint was cut to "...(128/width)^"
+            lr = gr.Number(value=None, label="learning rate",
+                           info=f"1e-5 to 0.1; blank or 0: from the model's width, 1e-2 × (128 / width) to the power "
+                                f"{finetune.LR_EXPONENT:g} ({finetune.default_lr(c.d_model):g} for width {c.d_model})")
             with gr.Row():
-                lr = gr.Number(value=None, label="learning rate", min_width=120,
-                               info=f"1e-5 to 0.1; blank or 0: from the model's width, 1e-2·(128/width)^"
-                                    f"{finetune.LR_EXPONENT:g} ({finetune.default_lr(c.d_model):g} for "
-                                    f"width {c.d_model})")
                 train = gr.Button("Fine-tune", variant="primary", min_width=100)
                 stop = gr.Button("Stop", variant="stop", min_width=80)
             ft_md = gr.Markdown()
@@ -360,7 +369,7 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
                                                 color_map={"adapter on": "#ffd37a", "adapter merged": "#ffb17a",
                                                            "no adapter yet": "#dddddd"})
             cmp_md = gr.Markdown()
-            cmp_plot = gr.Plot(label="Attention before and after")
+            cmp_plot = gr.Plot(label="Attention before and after", elem_id="lora-compare")
 
     p_inputs = [rank, alpha, targets, state]
     p_outputs = [params_plot, params_table, params_md]
@@ -382,7 +391,8 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     # the adapter's size (the tab's first chart) follows the loaded model too: run after the comparison's view
     links.register(demo, "lora", cached_opening("lora_compare", lora_compare), cmp_inputs, cmp_outputs, api_name="lora_compare_example",
                    params=dict(prompt=prompt, layer=layer, head=head, tokens=new_tokens),
-                   then=[(cached_opening("lora", lora), p_inputs, p_outputs, "lora", "public")])
+                   then=[(cached_opening("lora", lora), p_inputs, p_outputs, "lora", "public")],
+                   focus=dict(params=params_plot, compare=cmp_plot))
     demo.load(cached_opening("lora_empty_curve", lambda: figs.loss_curve_figure([], [], max_steps=40)), None,
               [loss_plot], api_name="lora_empty_curve", api_visibility="private")
     build_formats(demo, state)  # Weight formats: fp32 · bf16 · int8, and the measured summary table

@@ -322,7 +322,7 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
                 stop = gr.Button("Stop", variant="stop")
             budget_md = gr.Markdown()
         with gr.Column(scale=3):
-            plot = gr.Plot(label="Peak memory and time: measured (solid) and predicted (dashed)")
+            plot = gr.Plot(label="Peak memory and time: measured (solid) and predicted (dashed)", elem_id="memory-sweep")
             summary = gr.Markdown()
     table = gr.Dataframe(headers=TABLE_HEADERS, label="Every measurement", interactive=False, max_height=300)
 
@@ -338,7 +338,7 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
             block = gr.Slider(0, 5, value=0, step=1, label="key block")
             play = gr.Button("▶ Play the blocks")
         with gr.Column(scale=3):
-            trace_plot = gr.Plot(label="Tiled attention, step by step")
+            trace_plot = gr.Plot(label="Tiled attention, step by step", elem_id="memory-tiles")
             trace_info = gr.Markdown()
 
     sweep_inputs = [max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype]
@@ -361,7 +361,8 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
         control.input(memory_budget, budget_inputs, [budget_md], api_name=f"memory_budget_{control.label.split()[0]}",
                       api_visibility="private", show_progress="hidden")
     demo.load(cached_opening("memory_budget", memory_budget), budget_inputs, [budget_md], api_name="memory_budget", api_visibility="undocumented")
-    links.register(demo, "memory", memory_example, [], sweep_outputs, api_name="memory_example", follow_model=False)
+    links.register(demo, "memory", memory_example, [], sweep_outputs, api_name="memory_example", follow_model=False,
+                   focus=dict(sweep=plot, tiles=trace_plot))
     demo.load(cached_opening("memory_trace_example", memory_trace), trace_inputs, trace_outputs,
               api_name="memory_trace_example", api_visibility="undocumented",
               **serving.concurrency("memory_trace_example", memory_trace))

@@ -210,9 +210,9 @@ def build_positions(demo: gr.Blocks, state: gr.State) -> None:
             pairs = gr.Dropdown(choices=list(range(half)), value=default_pairs(half),
                                 multiselect=True, label=pairs_label(c))
         with gr.Column(scale=3):
-            circle = gr.Plot(label="RoPE pairs on the unit circle")
-    md = gr.Markdown()
-    compare = gr.Plot(label="The same head with the trained θ and the chosen θ")
+            circle = gr.Plot(label="RoPE pairs on the unit circle", elem_id="positions-circle")
+    md = gr.Markdown(elem_id="positions-theta-text")
+    compare = gr.Plot(label="The same head with the trained θ and the chosen θ", elem_id="positions-theta")
     with gr.Row():
         angles = gr.Plot(label="Decoder: RoPE angle of every pair at every position")
         sinus = gr.Plot(label="Encoder: sinusoidal position table")
@@ -235,4 +235,4 @@ def build_positions(demo: gr.Blocks, state: gr.State) -> None:
                 api_visibility="private", show_progress="hidden")
     links.register(demo, "positions", rope_view, inputs, outputs, api_name="rope_example",
                    params=dict(prompt=prompt, theta=theta, position=position, pairs=pairs, layer=layer, head=head),
-                   model_defaults=model_defaults)
+                   model_defaults=model_defaults, focus=dict(theta=[md, compare], circle=circle))

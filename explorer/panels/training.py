@@ -232,9 +232,9 @@ def build_training(demo: gr.Blocks, state: gr.State) -> None:
     phase_md = gr.Markdown()
     with gr.Row():
         with gr.Column(scale=3):
-            curves = gr.Plot(label="The training run")
+            curves = gr.Plot(label="The training run", elem_id="training-curves")
         with gr.Column(scale=2):
-            pattern = gr.Plot(label="The head's attention at this step")
+            pattern = gr.Plot(label="The head's attention at this step", elem_id="training-pattern")
     headers = [h.replace("span 32", f"span {span}") for h in SCORE_HEADERS]
     scores = gr.Dataframe(headers=headers, label="Every head at this step (computed now from the snapshot, "
                           f"on the span-{span} probe the training log used)", interactive=False)
@@ -263,7 +263,8 @@ def build_training(demo: gr.Blocks, state: gr.State) -> None:
     _KNOCK[demo] = (knock, step, state)
     links.register(demo, "training", cached_opening("training_view", training_view), [step, head, prompt],
                    [*outs, compare, phase_md], api_name="training_view",
-                   params={"step": step, "head": head, "prompt": prompt}, follow_model=False)
+                   params={"step": step, "head": head, "prompt": prompt}, follow_model=False,
+                   focus=dict(curves=curves, pattern=pattern))
 
 
 def snapshot_step(value) -> str:

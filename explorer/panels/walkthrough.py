@@ -190,9 +190,9 @@ def build_walkthrough(demo: gr.Blocks, state: gr.State) -> None:
                 nxt = gr.Button("Next step ▶")
             step_md = gr.Markdown()
         with gr.Column(scale=3):
-            step_fig = gr.Plot(label="This step's values")
+            step_fig = gr.Plot(label="This step's values", elem_id="walkthrough-step")
     info = gr.Markdown()
-    lens = gr.Plot(label="Logit lens")
+    lens = gr.Plot(label="Logit lens", elem_id="walkthrough-lens")
     vote.ask_section(demo, "walkthrough", vote.next_token_question, [prompt, state], what="which token comes next?")
 
     inputs = [prompt, token, layer, step, state]
@@ -209,4 +209,5 @@ def build_walkthrough(demo: gr.Blocks, state: gr.State) -> None:
     links.register(demo, "walkthrough", cached_opening("walkthrough", walkthrough), inputs, outputs, api_name="walkthrough_example",
                    params=dict(prompt=prompt, layer=layer, step=step),
                    names=dict(step={key: i for i, key in enumerate(wt.STEP_KEYS)}),
-                   resets={token: None})  # another tokenizer may cut the prompt into fewer tokens
+                   resets={token: None},  # another tokenizer may cut the prompt into fewer tokens
+                   focus=dict(step=step_fig, lens=lens))

@@ -10,13 +10,14 @@ every tab is built) then chains each view after a hidden trigger of its tab (``a
 2. then the tab's view, with the components' values as they now are: the link's where it gave them, the
    defaults elsewhere.
 
-The page's JS (``LINK_JS``) clicks the linked tab's trigger only when the URL carries a link; a link naming no
+The page's JS (``link_js``) clicks the linked tab's trigger only when the URL carries a link; a link naming no
 known tab clicks ``apply-link``, which only says what was ignored. Without a link the page sends nothing: every
 view's opening example, with the build-time values, is computed once at start-up into the page itself
 (``explorer.web.opening``, run by ``explorer.web.serving.apply`` on the events ``opening_events`` lists).
 
 The scheme: ``?tab=<tab id>&<key>=<value>...``, the keys being the ones each panel registers (``link_keys(demo)``
-lists them, docs/lesson.md shows examples); ``present=1`` turns projector mode on. Lists
+lists them, docs/lesson.md shows examples); ``present=1`` turns projector mode on; ``focus=<name>`` scrolls to a
+figure the tab registered under that name and outlines it (``focus_targets(demo)`` lists them). Lists
 (multiselect dropdowns) are comma-separated.
 
 After a model is loaded (the Model tab or the header picker), ``after_model_load`` resets the model-dependent
@@ -37,7 +38,9 @@ from explorer.state.openings import cached_opening
 from explorer.web.serving import concurrency
 
 MAX_TEXT = 2000  # characters of a prompt carried by a link; the handlers' own limits apply after
-RESERVED = ("tab", "present", "__theme")
+RESERVED = ("tab", "present", "__theme", "focus")
+#: Keys that change the page, not a view: a URL with only these carries no link.
+PAGE_KEYS = ("present", "__theme")
 
 
 @dataclass
@@ -53,7 +56,8 @@ class View:
     follow_model: bool = True
     model_defaults: Callable | None = None  # state -> {key: value or update}: defaults that depend on the model
     names: dict = field(default_factory=dict)  # key -> {name: value}: values a link gives by name (step=scores)
-    resets: dict = field(default_factory=dict)  # component -> value after a model load (no link sets them)
+    resets: dict = field(default_factory=dict)  # component -> value after a model load or a link (no key sets them)
+    focus: dict = field(default_factory=dict)  # name -> [element ids]: what ``focus=<name>`` scrolls to
 
 
 _VIEWS: "weakref.WeakKeyDictionary[gr.Blocks, dict[str, View]]" = weakref.WeakKeyDictionary()
@@ -62,7 +66,7 @@ _VIEWS: "weakref.WeakKeyDictionary[gr.Blocks, dict[str, View]]" = weakref.WeakKe
 def register(demo: gr.Blocks, tab: str, handler: Callable, inputs: list, outputs: list, *, api_name: str,
              params: dict | None = None, then: list | None = None, follow_model: bool = True,
              model_defaults: Callable | None = None, names: dict | None = None,
-             resets: dict | None = None) -> View:
+             resets: dict | None = None, focus: dict | None = None) -> View:
     """Declare ``tab``'s main view; app.py wires it (opening example, deep link, model reload).
 
     then: more (fn, inputs, outputs, api_name[, visibility]) run after the view, in order (visibility at page
@@ -71,7 +75,10 @@ def register(demo: gr.Blocks, tab: str, handler: Callable, inputs: list, outputs
     build-time values. names: {key: {name: value}}: a link may give those keys' values by name, and "copy link"
     writes the name, so that links keep meaning the same thing when the values behind the names move (a
     walkthrough step added before "scores" shifts every later step's number). resets: {component: value} for
-    controls that are not link keys but hold something only the old model has (a token position)."""
+    controls that are not link keys but hold something only the old model or the page's own example has (a token
+    position): set after a model load and when a link opens the tab. focus:
+    {name: component or [components]}: the figures (with the text that goes with them) a link's ``focus=<name>``
+    scrolls into view and highlights once its view has been computed (each component needs an ``elem_id``)."""
     views = _VIEWS.setdefault(demo, {})
     if tab in views:
         raise ValueError(f"tab {tab!r} registered twice.")
@@ -81,8 +88,14 @@ def register(demo: gr.Blocks, tab: str, handler: Callable, inputs: list, outputs
     for key in names or {}:
         if key not in (params or {}):
             raise ValueError(f"names given for {key!r}, which is not a link key of {tab!r}.")
+    targets = {}
+    for name, group in (focus or {}).items():
+        group = group if isinstance(group, (list, tuple)) else [group]
+        if not group or any(not getattr(c, "elem_id", None) for c in group):
+            raise ValueError(f"focus {name!r} of {tab!r}: every component needs an elem_id.")
+        targets[name] = [c.elem_id for c in group]
     views[tab] = View(tab, handler, list(inputs), list(outputs), api_name, dict(params or {}), list(then or []),
-                      follow_model, model_defaults, dict(names or {}), dict(resets or {}))
+                      follow_model, model_defaults, dict(names or {}), dict(resets or {}), targets)
     return views[tab]
 
 
@@ -169,7 +182,7 @@ def read_query(query: dict, views: dict[str, View]) -> tuple[str | None, dict, l
     notes: list[str] = []
     tab = query.get("tab")
     if tab is None:
-        extra = [k for k in query if k not in RESERVED]
+        extra = [k for k in query if k not in RESERVED or k == "focus"]
         if extra:
             notes.append(f"Ignored {', '.join(extra)}: a link needs tab=… to say which tab they belong to.")
         return None, {}, notes
@@ -179,6 +192,9 @@ def read_query(query: dict, views: dict[str, View]) -> tuple[str | None, dict, l
     view = views[tab]
     values = {}
     for key, raw in query.items():
+        if key == "focus" and raw not in view.focus:
+            names = ", ".join(view.focus) or "no figure names"
+            notes.append(f"Ignored focus={_quote(raw)}: the {tab} tab has {names}.")
         if key in RESERVED:
             continue
         component = view.params.get(key)
@@ -236,7 +252,7 @@ def _run_view(trigger, view: View, *, visibility: str, suffix: str = "", first: 
 _OPENINGS: "weakref.WeakKeyDictionary[gr.Blocks, list[int]]" = weakref.WeakKeyDictionary()
 _LINK_EVENTS: "weakref.WeakKeyDictionary[gr.Blocks, list[int]]" = weakref.WeakKeyDictionary()
 
-#: Element ids of the hidden buttons the page's JS clicks when its URL carries a link (``LINK_JS``).
+#: Element ids of the hidden buttons the page's JS clicks when its URL carries a link (``link_js``).
 APPLY_LINK_ID = "apply-link"
 
 
@@ -248,6 +264,8 @@ def _link_reader(registered: dict[str, View], tab: str | None, components: list)
         found, values, notes = read_query(query, registered)
         if found != tab:  # this trigger belongs to another tab (only an API client can get here)
             values = {}
+        elif tab is not None:  # what only the page's own example had (a token position past the link's prompt)
+            values = {**registered[tab].resets, **values}
         text = " ".join(notes)
         return [gr.Tabs(selected=found) if found else gr.skip(), gr.Textbox(value=text, visible=bool(text)),
                 *[values[c] if c in values else gr.skip() for c in components]]
@@ -259,7 +277,7 @@ def wire(demo: gr.Blocks, tabs: gr.Tabs, notice: gr.Textbox) -> None:
     """Every view's opening example and the links (see the module docstring).
 
     The views are chained after one hidden trigger per tab (``apply-link-<tab>``), which the page's JS clicks
-    only when the URL carries a link (``LINK_JS``): the link's values, then that tab's view. Their opening
+    only when the URL carries a link (``link_js``): the link's values, then that tab's view. Their opening
     examples, with the build-time values, are computed once into the page (``explorer.web.opening``, from
     ``explorer.web.serving.apply``): a page opened without a link sends nothing."""
     registered = views(demo)
@@ -269,13 +287,13 @@ def wire(demo: gr.Blocks, tabs: gr.Tabs, notice: gr.Textbox) -> None:
     _LINK_EVENTS[demo] = [read["id"]]
     _OPENINGS[demo] = []
     for view in registered.values():
-        components = _unique(view.params.values())
+        components = _unique([*view.params.values(), *view.resets])
         trigger = gr.Button(visible="hidden", elem_id=f"{APPLY_LINK_ID}-{view.tab}")
         read = trigger.click(_link_reader(registered, view.tab, components), None, [tabs, notice, *components],
                              api_name=f"read_link_{view.tab}", api_visibility="private", show_progress="hidden")
         _LINK_EVENTS[demo].append(read["id"])
         _OPENINGS[demo].append(_run_view(read.then, view, visibility="undocumented", first=True))
-    demo.load(None, js=LINK_JS, api_name="open_link", api_visibility="private")
+    demo.load(None, js=link_js(focus_targets(demo)), api_name="open_link", api_visibility="private")
     for loads in _LOADS.get(demo, []):
         after_model_load(demo, loads, suffix=f"_{_LOADS[demo].index(loads)}")
 
@@ -290,15 +308,67 @@ def link_events(demo: gr.Blocks) -> list[int]:
     return list(_LINK_EVENTS.get(demo, []))
 
 
-#: Run by the page on load: when the URL carries more than ``present`` / ``__theme``, click the linked tab's
-#: hidden trigger (or, for an unknown or missing tab, the one that explains what was ignored).
-LINK_JS = f"""() => {{
+def link_js(focus: dict[str, dict[str, list[str]]]) -> str:
+    """Run by the page on load: when the URL carries more than ``present`` / ``__theme``, click the linked tab's
+    hidden trigger (or, for an unknown or missing tab, the one that explains what was ignored). With
+    ``focus=<name>`` (``focus``: {tab: {name: [element ids]}}), once the page has been quiet for a moment, the named
+    figure and its text are shrunk to fit the window if they must, scrolled to its top and outlined for a few
+    seconds; placed again when a later answer redraws them, until the visitor scrolls, clicks or types."""
+    return f"""() => {{
   const params = new URLSearchParams(window.location.search);
-  if (![...params.keys()].some(k => !{json.dumps(list(RESERVED[1:]))}.includes(k))) return;
+  if (![...params.keys()].some(k => !{json.dumps(list(PAGE_KEYS))}.includes(k))) return;
   const own = document.getElementById('{APPLY_LINK_ID}-' + (params.get('tab') || ''));
   const trigger = own || document.getElementById('{APPLY_LINK_ID}');
   if (trigger) trigger.click();
+  const ids = (({json.dumps(focus)})[params.get('tab')] || {{}})[params.get('focus')];
+  if (!own || !ids) return;
+  const BUSY = '.progress-text, .progress-level, .eta-bar, .meta-text, .meta-text-center';
+  const started = Date.now();
+  let quiet = 0, placed = 0, flashed = false, stopped = false;
+  const stop = () => {{ stopped = true; }};
+  ['wheel', 'touchstart', 'keydown', 'mousedown'].forEach(e => window.addEventListener(e, stop, {{once: true, passive: true}}));
+  const shown = () => ids.map(id => document.getElementById(id)).filter(el => el && el.offsetParent !== null);
+  const box = (els) => {{
+    const r = els.map(el => el.getBoundingClientRect());
+    return {{top: Math.min(...r.map(b => b.top)), bottom: Math.max(...r.map(b => b.bottom))}};
+  }};
+  const place = async (els) => {{
+    const room = window.innerHeight - 16;
+    let b = box(els);
+    const excess = b.bottom - b.top - room;
+    if (excess > 0 && window.Plotly) {{  // side by side or alone, each figure gives up the excess
+      for (const gd of els.flatMap(el => [...el.querySelectorAll('.js-plotly-plot')])) {{
+        const h = gd._fullLayout && gd._fullLayout.height;
+        if (h && h - excess >= 240) await window.Plotly.relayout(gd, {{height: Math.floor(h - excess)}});
+      }}
+      b = box(els);
+    }}
+    window.scrollTo(0, Math.max(0, b.top + window.scrollY - 8));
+    document.body.dataset.focused = ids.join(' ');  // what the link landed on (tests read it)
+    if (!flashed) {{
+      flashed = true;
+      els.forEach(el => {{ el.classList.add('focus-flash'); setTimeout(() => el.classList.remove('focus-flash'), 3000); }});
+    }}
+  }};
+  const watch = async () => {{
+    if (stopped || Date.now() - started > 180000 || (placed && Date.now() - placed > 30000)) return;
+    const els = shown();
+    const drawn = els.length && els.every(el => !el.querySelector('.js-plotly-plot, .plot-container') ||
+                                                 [...el.querySelectorAll('.js-plotly-plot')].some(gd => gd._fullLayout));
+    quiet = drawn && !document.querySelector(BUSY) ? quiet + 1 : 0;
+    if (quiet >= 5) {{
+      const b = box(els);
+      if (!placed || b.top < 0 || b.bottom > window.innerHeight) {{ await place(els); placed = placed || Date.now(); }}
+    }}
+    setTimeout(watch, 250);
+  }};
+  setTimeout(watch, 250);
 }}"""
+
+
+def focus_targets(demo: gr.Blocks) -> dict[str, dict[str, list[str]]]:
+    """{tab: {name: [element ids]}}: what each tab's ``focus=<name>`` scrolls to."""
+    return {tab: dict(view.focus) for tab, view in views(demo).items() if view.focus}
 
 
 def defaults_of(view: View) -> list:
