@@ -72,7 +72,8 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
                                                           weight_bytes_per_token(cfg, torch_dtype))
         if torch_dtype == torch.float32:  # the formats are conversions of an fp32 model
             report["formats"] = bench_formats(model, hf, prompt, settings, log)
-            report["formats_view"] = bench_formats_view(model, log)
+            if not dev.is_cuda(device):  # the tab's view (Gradio's progress) is timed where the app serves
+                report["formats_view"] = bench_formats_view(model, log)
         del hf
     app_models = {SMOL_NAME: model}
     from explorer.state.checkpoints import default_model_dir
@@ -95,6 +96,9 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
         report["load"] = {"skipped": "tiny mode: no classroom"}
         report["vote"] = {"skipped": "tiny mode: no class vote"}
         report["robust"] = {"skipped": "tiny mode: no flood (tests/test_robustness_flood.py runs the same clients)"}
+    elif dev.is_cuda(device):  # these rows time `python app.py`, which the CPU float32 run measures
+        for row in ("load", "vote", "robust"):
+            report[row] = {"skipped": "served-app rows run with the CPU float32 benchmark"}
     else:
         from .load import bench_load
 

@@ -47,8 +47,7 @@ def bench_generation(model, prompt: torch.Tensor, settings: dict[str, Any]) -> d
     allocation, prefill, first sample), total_seconds (call to the last step, uncached timings included),
     new_tokens, uncached_steps (how many steps also ran the uncached forward), tokens_per_second (new tokens /
     total), fast_steps (steps the fast step computed); ``path`` names it, and ``paths`` holds the same for each path."""
-    from explorer.panels.generation import DEFAULT_DECODE
-
     paths = {name: _time_stream(model, prompt, settings, step)
              for name, step in probes.generation.DECODE_PATHS.items()}
-    return {**paths[DEFAULT_DECODE], "path": DEFAULT_DECODE, "paths": paths}
+    default = probes.generation.DEFAULT_DECODE
+    return {**paths[default], "path": default, "paths": paths}

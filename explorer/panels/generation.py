@@ -41,7 +41,7 @@ MAX_KV_SEQ = 1 << 20
 # model (the one a class opens) as fast as a reader reads; the fast step is one click away for a 135M model, and the
 # summary says which path made the tokens and whether the modules pick the same ones.
 DECODE_CHOICES = (probes.generation.MODULES, probes.generation.FAST)
-DEFAULT_DECODE = probes.generation.MODULES
+DEFAULT_DECODE = probes.generation.DEFAULT_DECODE
 
 INTRO = """### KV cache and generation: one token at a time
 The model reads the prompt once (prefill), then produces one token per step. At each step the bar chart

@@ -22,6 +22,8 @@ from lens.hooks import as_tokens, effective_impl
 # tab shows), or the fast step (models.speed: the same math as flat array operations, which steps aside for anything
 # it does not compute exactly). The prompt always runs through the modules.
 MODULES, FAST = "the modules", "the fast step"
+# The tab decodes with the modules unless told otherwise (explorer/panels/generation.py says why).
+DEFAULT_DECODE = MODULES
 DECODE_PATHS = {MODULES: None, FAST: fast_step}
 
 
