@@ -268,14 +268,32 @@ def patch(model: nn.Module, clean, corrupt, site: str, answer) -> torch.Tensor:
     check_decoder(model)
     answer = check_answer(model, answer)
     clean, corrupt = check_pair(model, clean, corrupt)
+    m_clean, m_corrupt = _answer_gap(model, clean, corrupt, answer)
+    return (patched_metrics(model, corrupt, clean, site, answer) - m_corrupt) / (m_clean - m_corrupt)
+
+
+def patching_experiment(model: nn.Module, clean, corrupt, answer) -> dict:
+    """What the Experiments tab shows for one pair: ``patch`` at both sites ("resid_pre" (L, T), "head" (L, H)),
+    and the logit differences of the clean and corrupted runs ("clean", "corrupt", floats)."""
+    check_decoder(model)
+    answer = check_answer(model, answer)
+    clean, corrupt = check_pair(model, clean, corrupt)
+    m_clean, m_corrupt = _answer_gap(model, clean, corrupt, answer)
+    out = {site: (patched_metrics(model, corrupt, clean, site, answer) - m_corrupt) / (m_clean - m_corrupt)
+           for site in ("resid_pre", "head")}
+    return {**out, "clean": m_clean, "corrupt": m_corrupt}
+
+
+def _answer_gap(model: nn.Module, clean: torch.Tensor, corrupt: torch.Tensor, answer) -> tuple[float, float]:
+    """logit(good) - logit(bad) at the last position of the clean and the corrupted run; a sentence when they
+    are equal (no gap for a patch to recover)."""
     with torch.inference_mode():
         ends = logit_diff(torch.cat([_resid_pre(model, t)[0] for t in (clean, corrupt)]), answer)
     m_clean, m_corrupt = float(ends[0]), float(ends[1])
     if abs(m_clean - m_corrupt) < 1e-6 * max(1.0, abs(m_clean)):
         raise ValueError(f"the clean and corrupted prompts give the same logit difference ({m_clean:.4g}): nothing is "
                          "left to recover; choose prompts whose answers differ.")
-    metrics = patched_metrics(model, corrupt, clean, site, answer)
-    return (metrics - m_corrupt) / (m_clean - m_corrupt)
+    return m_clean, m_corrupt
 
 
 def check_circuit_heads(model: nn.Module, previous, induction) -> tuple[tuple[int, int], tuple[int, int]]:

@@ -192,6 +192,16 @@ def test_prompts_that_differ_in_the_last_token_are_recovered_there_alone():
     assert torch.equal(fracs[:, :-1], torch.zeros(3, 11))  # a shared prefix: swapping it changes nothing
 
 
+def test_the_tabs_patching_experiment_is_patch_at_both_sites_and_the_two_ends():
+    model, clean, corrupt, answer = tiny(13), tokens(14), tokens(15), (1, 2)
+    r = iv.patching_experiment(model, clean, corrupt, answer)
+    for site in ("resid_pre", "head"):
+        assert torch.equal(r[site], iv.patch(model, clean, corrupt, site, answer))
+    with torch.no_grad():
+        ends = iv.logit_diff(torch.cat([model(clean), model(corrupt)]), answer)
+    assert (r["clean"], r["corrupt"]) == pytest.approx((float(ends[0]), float(ends[1])), rel=1e-5, abs=1e-5)
+
+
 def test_no_hook_means_the_same_tensor_and_edits_leave_nothing_behind():
     model, x = tiny(16), tokens(17)
     point = model.blocks[0].attn.hook_z

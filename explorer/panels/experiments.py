@@ -237,11 +237,8 @@ def _patch(clean, corrupt, good, bad, state) -> PatchView:
     wk = weights_key(model)
 
     def compute():
-        with torch.inference_mode():
-            ends = iv.logit_diff(torch.cat([model(torch.tensor([t])) for t in (c_ids, x_ids)]), answer)
-        return {"resid_pre": to_host(iv.patch(model, [c_ids], [x_ids], "resid_pre", answer)),
-                "head": to_host(iv.patch(model, [c_ids], [x_ids], "head", answer)),
-                "clean": float(ends[0]), "corrupt": float(ends[1])}
+        r = iv.patching_experiment(model, [c_ids], [x_ids], answer)
+        return {**r, "resid_pre": to_host(r["resid_pre"]), "head": to_host(r["head"])}
 
     r = results.get_or_compute(("experiments.patch", wk, tuple(c_ids), tuple(x_ids), answer), compute)
     c = model.config
