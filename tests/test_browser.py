@@ -29,9 +29,11 @@ TABS = [
     ("Model", "model", "Load"),
 ]
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow,
-              pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                 reason=f"{CHROMIUM} is absent (install Debian's chromium: apt-get install chromium)")]
+#: Every browser test module's marks: slow, and skipped with the install to run where Chromium is absent.
+BROWSER_MARKS = [pytest.mark.browser, pytest.mark.slow,
+                 pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                    reason=f"{CHROMIUM} is absent (install Debian's chromium: apt-get install chromium)")]
+pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture(scope="module")

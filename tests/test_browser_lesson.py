@@ -3,13 +3,12 @@
 Each link lands on its figure (``focus=<name>``, explorer/web/links.py): no error toast, and the figure with its
 sentence fully inside the window, with no scrolling.
 """
-import os
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.test_browser import ARGS, CHROMIUM, _wait_idle
+from tests.test_browser import BROWSER_MARKS, _wait_idle, browser  # noqa: F401 (fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = (ROOT / "docs" / "lesson.md").read_text()
@@ -17,19 +16,7 @@ LINKS = re.findall(r"`\?([^`]+)`", LESSON[LESSON.index("## A 50-minute lesson"):
 IDS = [str(i + 1) + "-" + re.search(r"tab=(\w+)", q)[1] + ("-" + q.split("focus=")[1] if "focus=" in q else "")
        for i, q in enumerate(LINKS)]
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow,
-              pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                 reason=f"{CHROMIUM} is absent (install Debian's chromium: apt-get install chromium)")]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        yield b
-        b.close()
+pytestmark = BROWSER_MARKS
 
 
 def test_the_lesson_has_its_links():

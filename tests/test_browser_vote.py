@@ -8,10 +8,9 @@ import os
 import pytest
 from gradio_client import Client
 
-from tests.test_browser import ARTIFACTS, ASSETS, CHROMIUM, _save_small_png, browser  # noqa: F401 (fixture)
+from tests.test_browser import ARTIFACTS, ASSETS, BROWSER_MARKS, _save_small_png, browser  # noqa: F401 (fixture)
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow,
-              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent")]
+pytestmark = BROWSER_MARKS
 
 
 def _shot(page, name: str, *, full: bool = False) -> None:
