@@ -253,7 +253,10 @@ def test_throw_away_sessions_keep_memory_bounded_and_a_fine_tuned_model_survives
             rss.append(server.rss_bytes())
     print(f"\nRSS during churn: {start / MIB:.0f} MiB, then " + ", ".join(f"{r / MIB:.0f}" for r in rss) + " MiB")
     assert max(rss) - start <= 150 * MIB  # once: 9 MiB per session, over 500 MiB for 60
-    assert rss[-1] - rss[1] <= 60 * MIB  # no growth with the number of sessions once the first ones are swept
+    # No growth with the number of sessions once the first ones are swept: 40 more sessions grew RSS by 46-63 MiB
+    # on a 2-core Xeon (glibc's heaps filling, flattening after about 90 sessions and falling back once idle);
+    # the leak this guards against kept 9 MiB a session, 360 MiB here.
+    assert rss[-1] - rss[1] <= 100 * MIB
     again = _call(server, plan, alice, "lora_compare", compare)
     if again.failed:  # freed to make room or idle: said in a sentence, once
         assert any("was freed" in m for m in again.failed), again.failed
