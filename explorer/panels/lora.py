@@ -315,7 +315,8 @@ def lora_stop(state):
     """The Stop button's request (beside Gradio's cancel of the fine-tune's stream): stop this session's running
     fine-tune, wait for its worker to end (within an operation) and say which step its adapter is the one after.
     Nothing running, or a run that ended on its own: nothing changes on screen."""
-    token = (state or {}).get(RUN_KEY)
+    state = state if isinstance(state, dict) else {}
+    token = state.get(RUN_KEY)
     with _RUNS_LOCK:
         run = _RUNS.get(token) if isinstance(token, str) else None
     if run is None or run.outcome in ("done", "diverged", "failed"):
@@ -325,7 +326,7 @@ def lora_stop(state):
         return f"Stopping: the adapter so far is the one after step {run.steps}."
     if run.outcome != "stopped":  # it ended on its own just before the Stop arrived
         return gr.skip()
-    name = (state or {}).get("name") or "the model"
+    name = state.get("name") or "the model"
     return _stopped_status("", run.steps, name)
 
 
