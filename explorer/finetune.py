@@ -3,8 +3,9 @@
 Notation: N rows, T tokens per row (the model sees T, predicts the T targets shifted by one), V vocabulary.
 
 Nothing here knows about the UI. ``iter_finetune`` is a generator yielding one ``dict`` per step (so a
-Gradio generator handler can redraw a live loss curve and be cancelled between steps); ``finetune``
-runs it to the end and calls an optional callback per step (return ``False`` from it to stop early).
+Gradio generator handler can redraw a live loss curve); ``finetune`` runs it to the end and calls an optional
+callback per step (return ``False`` from it to stop early). Run under ``explorer.state.threads.stoppable``, a
+Stop ends a step inside its forward or backward pass, never inside the optimiser's update.
 Steps and wall time are capped (``MAX_STEPS``, ``MAX_SECONDS``): the job always ends, and a run whose loss
 goes non-finite or climbs past ``DIVERGE_RATIO`` times its first step's stops there (``stopped="diverged"``).
 """
@@ -22,6 +23,7 @@ from lens.loss import evaluate_loss, next_token_loss  # noqa: F401 (the fine-tun
 from models.lora import lora_layers
 
 from explorer import measure
+from explorer.state.threads import check_stop, stop_between_ops, stop_in_backward
 
 MAX_STEPS = 200
 MAX_SECONDS = 60.0
@@ -111,7 +113,8 @@ def iter_finetune(
     ``stopped``: None, or on the last step "time" (the time cap ended the run) or "diverged" (the loss was
     not finite or above ``DIVERGE_RATIO`` times the first step's; that step's update is not applied). The
     model is left in eval mode. Frozen parameters are never touched (they have no gradient and are not given
-    to the optimiser).
+    to the optimiser). Under ``stoppable``, a Stop raises ``Stopped`` out of here within one operation, with the
+    adapter exactly as after the last yielded step (an update is either applied whole or not begun).
     """
     lr = default_lr(model.config.d_model) if lr is None else lr
     seq_len = model.config.max_seq_len - 1 if seq_len is None else min(seq_len, model.config.max_seq_len - 1)
@@ -129,15 +132,22 @@ def iter_finetune(
                 chunk = rows
             else:
                 chunk = rows[torch.randperm(rows.shape[0], generator=gen)[:batch]]
-            loss = next_token_loss(model, chunk)
-            value = float(loss.detach())
-            first = value if first is None else first
-            diverged = not math.isfinite(value) or value > DIVERGE_RATIO * first
+            check_stop()
+            # a Stop ends the forward before its next operation and the backward before its next node; the
+            # gradients it leaves are dropped, so the adapter stays the one after the last completed step
+            with stop_between_ops(), stop_in_backward():
+                loss = next_token_loss(model, chunk)
+                value = float(loss.detach())
+                first = value if first is None else first
+                diverged = not math.isfinite(value) or value > DIVERGE_RATIO * first
+                if not diverged:
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if grad_clip:
+                        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+                del loss  # the graph goes now, not when this frame ends
             if not diverged:
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if grad_clip:
-                    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+                check_stop()  # the update's last chance to be skipped: once begun it completes (outside the checks)
                 opt.step()
             elapsed = time.perf_counter() - t0
             out_of_time = elapsed >= max_seconds and step < steps

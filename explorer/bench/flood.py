@@ -6,6 +6,8 @@ robustness rows) and tests/test_robustness_flood.py.
 from __future__ import annotations
 
 import concurrent.futures
+import re
+import threading
 import time
 import uuid
 from typing import Any
@@ -154,10 +156,38 @@ def generation_beside_finetunes(url: str, *, finetunes: int = 20, sweeps: int = 
     return {"finetunes": queued, "sweeps": swept, "generation_join": code, "generation_first_seconds": first}
 
 
+def cancel_and_watch(server, http, session: str, fn: int, event_id: str, watch_s: float) -> dict[str, Any]:
+    """Stop as the button sends it (Gradio's /cancel) and the server's CPU seconds in each quarter second from the
+    moment it was sent: ``settled_after`` is when they first fell below a tenth of a core. Sent on a thread, since
+    Gradio answers the cancel only once the handler's current step has returned: timed from its answer, a step
+    that ran on after Stop would go unseen. ``cancel_answered_after``: when that answer came."""
+    answered: list[float] = []
+    t0 = time.monotonic()
+
+    def send() -> None:
+        http.post(server.url + API + "cancel", json={"session_hash": session, "fn_index": fn, "event_id": event_id})
+        answered.append(time.monotonic() - t0)
+
+    sender = threading.Thread(target=send, daemon=True)
+    windows, settled = [], None
+    last = server.cpu_seconds()
+    sender.start()
+    while time.monotonic() - t0 < watch_s:
+        time.sleep(0.25)
+        now = server.cpu_seconds()
+        windows.append(round((now - last) / 0.25, 2))
+        last = now
+        if settled is None and windows[-1] < 0.1:
+            settled = time.monotonic() - t0
+    sender.join(60)
+    return {"cores_per_quarter_second_after": windows, "settled_after": settled,
+            "cancel_answered_after": answered[0] if answered else None}
+
+
 def stop_frees_cpu(server, *, run_s: float = 3.0, after_s: float = 1.0, watch_s: float = 4.0) -> dict[str, Any]:
     """A memory sweep started, Stop pressed after ``run_s`` seconds (Gradio's /cancel, as the button sends it);
-    the server's CPU seconds used in each ``after_s`` window from then on, and when they fell below a tenth of
-    a core (``settled_after``)."""
+    the server's CPU seconds in each quarter second from then on, and when they fell below a tenth of a core
+    (``cancel_and_watch``). ``after_s`` is not used (kept for callers)."""
     import httpx
 
     plan = fetch_plan(server.url)
@@ -171,18 +201,110 @@ def stop_frees_cpu(server, *, run_s: float = 3.0, after_s: float = 1.0, watch_s:
         busy = server.cpu_seconds()
         time.sleep(0.5)
         busy_rate = (server.cpu_seconds() - busy) / 0.5
-        http.post(server.url + API + "cancel", json={"session_hash": session, "fn_index": fn, "event_id": event_id})
-        t0, windows, settled = time.monotonic(), [], None
-        last = server.cpu_seconds()
-        while time.monotonic() - t0 < watch_s:
-            time.sleep(0.25)
-            now = server.cpu_seconds()
-            windows.append(round((now - last) / 0.25, 2))
-            last = now
-            if settled is None and windows[-1] < 0.1:
-                settled = time.monotonic() - t0
-    return {"cores_busy_before_stop": busy_rate, "cores_per_quarter_second_after": windows,
-            "settled_after": settled}
+        watched = cancel_and_watch(server, http, session, fn, event_id, watch_s)
+    return {"cores_busy_before_stop": busy_rate, **watched}
+
+
+#: The LoRA tab's fine-tune as the Stop row runs it: rank 8 on q and v, 200 steps, at most 60 s, the rate from the
+#: model's width; ``FT_TEXT`` gives one training row of a few hundred tokens, so a step at the 135M shape takes seconds.
+FT_TEXT = ("Once upon a time, there was a happy girl named Mia. She had a purple whale. She loved the purple whale "
+           "very much. ") * 12
+
+
+def write_smol_shape_folder(folder) -> str:
+    """A checkpoint at the SmolLM2-135M shape (random N(0, 0.02) weights, as the benchmark's model) with the shipped
+    model's tokenizer, written to ``folder``; returns its name (what the Model tab's box takes under its root)."""
+    import shutil
+    from pathlib import Path
+
+    import torch
+
+    from explorer.state.checkpoints import default_model_dir
+    from models.decoder import Decoder
+    from models.loading import save_pretrained
+
+    from .runs import model_config, settings_for
+
+    folder = Path(folder)
+    torch.manual_seed(0)
+    save_pretrained(Decoder(model_config(settings_for(False, False, "cpu"))), folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(default_model_dir() / name, folder / name)
+    return folder.name
+
+
+def finetune_stop_frees_cpu(server, folder_name: str, *, run_s: float = 12.0, watch_s: float = 4.0,
+                            timeout: float = 600.0) -> dict[str, Any]:
+    """One session loads ``folder_name`` (under the server's model root), starts a LoRA fine-tune on ``FT_TEXT`` and
+    presses Stop ``run_s`` seconds after its first step was shown (Gradio's /cancel, as the button sends it): the
+    server's CPU seconds in each quarter second from then on and when they fell below a tenth of a core
+    (``cancel_and_watch``); then the Stop button's own request (``lora_stop``) and what it says. Also how long a
+    step took (between two steps shown)."""
+    import httpx
+
+    from .page_client import run_events
+
+    plan = fetch_plan(server.url)
+    session = f"ftstop-{uuid.uuid4().hex[:8]}"
+    load, ft, stop = plan.fn_of("load_model"), plan.fn_of("lora_finetune"), plan.fn_of("lora_stop")
+    with httpx.Client(timeout=60) as http:
+        loaded = run_events(http, server.url, session, plan, [load], {load: [folder_name, None]},
+                            time.monotonic() + timeout, follow=False)
+        if load not in loaded.done:
+            raise RuntimeError(f"loading {folder_name} failed: {loaded.refused + loaded.failed}")
+        values = [8, 16, ["q_proj", "v_proj"], FT_TEXT, 200, None, 60, None]
+        r = http.post(server.url + API + "queue/join", json={"data": values, "fn_index": ft, "session_hash": session,
+                                                            "event_data": None, "trigger_id": None})
+        event_id = r.json()["event_id"]
+        t0, stepped, ended = time.monotonic(), threading.Event(), threading.Event()
+        stepping: list[tuple[int, float]] = []  # (step, seconds since the join) as each step was shown
+
+        def read() -> None:  # the stream stays open, as a browser's does: Gradio ends an event whose reader left
+            with httpx.Client(timeout=timeout) as reader, reader.stream(
+                    "GET", server.url + API + "queue/data", params={"session_hash": session}) as stream:
+                for line in stream.iter_lines():
+                    found = re.search(r"Step (\d+)/", line)
+                    if found:
+                        stepping.append((int(found.group(1)), time.monotonic() - t0))
+                        stepped.set()
+                    if '"msg":"process_completed"' in line[:300] or '"msg":"close_stream"' in line[:300]:
+                        break
+            ended.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        while not stepped.wait(0.5):
+            if ended.is_set() or time.monotonic() - t0 > timeout:
+                raise RuntimeError(f"the fine-tune showed no step: {server.log_tail()}")
+        time.sleep(run_s)
+        busy = server.cpu_seconds()
+        time.sleep(0.5)
+        busy_rate = (server.cpu_seconds() - busy) / 0.5
+        watched = cancel_and_watch(server, http, session, ft, event_id, watch_s)
+        said = run_events(http, server.url, session, plan, [stop], {stop: [None]}, time.monotonic() + 60,
+                          follow=False, keep_outputs=True)
+    status = (said.outputs.get(stop) or [None])[0]
+    shown = stepping[:]
+    step_s = sorted(b[1] - a[1] for a, b in zip(shown, shown[1:]) if b[0] == a[0] + 1)
+    return {"model": folder_name, "first_step_seconds": shown[0][1], "steps_shown": len(shown),
+            "step_seconds_median": step_s[len(step_s) // 2] if step_s else None, "cores_busy_before_stop": busy_rate,
+            **watched,
+            "stop_status": status if isinstance(status, str) else None}
+
+
+def bench_finetune_stop(log=print) -> dict[str, Any]:
+    """The fine-tune Stop row: a LoRA fine-tune of a SmolLM2-135M-shape model in ``python app.py``, stopped during
+    its training (``finetune_stop_frees_cpu``)."""
+    import tempfile
+    from pathlib import Path
+
+    from .server import served_app
+
+    with tempfile.TemporaryDirectory() as root:
+        name = write_smol_shape_folder(Path(root) / "smol-shape")
+        with served_app({"EXPLORER_MODEL_ROOT": root}) as server:
+            out = finetune_stop_frees_cpu(server, name)
+    log(f"robust: CPU settled {out['settled_after']} s after a 135M-shape fine-tune's Stop ({out['stop_status']})")
+    return out
 
 
 def bench_robust(log=print) -> dict[str, Any]:
@@ -205,6 +327,7 @@ def bench_robust(log=print) -> dict[str, Any]:
     with served_app() as server:
         out["stop"] = stop_frees_cpu(server)
         log(f"robust: CPU settled {out['stop']['settled_after']} s after Stop")
+    out["finetune_stop"] = bench_finetune_stop(log=log)
     with served_app({"EXPLORER_CLIENT_QUEUE_CAP": "100000"}) as server:
         fetch_plan(server.url)
         out["memory"] = memory_after_throwaway(server, log=log)

@@ -6,6 +6,7 @@ Notation: B batch, H query heads, Hkv key/value heads, T queries (T == S), D hea
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
@@ -253,16 +254,16 @@ def copy_bandwidth(nbytes: int = 256 * MIB, *, repeats: int = 5, device: str | t
 STILL_RUNNING = object()
 
 
-def abandonable(items: Iterator, poll_s: float = 0.25) -> Iterator:
+def abandonable(items: Iterator, poll_s: float = 0.25, stop: threading.Event | None = None) -> Iterator:
     """``items`` produced on a worker thread, yielding ``STILL_RUNNING`` every ``poll_s`` seconds while one is
     computed. Closing this generator (a Stop) returns within ``poll_s``: the worker ends after the torch operation
     it is in (``attention_memory`` checks the stop between operations), releases its locks, and starts nothing
-    further."""
+    further. ``stop``: an event another request may set to the same end (this generator then ends when the worker
+    does, after the items it finished)."""
     import queue
-    import threading
 
     out: "queue.Queue" = queue.Queue()
-    stop = threading.Event()
+    stop = threading.Event() if stop is None else stop
     done = object()
 
     def work() -> None:

@@ -4,7 +4,10 @@ off, on and merged, with one head's attention and a greedy continuation before a
 from __future__ import annotations
 
 import math
+import threading
 import time
+import uuid
+from collections import OrderedDict
 from typing import Any, NamedTuple
 
 import gradio as gr
@@ -22,6 +25,8 @@ from models.generate import generate as generate_tokens
 from models.block import PROJECTIONS
 from models.lora import attach_lora, detach_lora
 
+from explorer.measure.run import STILL_RUNNING, abandonable
+from explorer.state.threads import stop_between_ops
 from explorer.panels.controls import as_index, as_number, as_whole, head_choices, layer_choices, outputs_of
 from explorer.panels.errors import user_errors
 from explorer.state.openings import cached_opening
@@ -140,10 +145,97 @@ class FinetuneUpdate(NamedTuple):
     state: dict  # the user's session state (their own model, the adapter's settings)
 
 
+class _Run:
+    """One fine-tune's worker, as the Stop button's request finds it: its stop, whether it ended and how, and the
+    steps it completed (the adapter on the model is the one after exactly that many)."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.finished = threading.Event()
+        self.steps = 0
+        self.outcome: str | None = None  # None while running; then "done", "diverged", "stopped" or "failed"
+
+
+#: Fine-tunes by the token a session's state keeps (``RUN_KEY``); the newest ``_KEEP_RUNS`` are kept after they end,
+#: so a Stop that lands just after its run ended still says where it ended. No model or state is held here.
+_RUNS: "OrderedDict[str, _Run]" = OrderedDict()
+_RUNS_LOCK = threading.Lock()
+_KEEP_RUNS = 1024
+RUN_KEY = "finetune_run"
+STOP_WAIT_S = 10.0  # how long the Stop button's request waits for the worker to end (it ends within an operation)
+
+
+def _new_run(state: dict) -> _Run:
+    run, token = _Run(), uuid.uuid4().hex
+    with _RUNS_LOCK:
+        _RUNS[token] = run
+        while len(_RUNS) > _KEEP_RUNS:
+            _RUNS.popitem(last=False)
+    state[RUN_KEY] = token
+    return run
+
+
+def _stopped_status(head: str, steps: int, name: str) -> str:
+    if steps == 0:
+        return (f"{head}**Stopped after step 0**, before any update: the adapter is still the fresh one (B = 0), so "
+                f"your copy of {name} computes exactly the base model.")
+    return (f"{head}**Stopped after step {steps}**: the adapter in your copy of {name} is exactly the one after step "
+            f"{steps} (a step cut short by Stop changes nothing), and it is **on**.")
+
+
+def _training(run: _Run, model, lock, state: dict, rows, targets, rank: int, alpha: float, ids, settings: dict):
+    """The fine-tune's work, on ``abandonable``'s worker thread (where a Stop reaches it inside a step): yields
+    ("start", loss before), ("step", record) per completed step, then ("end", loss after). The session's state
+    and ``run`` say the steps completed as soon as each completes; a diverged run's adapter is removed here, before
+    its step is shown."""
+    try:
+        with session.threads_for(model):  # a defined thread count: the same numbers under load as alone
+            with lock:
+                detach_lora(model)  # the adapter swap itself is never cut by a Stop: it is whole, and the state says so
+                attach_lora(model, targets, rank=rank, alpha=alpha)
+                state["lora"] = {"rank": rank, "alpha": alpha, "targets": list(targets), "mode": "on",
+                                 "trained_steps": 0}
+                with stop_between_ops():
+                    start_loss = finetune.evaluate_loss(model, rows)
+            yield "start", start_loss
+            gen = finetune.iter_finetune(model, ids, **settings)
+            try:
+                while True:
+                    with lock:  # per step: the session's other requests on its model run between steps
+                        record = next(gen, None)
+                    if record is None:
+                        break
+                    if not math.isfinite(record["loss"]) or record["stopped"] == "diverged":
+                        with lock:
+                            detach_lora(model)
+                        state.pop("lora", None)
+                        run.outcome = "diverged"
+                        yield "step", record
+                        return
+                    run.steps = state["lora"]["trained_steps"] = record["step"]
+                    yield "step", record
+            finally:
+                with lock:
+                    gen.close()
+            with lock, stop_between_ops():
+                end_loss = finetune.evaluate_loss(model, rows)
+            run.outcome = "done"
+            yield "end", end_loss
+    finally:
+        if run.outcome is None:
+            run.outcome = "stopped" if run.stop.is_set() else "failed"
+        run.finished.set()
+
+
 @user_errors
 @gpu(120)
 def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, progress=gr.Progress()):
-    """Fine-tune a fresh adapter on the user's own copy; yields the loss curve as it falls."""
+    """Fine-tune a fresh adapter on the user's own copy; yields the loss curve as it falls.
+
+    The training runs on a worker thread (``abandonable``): this generator yields often, so Gradio's cancel (Stop)
+    closes it within a fraction of a second, and the worker then ends inside the step it is in, the adapter left
+    as after the last completed step. The Stop button's own request (``lora_stop``) says which step that was.
+    """
     model, tokenizer, _ = session.get_model(state)
     rank, alpha, targets = check_adapter(rank, alpha, targets, model.config)
     steps = as_whole(steps, "steps", 1, finetune.MAX_STEPS)
@@ -155,55 +247,49 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
     finetune.check_settings(steps, lr, max_seconds, 2, 1)
     ids, notice = _encode_text(tokenizer, text)
     seq_len = min(model.config.max_seq_len - 1, FT_SEQ_LEN)
-    finetune.check_step_memory(model.config, finetune.make_rows(ids, seq_len))  # before any copy or allocation
+    rows = finetune.make_rows(ids, seq_len)
+    finetune.check_step_memory(model.config, rows)  # before any copy or allocation
     model, tokenizer, name = session.private_model(state)  # the user's own copy; the shared model is never touched
     prov = measure.runtime_info(model)
-    lock = model_lock(model)
-    with session.threads_for(model), lock:  # a defined thread count: the same numbers under load as alone
-        detach_lora(model)
-        attach_lora(model, targets, rank=rank, alpha=alpha)
-        rows = finetune.make_rows(ids, seq_len)
-        start_loss = finetune.evaluate_loss(model, rows)
-    state["lora"] = {"rank": rank, "alpha": alpha, "targets": list(targets), "mode": "on", "trained_steps": 0}
-    xs, ys = [0], [start_loss]
+    run = _new_run(state)
+    work = _training(run, model, model_lock(model), state, rows, targets, rank, alpha, ids,
+                     dict(steps=steps, lr=lr, max_seconds=max_seconds, seq_len=seq_len, batch=finetune.DEFAULT_BATCH))
+    xs, ys = [0], []
     head = f"{notice} " if notice else ""
-    yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status="starting", provenance=prov),
-                         f"{head}Training a rank-{rank} adapter on {len(ids)} tokens…", state)
-    gen = finetune.iter_finetune(model, ids, steps=steps, lr=lr, max_seconds=max_seconds, seq_len=seq_len,
-                                 batch=finetune.DEFAULT_BATCH)
     last_yield = time.perf_counter()
-    record = None
+    record, end_loss = None, None
+    items = abandonable(work, stop=run.stop)
     try:
-        while True:
-            with session.threads_for(model), lock:
-                got = next(gen, None)
-            if got is None:
-                break
-            record = got
-            if not math.isfinite(record["loss"]):
-                with lock:
-                    detach_lora(model)
-                state.pop("lora", None)
-                raise ValueError(f"The loss became {record['loss']} at step {record['step']}: lower the learning "
-                                 "rate. The adapter was removed, so your model is the base model again.")
-            xs.append(record["step"])
-            ys.append(record["loss"])
-            state["lora"]["trained_steps"] = record["step"]
-            progress((record["step"], steps), desc=f"step {record['step']}/{steps} · loss {record['loss']:.3f}")
-            now = time.perf_counter()
-            if now - last_yield > 0.3 or record["step"] == steps or record["stopped"]:
-                last_yield = now
-                curve = figs.loss_curve_figure(xs, ys, max_steps=steps, status=f"step {record['step']}",
-                                               provenance=prov)
-                yield FinetuneUpdate(curve, f"{head}Step {record['step']}/{steps}: loss {record['loss']:.3f} "
-                                            f"({record['seconds']:.1f} s)", state)
+        for item in items:
+            if item is STILL_RUNNING:
+                yield FinetuneUpdate(gr.skip(), gr.skip(), gr.skip())
+                continue
+            kind, value = item
+            if kind == "start":
+                ys.append(value)
+                curve = figs.loss_curve_figure(xs, ys, max_steps=steps, status="starting", provenance=prov)
+                yield FinetuneUpdate(curve, f"{head}Training a rank-{rank} adapter on {len(ids)} tokens…", state)
+            elif kind == "end":
+                end_loss = value
+            else:
+                record = value
+                if not math.isfinite(record["loss"]):  # the worker has removed the adapter already
+                    raise ValueError(f"The loss became {record['loss']} at step {record['step']}: lower the learning "
+                                     "rate. The adapter was removed, so your model is the base model again.")
+                xs.append(record["step"])
+                ys.append(record["loss"])
+                progress((record["step"], steps), desc=f"step {record['step']}/{steps} · loss {record['loss']:.3f}")
+                now = time.perf_counter()
+                if now - last_yield > 0.3 or record["step"] == steps or record["stopped"]:
+                    last_yield = now
+                    curve = figs.loss_curve_figure(xs, ys, max_steps=steps, status=f"step {record['step']}",
+                                                   provenance=prov)
+                    yield FinetuneUpdate(curve, f"{head}Step {record['step']}/{steps}: loss {record['loss']:.3f} "
+                                                f"({record['seconds']:.1f} s)", state)
     finally:
-        gen.close()
+        items.close()  # closed by Gradio's cancel: the worker is told at once, not when this is collected
     seconds = record["seconds"] if record else 0.0
-    if record and record["stopped"] == "diverged":
-        with lock:
-            detach_lora(model)
-        state.pop("lora", None)
+    if run.outcome == "diverged":
         why = "diverged"
         status = (f"{head}**Diverged, stopped at step {record['step']}**: the loss rose to {record['loss']:.3f}, "
                   f"over {finetune.DIVERGE_RATIO:g}× the first step's {ys[1]:.3f} nats/token, at learning rate "
@@ -213,13 +299,35 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
         yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov), status,
                              state)
         return
-    with session.threads_for(model), lock:
-        end_loss = finetune.evaluate_loss(model, rows)
+    if end_loss is None:  # the Stop button's request ended the worker while this stream was still open
+        why = f"stopped after step {run.steps}"
+        yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov),
+                             _stopped_status(head, run.steps, name), state)
+        return
     why = "stopped at the time limit" if record and record["stopped"] == "time" else "done"
     status = (f"{head}**{why}**: {len(xs) - 1} steps in {seconds:.1f} s at learning rate {lr:g}. Loss on your "
-              f"text {start_loss:.3f} → **{end_loss:.3f}** {glossary.term('nats/token')}. The adapter is **on** in your copy of "
+              f"text {ys[0]:.3f} → **{end_loss:.3f}** {glossary.term('nats/token')}. The adapter is **on** in your copy of "
               f"{name}; other tabs now show your adapted model, other visitors still see the original.")
     yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov), status, state)
+
+
+def lora_stop(state):
+    """The Stop button's request (beside Gradio's cancel of the fine-tune's stream): stop this session's running
+    fine-tune, wait for its worker to end (within an operation) and say which step its adapter is the one after.
+    Nothing running, or a run that ended on its own: nothing changes on screen."""
+    state = state if isinstance(state, dict) else {}
+    token = state.get(RUN_KEY)
+    with _RUNS_LOCK:
+        run = _RUNS.get(token) if isinstance(token, str) else None
+    if run is None or run.outcome in ("done", "diverged", "failed"):
+        return gr.skip()
+    run.stop.set()
+    if not run.finished.wait(STOP_WAIT_S):
+        return f"Stopping: the adapter so far is the one after step {run.steps}."
+    if run.outcome != "stopped":  # it ended on its own just before the Stop arrived
+        return gr.skip()
+    name = state.get("name") or "the model"
+    return _stopped_status("", run.steps, name)
 
 
 # --- adapter switch and comparison -------------------------------------------------------------------
@@ -384,7 +492,8 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
                            api_name="lora_finetune", **serving.concurrency("lora_finetune"))
     ft_event.success(lambda: "on", None, [mode], api_name="lora_mode_after_finetune", api_visibility="private").then(
         lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_finetune", api_visibility="private")
-    stop.click(None, None, None, cancels=[ft_event], api_name="lora_stop", api_visibility="private")
+    # Gradio's cancel closes the stream at once (the worker ends inside its step); this request says where it ended
+    stop.click(lora_stop, [state], [ft_md], cancels=[ft_event], api_name="lora_stop", api_visibility="private")
     mode.input(lora_adapter, [mode, state], [mode_md, state], api_name="lora_adapter").success(
         lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_switch", api_visibility="private")
     compare.click(lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare")

@@ -88,3 +88,24 @@ def stop_between_ops():
     if getattr(_stop, "event", None) is None:
         return contextlib.nullcontext()
     return _StopBetweenOps()
+
+
+def _detached(t: torch.Tensor) -> torch.Tensor:
+    return t.detach()  # not ``t`` itself: a saved output would then hold its own graph in a reference cycle
+
+
+def stop_in_backward():
+    """Within the block, the backward pass of a graph built here checks for a Stop (``stoppable``) before each
+    node that reads a saved tensor, so a Stop ends a long backward after the kernel running now. Checked in a
+    saved-tensor unpack hook, which runs on whichever thread runs the backward: the event is taken here, not from
+    that thread. Where no Stop can come, nothing is hooked."""
+    event = getattr(_stop, "event", None)
+    if event is None:
+        return contextlib.nullcontext()
+
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        if event.is_set():
+            raise Stopped("stopped")
+        return t
+
+    return torch.autograd.graph.saved_tensors_hooks(_detached, unpack)
