@@ -99,3 +99,37 @@ def test_the_page_says_its_opening_examples_were_computed_at_start_up(config):
     label = about["props"]["label"]
     assert re.search(r"each tab opens on an example computed at start-up \(\d\d:\d\d UTC\)", label), label
     assert "what you change is computed now" in label
+
+
+def test_python_app_py_answers_first_then_fills_in_its_first_tab_then_the_rest(served_model_dir, model_root,
+                                                                                monkeypatch):
+    """``python app.py`` builds with ``openings_later``: the page it serves at once says the examples are being
+    computed and carries no figure (never a stored one); the first tab's examples come first, then every tab's,
+    equal to what the synchronous build puts in its page; the status line then hides."""
+    import app
+    from explorer.bench.server import computed_page, openings_pending
+    from explorer.web import serving
+
+    monkeypatch.setenv("EXPLORER_DEFAULT_MODEL", str(served_model_dir))
+    monkeypatch.setenv("EXPLORER_MODEL_ROOT", str(model_root))
+    stages = []
+    monkeypatch.setattr(serving, "refresh_page", lambda demo: stages.append(demo.get_config_file()))
+    demo = app.build_demo(openings_later=True)
+    before = demo.get_config_file()
+    assert openings_pending(before) and not computed_page(before)
+    assert not any(c["type"] == "plot" and c["props"].get("value") for c in before["components"])
+    status = next(c for c in before["components"] if c["props"].get("elem_id") == "opening-status")
+    assert status["props"]["value"] == serving.COMPUTING_ALL
+    assert all(not d["backend_fn"] for d in before["dependencies"] if any(t[1] == "load" for t in d["targets"]))
+    serving.start_openings(demo, *app.OPENING_PLACES.pop(demo)).join(timeout=600)
+    assert len(stages) == 2
+    first, done = stages
+    assert computed_page(first) and openings_pending(first)
+    assert next(c for c in first["components"] if c["props"].get("elem_id") == "opening-status")["props"][
+        "value"] == serving.COMPUTING_REST
+    assert computed_page(done) and not openings_pending(done)
+    plots = [c for c in done["components"] if c["type"] == "plot" and c["props"].get("value")]
+    first_plots = [c for c in first["components"] if c["type"] == "plot" and c["props"].get("value")]
+    assert len(first_plots) < len(plots)  # the other tabs' figures came in the second stage
+    for elem_id in ("experiments-sweep", "experiments-circuit", "walkthrough-step"):
+        assert any(c["props"].get("elem_id") == elem_id for c in plots), elem_id
