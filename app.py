@@ -154,8 +154,9 @@ ON_LOAD_JS = r"""() => {
   const cfg = window.gradio_config || {};
   const statusOf = (c) => { const s = (c.components || []).find(x => (x.props || {}).elem_id === 'opening-status');
                             return s && s.props.visible !== false ? String(s.props.value) : ''; };
+  // (a status that does not start with ⏳ says something failed: nothing more will come)
   const pending = statusOf(cfg);
-  if (pending) {
+  if (pending.startsWith('⏳')) {
     let touched = false;
     const touch = (e) => { if (e.isTrusted && (e.type !== 'click' || (e.target.closest('button') && !e.target.closest('[role=tab]'))))
                              touched = true; };

@@ -99,9 +99,15 @@ def computed_page(config: dict) -> bool:
 
 def openings_pending(config: dict) -> bool:
     """Whether a page config says some tab's opening example is still being computed (``python app.py``
-    computes them after the server answers: explorer.web.serving.start_openings)."""
-    return any((c.get("props") or {}).get("elem_id") == "opening-status" and (c.get("props") or {}).get("visible")
-               is not False for c in config.get("components", []))
+    computes them after the server answers: explorer.web.serving.start_openings); RuntimeError when it says one
+    failed."""
+    for c in config.get("components", []):
+        props = c.get("props") or {}
+        if props.get("elem_id") == "opening-status" and props.get("visible") is not False:
+            if not str(props.get("value", "")).startswith("⏳"):  # a failure, said on the page
+                raise RuntimeError(f"app.py's opening examples: {props.get('value')}")
+            return True
+    return False
 
 
 @contextlib.contextmanager

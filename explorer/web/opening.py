@@ -56,13 +56,14 @@ def in_tab(demo: gr.Blocks, events: list[int], tab) -> list[int]:
     return [i for i in events if any(b._id in inside for b in demo.fns[i].outputs)]
 
 
-def open_in_page(demo: gr.Blocks, first: list[int], skip: frozenset[int] = frozenset()) -> dict[str, float]:
+def open_in_page(demo: gr.Blocks, first: list[int], skip: frozenset[int] = frozenset(),
+                 failed: dict[str, BaseException] | None = None) -> dict[str, float]:
     """Run each event of ``first`` and of its chain (but those in ``skip``, already run), in the page's order, with
     the components' initial values, writing each answer into the components. Returns the seconds each event took,
     by name.
 
     A failure is the app's own bug (an opening example must always compute): raised, so the app does not start
-    with an empty tab."""
+    with an empty tab; with ``failed`` given, noted there by event name instead, and the next event run."""
 
     async def run_all() -> dict[str, float]:
         taken: dict[str, float] = {}
@@ -70,7 +71,13 @@ def open_in_page(demo: gr.Blocks, first: list[int], skip: frozenset[int] = froze
             if i in skip:
                 continue
             t0 = time.perf_counter()
-            await adapter.answer_into_page(demo, i)
+            try:
+                await adapter.answer_into_page(demo, i)
+            except Exception as exc:  # noqa: BLE001 - the caller asked to be told and to go on
+                if failed is None:
+                    raise
+                failed[adapter.event_name(demo, i)] = exc
+                continue
             taken[adapter.event_name(demo, i)] = time.perf_counter() - t0
         return taken
 

@@ -239,7 +239,7 @@ def start_openings(demo: gr.Blocks, first_tab, status: gr.Markdown) -> threading
     """After ``demo.launch``: compute the opening examples held back by ``apply(demo, openings_later=True)`` in a
     thread, those of ``first_tab`` (the tab a page opens on) first, refreshing the page after them and after the
     rest; ``status`` says what is still being computed and is hidden at the end. A failure is the app's own bug:
-    logged with its traceback, the status saying the examples could not be computed."""
+    logged with its traceback, the others still computed, and the status line then names what failed."""
     from explorer.web import opening
 
     events = _LATER.pop(demo)
@@ -247,22 +247,27 @@ def start_openings(demo: gr.Blocks, first_tab, status: gr.Markdown) -> threading
     def run() -> None:
         import traceback
 
+        failed: dict[str, BaseException] = {}
         try:
             first = opening.in_tab(demo, events, first_tab)
             done = set(adapter.events_after(demo, first))
-            taken = opening.open_in_page(demo, first)
+            taken = opening.open_in_page(demo, first, failed=failed)
             adapter.set_initial(status, {"__type__": "update", "value": COMPUTING_REST})
             refresh_page(demo)
-            taken |= opening.open_in_page(demo, [i for i in events if i not in first], frozenset(done))
-            adapter.set_initial(status, {"__type__": "update", "visible": False})
-            refresh_page(demo)
-            print(f"Opening examples computed in {sum(taken.values()):.1f} s", flush=True)
-        except Exception:  # noqa: BLE001 - the server keeps serving; the page says what failed
-            traceback.print_exc()
+            taken |= opening.open_in_page(demo, [i for i in events if i not in first], frozenset(done), failed)
+        except Exception as exc:  # noqa: BLE001 - the server keeps serving; the page says what failed
+            failed["opening examples"] = exc
+        for name, exc in failed.items():
+            print(f"Opening example {name} failed:", flush=True)
+            traceback.print_exception(exc)
+        if failed:
             adapter.set_initial(status, {"__type__": "update", "value": (
-                "⚠ The opening examples could not be computed (see the server's log): use each tab's own "
-                "controls to compute its figures.")})
-            refresh_page(demo)
+                f"⚠ {len(failed)} opening example(s) could not be computed ({', '.join(sorted(failed))}; the "
+                "server's log says why): those figures stay empty until you use their tab's own controls.")})
+        else:
+            adapter.set_initial(status, {"__type__": "update", "visible": False})
+            print(f"Opening examples computed in {sum(taken.values()):.1f} s", flush=True)
+        refresh_page(demo)
 
     thread = threading.Thread(target=run, name="opening-examples-later", daemon=True)
     thread.start()
