@@ -38,7 +38,9 @@ REPEATS = 3
 # decodes slowly (bf16 without native kernels), each row saying how many; 44.7 s for three formats on
 # SmolLM2-135M before, on a 2-core Xeon
 DECODE_SECONDS = 4.0
-CACHE_TOKENS = 32  # the KV-caching row: decode with and without the cache
+CACHE_TOKENS = 32  # the KV-caching row: decode with and without the cache, over at most this many tokens
+CACHE_SECONDS = 2.0  # ... the cached decode timed for about this long (fewer tokens where it is slow), the
+# uncached one then over as many tokens
 FLASH_LENGTHS = (1024, 2048)  # the FlashAttention row: peak memory at two lengths, to see how it grows
 LORA_RANK, LORA_TARGETS = 8, ("q_proj", "v_proj")
 DEFAULT_PROMPT = "Once upon a time, there was a happy girl named Lily. She had a"
@@ -121,7 +123,7 @@ def _summary(model, numbers: dict) -> list[list[Any]]:
                  f"{per_pos:,} bytes per cached position ({measure.format_bytes(per_pos * kv['seq_len'])} at "
                  f"{kv['seq_len']} positions); {kv['cached_ms']:.1f} ms per token with the cache (the "
                  f"fast step), {kv['uncached_ms']:.1f} ms without (the modules) ({kv['speedup']:.1f}x) over "
-                 f"{CACHE_TOKENS} tokens",
+                 f"{kv['new_tokens']} tokens",
                  "yes" if held else "no", TABS["KV caching"]])
     g = numbers["gqa"]
     held = g["ratio"] == c.n_heads / c.n_kv_heads and g["allocated_bytes"] == g["gqa_bytes"]
@@ -196,8 +198,10 @@ def _measure(model, tokenizer, ids: list[int], progress=None) -> dict:
                 del hf
         fp32 = copies["fp32"]
         stage(5)
-        kv_on = fm.decode_speed(lambda n: generate(fp32, prompt, n, step=fast_step), CACHE_TOKENS, repeats=1)
-        kv_off = fm.decode_speed(lambda n: generate(fp32, prompt, n, use_cache=False), CACHE_TOKENS, repeats=1)
+        kv_on = fm.decode_speed(lambda n: generate(fp32, prompt, n, step=fast_step), CACHE_TOKENS, repeats=1,
+                                budget_s=CACHE_SECONDS)
+        kv_off = fm.decode_speed(lambda n: generate(fp32, prompt, n, use_cache=False), kv_on["new_tokens"],
+                                 repeats=1)
         flash = {impl: [] for impl in ("naive", "sdpa")}
         stage(6)
         for T in FLASH_LENGTHS:
@@ -225,7 +229,7 @@ def _measure(model, tokenizer, ids: list[int], progress=None) -> dict:
         "kv": {"allocated_bytes_per_position": fm.cache_bytes_per_position(fp32),
                "formula_bytes_per_token": formula["per_token"], "seq_len": c.max_seq_len,
                "cached_ms": kv_on["step_seconds"] * 1e3, "uncached_ms": kv_off["step_seconds"] * 1e3,
-               "speedup": kv_off["step_seconds"] / kv_on["step_seconds"]},
+               "speedup": kv_off["step_seconds"] / kv_on["step_seconds"], "new_tokens": kv_on["new_tokens"]},
         "gqa": {"mha_bytes": variants["MHA"]["per_sequence"], "gqa_bytes": variants["GQA"]["per_sequence"],
                 "ratio": variants["MHA"]["per_sequence"] / variants["GQA"]["per_sequence"],
                 "allocated_bytes": fp32.new_cache(1).nbytes, "seq_len": c.max_seq_len},
