@@ -148,6 +148,28 @@ ON_LOAD_JS = r"""() => {
   new MutationObserver(() => { clearTimeout(timer); timer = setTimeout(() => { mark(); downloads(); fit(); }, 150); })
     .observe(document.body, {childList: true, subtree: true});
   window.explorerFit = fit;
+  // a page served while the opening examples are still being computed (python app.py answers first): fetch the
+  // page's configuration every 2 s and, once its status line changed, reload to show the new figures, unless the
+  // visitor has started changing things (then the line says to reload)
+  const cfg = window.gradio_config || {};
+  const statusOf = (c) => { const s = (c.components || []).find(x => (x.props || {}).elem_id === 'opening-status');
+                            return s && s.props.visible !== false ? String(s.props.value) : ''; };
+  // (a status that does not start with ⏳ says something failed: nothing more will come)
+  const pending = statusOf(cfg);
+  if (pending.startsWith('⏳')) {
+    let touched = false;
+    const touch = (e) => { if (e.isTrusted && (e.type !== 'click' || (e.target.closest('button') && !e.target.closest('[role=tab]'))))
+                             touched = true; };
+    ['input', 'change', 'click'].forEach(t => document.addEventListener(t, touch, true));
+    const url = String(cfg.root || '.').replace(/\/$/, '') + '/config';
+    const poll = setInterval(() => fetch(url, {cache: 'no-store'}).then(r => r.json()).then(c => {
+      if (statusOf(c) === pending) return;
+      clearInterval(poll);
+      if (!touched) { window.location.reload(); return; }
+      const el = document.getElementById('opening-status');
+      if (el) el.textContent = 'The opening examples are ready: reload the page to see them.';
+    }).catch(() => {}), 2000);
+  }
   mark();
   if (on) setTimeout(() => window.dispatchEvent(new Event('resize')), 300);  // the tab bar re-measures its overflow
   return on;
@@ -195,7 +217,13 @@ def launch_kwargs() -> dict:
     return {"theme": theme, "css": CSS + vote.CSS, "max_file_size": MAX_UPLOAD, "app_kwargs": middleware.app_kwargs()}
 
 
-def build_demo() -> gr.Blocks:
+#: For each app built with ``openings_later``: (the tab a page opens on, the status line of the openings).
+OPENING_PLACES: dict = {}
+
+
+def build_demo(openings_later: bool = False) -> gr.Blocks:
+    """The whole app. With ``openings_later`` (``python app.py``) the opening examples are computed after the
+    server answers (``serving.start_openings``, the page saying so meanwhile); otherwise here, before it returns."""
     started = time.time()
     session.load_default()  # the shipped model, loaded once at start-up from assets/ (no network)
     with gr.Blocks(title=TITLE, analytics_enabled=False, fill_width=True) as demo:  # no calls home
@@ -212,15 +240,18 @@ def build_demo() -> gr.Blocks:
                               min_width=180, elem_id="view-link", lines=1, max_lines=1,
                               placeholder="the view's link appears here")
         notice = gr.Textbox(label="About this link", visible=False, interactive=False, elem_id="link-notice")
+        status = gr.Markdown(serving.COMPUTING_ALL, visible=openings_later, elem_id="opening-status")
         vote.build_join(demo)  # a phone's vote view, shown alone for ?join=CODE
         with gr.Accordion(about_label(started), open=False, elem_id="glossary"):
             gr.Markdown("A Llama-style decoder written from scratch, and what happens inside it. Every number on "
                         "screen is computed now, on this machine, by the code that is running. The model picker "
                         "above loads a model for every tab (a Hub id or a folder under the model root; the Model "
                         "tab shows its card).\n\n" + glossary.markdown())
+        first_tab = None
         with gr.Tabs(overflow_behavior="wrap") as tabs:  # every tab in sight, on a phone too
             for label, tab_id, build in TABS:
                 with gr.Tab(label, id=tab_id, elem_id=f"tab-{tab_id}") as tab:
+                    first_tab = first_tab or tab  # the tab a page opens on
                     build(demo, state)
                     with gr.Row(elem_classes="save-figures"):
                         gr.Markdown("Save every figure of this tab, sized for a 1920×1080 slide:")
@@ -240,7 +271,9 @@ def build_demo() -> gr.Blocks:
         demo.load(None, None, [projector], js=ON_LOAD_JS, api_name="projector_from_link", api_visibility="private")
         projector.change(None, [projector], None, js=PROJECTOR_JS, api_name="projector", api_visibility="private")
     demo.queue(**QUEUE)
-    serving.apply(demo)  # computes every tab's opening example into the page
+    serving.apply(demo, openings_later=openings_later)  # computes every tab's opening example into the page
+    if openings_later:
+        OPENING_PLACES[demo] = (first_tab, status)
     return demo
 
 
@@ -264,5 +297,14 @@ def server_name(env=None) -> str:
     return "0.0.0.0" if env.get("SPACE_ID") else "127.0.0.1"
 
 
+def main() -> None:
+    """``python app.py``: the server answers first, then computes the opening examples (about as long again on
+    2 cores), the page saying so and filling in."""
+    demo = build_demo(openings_later=True)
+    demo.launch(server_name=server_name(), prevent_thread_lock=True, **launch_kwargs())
+    serving.start_openings(demo, *OPENING_PLACES[demo])
+    demo.block_thread()
+
+
 if __name__ == "__main__":
-    build_demo().launch(server_name=server_name(), **launch_kwargs())
+    main()

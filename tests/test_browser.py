@@ -273,6 +273,21 @@ def test_nothing_is_wider_than_a_390px_phone(app_url, browser):
     page.close()
 
 
+def test_at_phone_width_each_tabs_main_figure_is_at_least_300px_wide(app_url, browser):
+    """A 390×844 phone: each tab's main (first) figure is drawn at least 300 px wide and inside the screen."""
+    page, _ = _open(browser, app_url, tab="walkthrough", width=390, height=844)
+    narrow = []
+    for tab_id, _, panel in _each_tab(page):
+        page.wait_for_timeout(500)  # Plotly's autosize after the tab is shown
+        box = panel.locator(".js-plotly-plot").first.bounding_box()
+        drawn = page.evaluate("(id) => { const el = document.querySelector('#tab-' + id + ' .js-plotly-plot');"
+                              " return el && el._fullLayout ? el._fullLayout.width : 0; }", tab_id)
+        if box["width"] < 300 or drawn < 300 or box["x"] < 0 or box["x"] + box["width"] > 390:
+            narrow.append(f"{tab_id}: box {box}, drawn {drawn} px wide")
+    assert not narrow, "main figure narrower than 300 px (or off the screen) at 390 px:\n" + "\n".join(narrow)
+    page.close()
+
+
 # What each tab shows of the model it runs, after the header picker loaded tiny-local (3 layers, head_dim 8)
 PICKED = {"walkthrough": "tiny-local", "attention": "tiny-local", "positions": "0 = fastest, 3 = slowest",
           "generation": "tiny-local", "lora": "tiny-local", "encoder_decoder": "tiny-local", "model": "tiny-local"}

@@ -71,6 +71,34 @@ def test_tokenizer_loads_offline_with_bos_and_word_tokens(tok, ours):
     assert tok.decode(ids, skip_special_tokens=True) == PROMPT
 
 
+def test_the_apps_tokenizer_is_autotokenizers_own(tok):
+    """models.loading.load_tokenizer skips AutoTokenizer for a plain fast tokenizer (start-up time): the same class,
+    vocabulary, special tokens, ids and decodings as AutoTokenizer's, on texts with unknown words, digits, spaces
+    and special tokens written out."""
+    from models.loading import _plain_fast_tokenizer, load_tokenizer
+    from pathlib import Path
+
+    assert _plain_fast_tokenizer(Path(FOLDER))  # the path under test is the one taken
+    ours = load_tokenizer(FOLDER)
+    assert type(ours) is type(tok)
+    assert ours.get_vocab() == tok.get_vocab() and len(ours) == len(tok)
+    assert ours.all_special_tokens == tok.all_special_tokens and ours.all_special_ids == tok.all_special_ids
+    assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id, ours.unk_token_id, ours.mask_token_id) == (
+        tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, tok.unk_token_id, tok.mask_token_id)
+    assert ours.model_max_length == tok.model_max_length and ours.padding_side == tok.padding_side
+    assert ours.chat_template == tok.chat_template
+    texts = [PROMPT, "", " ", "Zyx qwerty 12345 !!", "Tom  gave\nthe ball<mask> to</s> Anna.", "ÄÖü 東京 🙂",
+             "Once upon a time " * 20]
+    for text in texts:
+        for special in (True, False):
+            a = ours(text, add_special_tokens=special)["input_ids"]
+            assert a == tok(text, add_special_tokens=special)["input_ids"], (text, special)
+            assert ours.convert_ids_to_tokens(a) == tok.convert_ids_to_tokens(a)
+            assert ours.decode(a) == tok.decode(a)
+    batch = dict(return_tensors="pt", padding=True)
+    assert torch.equal(ours(texts[:4], **batch)["input_ids"], tok(texts[:4], **batch)["input_ids"])
+
+
 def test_same_logits_in_transformers_and_in_our_decoder(ours, hf, tok):
     ids = tok([PROMPT, "Mom asked Tom to buy eggs, milk and jam. Tom went to the shop."],
               return_tensors="pt", padding=True).input_ids[:1]

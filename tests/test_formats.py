@@ -167,6 +167,37 @@ def test_compare_formats_reports_each_format(model, prompt):
         assert r["bytes_per_token"] == fm.bytes_per_token(models[f], 8 + 3)
 
 
+def test_a_decode_speed_within_a_budget_takes_fewer_tokens_and_runs_for_a_slow_decoder():
+    """``decode_speed(..., budget_s=)``: a decoder whose step takes 50 ms, given 1 s for 3 runs of up to 64 tokens,
+    is timed over fewer tokens (at least 8), ends near its budget, and still measures its step time; a fast one
+    keeps all 64 tokens and 3 runs."""
+    import time as clock
+
+    def fake(step_s, prefill_s=0.01):
+        calls = []
+
+        def fn(n):
+            calls.append(n)
+            clock.sleep(prefill_s + step_s * (n - 1))
+            return torch.arange(n)[None]
+        return fn, calls
+
+    slow, calls = fake(0.05)
+    t0 = clock.perf_counter()
+    r = fm.decode_speed(slow, 64, repeats=3, budget_s=1.0)
+    took = clock.perf_counter() - t0
+    assert 8 <= r["new_tokens"] < 64 and 1 <= r["repeats"] <= 3
+    assert r["tokens"].shape[1] == r["new_tokens"] and max(calls) == r["new_tokens"]
+    assert took < 1.0 + 0.05 * 2 + 0.5  # the warm-up's 2 tokens, then about the budget
+    assert 0.04 < r["step_seconds"] < 0.08
+    fast, _ = fake(0.0005, 0.001)
+    r = fm.decode_speed(fast, 64, repeats=3, budget_s=1.0)
+    assert r["new_tokens"] == 64 and r["repeats"] == 3
+    slowest, _ = fake(0.3)
+    r = fm.decode_speed(slowest, 64, repeats=3, budget_s=1.0)
+    assert r["new_tokens"] == 8 and r["repeats"] == 1  # the floor: 8 tokens, one run, past the budget
+
+
 # --- the app, through gradio_client -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -193,7 +224,10 @@ def test_formats_table_equals_its_measurements(formats_answer):
         assert rows[fmt][2] == round(r["tokens_per_s"], 1)
         limit = n["bandwidth"]["bytes_per_s"] / r["bytes_per_token"]["total"]
         assert rows[fmt][4] == round(limit, 1)
-        assert rows[fmt][6] == f"{r['agreement']['matching']} / 64"
+        both = min(r["new_tokens"], n["formats"]["fp32"]["new_tokens"])  # timed within a budget: <= 64 tokens
+        assert r["agreement"]["new_tokens"] == both and 8 <= both <= 64
+        assert rows[fmt][6] == f"{r['agreement']['matching']} / {both}"
+        assert rows[fmt][10] == f"{r['new_tokens']} tokens × {r['repeats']} run{'s' if r['repeats'] != 1 else ''}"
     assert n["bandwidth"]["bytes_per_s"] > 0
     assert n["formats"]["fp32"]["bytes_per_token"] == fm.bytes_per_token(model, n["prompt_tokens"] + 32)
     assert len(_rows(formats_answer["top"])) == 10

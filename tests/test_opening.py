@@ -99,3 +99,72 @@ def test_the_page_says_its_opening_examples_were_computed_at_start_up(config):
     label = about["props"]["label"]
     assert re.search(r"each tab opens on an example computed at start-up \(\d\d:\d\d UTC\)", label), label
     assert "what you change is computed now" in label
+
+
+def test_python_app_py_answers_first_then_fills_in_its_first_tab_then_the_rest(served_model_dir, model_root,
+                                                                                monkeypatch):
+    """``python app.py`` builds with ``openings_later``: the page it serves at once says the examples are being
+    computed and carries no figure (never a stored one); the first tab's examples come first, then every tab's,
+    equal to what the synchronous build puts in its page; the status line then hides."""
+    import app
+    from explorer.bench.server import computed_page, openings_pending
+    from explorer.web import serving
+
+    monkeypatch.setenv("EXPLORER_DEFAULT_MODEL", str(served_model_dir))
+    monkeypatch.setenv("EXPLORER_MODEL_ROOT", str(model_root))
+    stages = []
+    monkeypatch.setattr(serving, "refresh_page", lambda demo: stages.append(demo.get_config_file()))
+    demo = app.build_demo(openings_later=True)
+    before = demo.get_config_file()
+    assert openings_pending(before) and not computed_page(before)
+    assert not any(c["type"] == "plot" and c["props"].get("value") for c in before["components"])
+    status = next(c for c in before["components"] if c["props"].get("elem_id") == "opening-status")
+    assert status["props"]["value"] == serving.COMPUTING_ALL
+    assert all(not d["backend_fn"] for d in before["dependencies"] if any(t[1] == "load" for t in d["targets"]))
+    serving.start_openings(demo, *app.OPENING_PLACES.pop(demo)).join(timeout=600)
+    assert len(stages) == 2
+    first, done = stages
+    assert computed_page(first) and openings_pending(first)
+    assert next(c for c in first["components"] if c["props"].get("elem_id") == "opening-status")["props"][
+        "value"] == serving.COMPUTING_REST
+    assert computed_page(done) and not openings_pending(done)
+    plots = [c for c in done["components"] if c["type"] == "plot" and c["props"].get("value")]
+    first_plots = [c for c in first["components"] if c["type"] == "plot" and c["props"].get("value")]
+    assert len(first_plots) < len(plots)  # the other tabs' figures came in the second stage
+    for elem_id in ("experiments-sweep", "experiments-circuit", "walkthrough-step"):
+        assert any(c["props"].get("elem_id") == elem_id for c in plots), elem_id
+
+
+def test_a_failing_opening_is_named_on_the_page_and_the_others_still_computed(monkeypatch):
+    import gradio as gr
+
+    from explorer.bench.server import openings_pending
+    from explorer.web import gradio_adapter as adapter
+    from explorer.web import serving
+
+    def boom():
+        raise RuntimeError("broken on purpose")
+
+    with gr.Blocks() as demo:
+        status = gr.Markdown(serving.COMPUTING_ALL, elem_id="opening-status")
+        with gr.Tabs():
+            with gr.Tab("one") as first:
+                a = gr.Markdown(elem_id="a")
+            with gr.Tab("two"):
+                b, c = gr.Markdown(elem_id="b"), gr.Markdown(elem_id="c")
+        demo.load(lambda: "second, computed", None, c, api_name="second_ok")
+        demo.load(boom, None, b, api_name="second_broken")
+        demo.load(lambda: "first, computed", None, a, api_name="first_ok")
+    pages = []
+    monkeypatch.setattr(serving, "refresh_page", lambda d: pages.append(d.get_config_file()))
+    serving._LATER[demo] = adapter.page_load_events(demo)
+    serving.start_openings(demo, first, status).join(timeout=60)
+    values = {x["props"].get("elem_id"): x["props"].get("value") for x in pages[-1]["components"]}
+    assert values["a"] == "first, computed" and values["c"] == "second, computed" and not values["b"]
+    assert values["opening-status"].startswith("⚠ 1 opening example(s) could not be computed (second_broken;")
+    # the first refresh came after the first tab's example, before the other tab's
+    first_values = {x["props"].get("elem_id"): x["props"].get("value") for x in pages[0]["components"]}
+    assert first_values["a"] == "first, computed" and not first_values["c"]
+    assert openings_pending(pages[0])
+    with pytest.raises(RuntimeError, match="second_broken"):
+        openings_pending(pages[-1])

@@ -66,9 +66,12 @@ def bench_formats_view(model: Decoder, log) -> dict[str, Any]:
     t0 = time.perf_counter()
     numbers = panel._measure(model, tokenizer, ids)
     seconds = time.perf_counter() - t0
+    rows = dict(numbers["formats"], **({"transformers": numbers["transformers"]} if numbers["transformers"] else {}))
     log(f"formats view: {seconds:.1f} s (" + ", ".join(
-        f"{k} {v['tokens_per_s']:.1f} tok/s" for k, v in numbers["formats"].items()) + ")")
-    return {"seconds": seconds, "new_tokens": numbers["new_tokens"],
+        f"{k} {v['tokens_per_s']:.1f} tok/s over {v['new_tokens']} tokens x {v['repeats']}" for k, v in rows.items())
+        + ")")
+    return {"seconds": seconds, "new_tokens": {k: v["new_tokens"] for k, v in rows.items()},
+            "repeats": {k: v["repeats"] for k, v in rows.items()},
             "tokens_per_s": {k: v["tokens_per_s"] for k, v in numbers["formats"].items()}}
 
 

@@ -46,7 +46,8 @@ class Server:
     process: subprocess.Popen
     log_path: Path
     answered_seconds: float | None = None  # from the process's start to the first page config served
-    computed_seconds: float | None = None  # ... to the first one carrying computed figures (the opening examples)
+    computed_seconds: float | None = None  # ... to the first one whose opening tab shows every figure computed
+    ready_seconds: float | None = None  # ... to the first one with every tab's opening example in it
 
     @property
     def pid(self) -> int:
@@ -65,15 +66,54 @@ class Server:
             return ""
 
 
+def _first_tab_ids(config: dict) -> set[int]:
+    """The ids of the components inside the page's first tab (the one a page opens on), from its layout."""
+    kinds = {c["id"]: c.get("type") for c in config.get("components", [])}
+
+    def find(node):
+        if kinds.get(node.get("id")) == "tabitem":
+            return node
+        for child in node.get("children", []) or []:
+            found = find(child)
+            if found is not None:
+                return found
+        return None
+
+    def ids(node):
+        yield node["id"]
+        for child in node.get("children", []) or []:
+            yield from ids(child)
+
+    tab = find(config.get("layout") or {})
+    return set(ids(tab)) if tab is not None else set()
+
+
 def computed_page(config: dict) -> bool:
-    """Whether a page config carries computed figures: some Plot component with a value."""
-    return any(c.get("type") == "plot" and (c.get("props") or {}).get("value") for c in config.get("components", []))
+    """Whether a page config shows computed figures where a visitor lands: a Plot inside its first tab carries a
+    value (the first tab's opening example draws its figures in one event; its class-vote tally stays empty
+    until a vote)."""
+    inside = _first_tab_ids(config)
+    return any(c.get("type") == "plot" and c["id"] in inside and (c.get("props") or {}).get("value")
+               for c in config.get("components", []))
+
+
+def openings_pending(config: dict) -> bool:
+    """Whether a page config says some tab's opening example is still being computed (``python app.py``
+    computes them after the server answers: explorer.web.serving.start_openings); RuntimeError when it says one
+    failed."""
+    for c in config.get("components", []):
+        props = c.get("props") or {}
+        if props.get("elem_id") == "opening-status" and props.get("visible") is not False:
+            if not str(props.get("value", "")).startswith("⏳"):  # a failure, said on the page
+                raise RuntimeError(f"app.py's opening examples: {props.get('value')}")
+            return True
+    return False
 
 
 @contextlib.contextmanager
 def served_app(env: dict[str, str] | None = None, *, start_timeout: float = 180.0):
-    """``python app.py`` on a free loopback port, with ``env`` added to this process's environment; stopped
-    (terminated, then killed) on exit."""
+    """``python app.py`` on a free loopback port, with ``env`` added to this process's environment, once every
+    opening example is in its page; stopped (terminated, then killed) on exit."""
     import httpx
 
     port = free_port()
@@ -95,8 +135,14 @@ def served_app(env: dict[str, str] | None = None, *, start_timeout: float = 180.
                 if answer.status_code == 200:
                     now = time.monotonic() - started
                     server.answered_seconds = server.answered_seconds or now
-                    if computed_page(answer.json()):
+                    config = answer.json()
+                    if server.computed_seconds is None and computed_page(config):
                         server.computed_seconds = now
+                    if not openings_pending(config):  # the server settled: every opening example computed
+                        server.ready_seconds = now
+                        if server.computed_seconds is None:
+                            raise RuntimeError("app.py's page has every opening example, yet its first tab "
+                                               "shows no computed figure")
                         break
             except (httpx.HTTPError, ValueError):
                 pass

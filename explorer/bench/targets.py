@@ -73,12 +73,15 @@ TARGETS: tuple[Target, ...] = (
            f"load_p95:{LOAD_CLASS}", "<=", 5.0, "issue 11"),
     Target(f"Classroom: {LOAD_CLASS} sessions open the same link (the Attention tab at layer 1, head 2) at once: "
            "page ready p95 <= 5 s", f"load_p95:{LOAD_CLASS} via a link", "<=", 5.0, "issue 11"),
+    Target(f"Classroom: {LOAD_CLASS} sessions open the page at once, then each asks the Attention tab a question of "
+           "its own (a prompt no other sends): answered p95 <= 5 s", f"load_attention_p95:{LOAD_CLASS}", "<=", 5.0,
+           "issue 28"),
     Target(f"Classroom: {LOAD_MOST} sessions open the page at once: page-load events refused or failed <= 0",
            f"load_refused:{LOAD_MOST}", "<=", 0, "issue 11"),
     Target(f"Weight formats view (three formats, transformers, summary), {SMOL_NAME}: answered <= 30 s",
            "formats_view_seconds", "<=", 30.0, "issue 28"),
-    Target("Cold start: `python app.py` to a served page with computed figures <= 10 s", "cold_start", "<=", 10.0,
-           "issue 28"),
+    Target("Cold start: `python app.py` to a served page whose first tab shows its computed figures (the other "
+           "tabs' filling in after) <= 10 s", "cold_start", "<=", 10.0, "issue 28"),
     Target("Attention answered while another client's memory sweep and a third's generation run: <= 1 s",
            "load_attention_beside_sweep", "<=", 1.0, "issue 11"),
     # issue 27: moving the Training tab's step slider answers within a reader's pause, even when the snapshot
@@ -174,6 +177,10 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
         if p95 is not None and room["pages_ready"] == room["clients"]:
             m[f"load_p95:{n}"] = (p95, f"{p95:.1f} s (p50 {room['page_ready_seconds']['p50']:.1f} s, "
                                        f"{room['refused']} refused)")
+        asked = room["attention_seconds"]
+        if asked["p95"] is not None and room["attention_answered"] == room["clients"] and not room.get("query"):
+            m[f"load_attention_p95:{n}"] = (asked["p95"], f"{asked['p95']:.1f} s (p50 {asked['p50']:.1f} s, "
+                                                          f"max {asked['max']:.1f} s)")
         m[f"load_refused:{n}"] = (room["refused"] + room["failed"], f"{room['refused']} refused, {room['failed']} failed, "
                                                    f"{room['pages_ready']} of {room['clients']} pages ready")
     view = report.get("formats_view") or {}
@@ -182,8 +189,9 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
             f"{k} {v:.1f} tok/s" for k, v in view["tokens_per_s"].items()) + ")")
     cold = load.get("cold_start") or {}
     if cold.get("computed_seconds") is not None:
+        every = (f", every tab's {cold['ready_seconds']:.1f} s" if cold.get("ready_seconds") is not None else "")
         m["cold_start"] = (cold["computed_seconds"], f"{cold['computed_seconds']:.1f} s (first page "
-                                                     f"{cold['answered_seconds']:.1f} s)")
+                                                     f"{cold['answered_seconds']:.1f} s{every})")
     three = load.get("three_clients")
     if three and three.get("attention_seconds") is not None:
         a = three["attention_seconds"]

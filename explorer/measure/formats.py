@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import statistics
+import time
 from typing import Any
 
 import torch
@@ -132,22 +133,42 @@ def read_bandwidth(nbytes: int = 256 * MIB, *, repeats: int = 7, device: str | t
             "seconds": seconds, "runs": runs, "method": READ_METHOD.format(size=size, repeats=repeats)}
 
 
-def decode_speed(generate_fn, n_tokens: int, *, repeats: int = 3, device=None) -> dict[str, Any]:
+def decode_speed(generate_fn, n_tokens: int, *, repeats: int = 3, device=None, budget_s: float | None = None,
+                 min_tokens: int = 8) -> dict[str, Any]:
     """Decode tokens/s of ``generate_fn(k)`` (greedy, k new tokens): (n - 1) / (time(n) - time(1)), medians of
     ``repeats``, so the prompt's prefill and the first token cancel out and only one-token steps are counted.
 
-    Returns {"tokens_per_s", "step_seconds", "tokens" (the n-token output)}.
+    With ``budget_s``, fewer tokens and runs where a decoder is slow, so that the measurement takes about
+    ``budget_s`` seconds after its warm-up: the step time is estimated from a 1- and a 5-token run, n is cut so
+    that ``repeats`` runs fit (never under ``min_tokens``), and no run starts that would end past the budget (one
+    run at least).
+
+    Returns {"tokens_per_s", "step_seconds", "tokens" (an n-token output), "new_tokens" (n), "repeats" (runs)}.
     """
     if n_tokens < 2:
         raise ValueError("measure at least 2 new tokens.")
     generate_fn(2)  # warm-up
     long_runs, short_runs, tokens = [], [], None
-    for _ in range(repeats):
+    started = time.perf_counter()
+    run_seconds = 0.0
+    if budget_s is not None:
+        short_runs.append(timed(lambda: generate_fn(1), device)[1])
+        probe = timed(lambda: generate_fn(5), device)[1]
+        step = max((probe - short_runs[0]) / 4, 1e-6)
+        per_run = (budget_s - (time.perf_counter() - started)) / repeats  # an n-token run and a 1-token run
+        fits = 1 + int((per_run - 2 * short_runs[0]) / step)
+        n_tokens = max(min(n_tokens, min_tokens), min(n_tokens, fits))
+        run_seconds = short_runs[0] + step * (n_tokens - 1)  # one n-token run, predicted
+    for r in range(repeats):
+        if budget_s is not None and r > 0 and (time.perf_counter() - started) + run_seconds + short_runs[0] > budget_s:
+            break
         tokens, t = timed(lambda: generate_fn(n_tokens), device)
         long_runs.append(t)
-        short_runs.append(timed(lambda: generate_fn(1), device)[1])
+        if len(short_runs) < len(long_runs):
+            short_runs.append(timed(lambda: generate_fn(1), device)[1])
     step = max(statistics.median(long_runs) - statistics.median(short_runs), 1e-9) / (n_tokens - 1)
-    return {"tokens_per_s": 1.0 / step, "step_seconds": step, "tokens": tokens}
+    return {"tokens_per_s": 1.0 / step, "step_seconds": step, "tokens": tokens, "new_tokens": n_tokens,
+            "repeats": len(long_runs)}
 
 
 @torch.inference_mode()
@@ -208,14 +229,17 @@ def next_token_top(model: nn.Module, ids: torch.Tensor, k: int = 10) -> list[tup
 
 
 def compare_formats(models: dict[str, nn.Module], prompt: torch.Tensor, held_out: torch.Tensor, *,
-                    new_tokens: int = 64, repeats: int = 3, top_k: int = 10, step=None) -> dict[str, dict[str, Any]]:
+                    new_tokens: int = 64, repeats: int = 3, top_k: int = 10, step=None,
+                    budget_s: float | None = None) -> dict[str, dict[str, Any]]:
     """Each converted model beside the first (the fp32 reference): weight bytes, decode tokens/s, bytes per
     decoded token at the continuation's mean cache length, greedy agreement over ``new_tokens``, max |Δlogit| on
     ``held_out``, held-out loss (nats/token), the prompt's next-token top-k and which int8 kernel ran.
 
     prompt (1, T) and held_out (1, T') token ids; ``prompt`` + ``new_tokens`` must fit the context. step: the
     one-token path decoding uses (``models.speed.fast_step``; None: the modules), for every format alike (the fast
-    step steps aside for the formats it does not compute: bf16, int8).
+    step steps aside for the formats it does not compute: bf16, int8). budget_s: each format's decoding timed for
+    about this long (``decode_speed``: fewer tokens and runs for a slow format, each row saying how many); greedy
+    agreement then compares the tokens both decoded.
     """
     names = list(models)
     ref = models[names[0]]
@@ -224,14 +248,16 @@ def compare_formats(models: dict[str, nn.Module], prompt: torch.Tensor, held_out
     for name in names:
         model = models[name]
         speed = decode_speed(lambda n, m=model: generate(m, prompt, n, step=step), new_tokens, repeats=repeats,
-                             device=prompt.device)
+                             device=prompt.device, budget_s=budget_s)
         out[name] = {"weight_bytes": weight_bytes(model), "tokens_per_s": speed["tokens_per_s"],
+                     "new_tokens": speed["new_tokens"], "repeats": speed["repeats"],
                      "bytes_per_token": bytes_per_token(model, T + new_tokens // 2),
                      "tokens": speed["tokens"][0].tolist(), "held_out_loss": held_out_loss(model, held_out),
                      "top": next_token_top(model, prompt, top_k), "int8_kernel": int8_kernel(model)}
     for name in names:
-        out[name]["agreement"] = greedy_agreement(torch.tensor([out[names[0]]["tokens"]]),
-                                                  torch.tensor([out[name]["tokens"]]), T)
+        both = T + min(out[names[0]]["new_tokens"], out[name]["new_tokens"])  # the tokens both decoded
+        out[name]["agreement"] = greedy_agreement(torch.tensor([out[names[0]]["tokens"][:both]]),
+                                                  torch.tensor([out[name]["tokens"][:both]]), T)
         out[name]["max_abs_logit_diff"] = 0.0 if name == names[0] else max_abs_logit_diff(ref, models[name],
                                                                                            held_out)
     return out

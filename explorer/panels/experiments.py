@@ -20,6 +20,7 @@ from explorer.figures import experiments as figs
 from explorer.figures.common import head_label, provenance_text
 from explorer.state import session
 from explorer.state.cache import results, weights_key
+from explorer.state.openings import cached_opening
 from explorer.web import links
 from lens import heads as head_kinds
 from lens.device import gpu, to_host
@@ -310,12 +311,6 @@ def _model_defaults(state) -> dict:
 
 def build_experiments(demo: gr.Blocks, state: gr.State) -> None:
     model, _, _ = session.get_model(None)
-    # The sections below the first open on examples computed now, on the shipped model, by the same handlers
-    # (the first section is the tab's registered view: its opening example is computed with the others').
-    opening = session.new_state()
-    sweep0 = sweep_view(DEFAULT_PROMPT, list(HOWS)[0], opening)
-    patch0 = patch_view(CLEAN, CORRUPT, GOOD, BAD, opening)
-    circuit0 = circuit_view(opening)
     gr.Markdown(INTRO)
     with gr.Row():
         with gr.Column(scale=2):
@@ -336,8 +331,8 @@ def build_experiments(demo: gr.Blocks, state: gr.State) -> None:
     gr.Markdown("#### Each head in turn: what it does beside what it looks like")
     with gr.Row():
         sweep_btn = gr.Button("Knock out each head in turn", scale=0, min_width=260)
-        sweep_md = gr.Markdown(sweep0[1])
-    sweep_fig = gr.Plot(sweep0[0], label="Loss change per head, with its scores", elem_id="experiments-sweep")
+        sweep_md = gr.Markdown()
+    sweep_fig = gr.Plot(label="Loss change per head, with its scores", elem_id="experiments-sweep")
     gr.Markdown("#### Patch: which activation carries the answer from one prompt to the other?")
     with gr.Row():
         with gr.Column(scale=2):
@@ -347,15 +342,15 @@ def build_experiments(demo: gr.Blocks, state: gr.State) -> None:
                 good = gr.Textbox(label="Answer on the clean prompt", value=GOOD, max_lines=1)
                 bad = gr.Textbox(label="Answer on the corrupted prompt", value=BAD, max_lines=1)
             patch_btn = gr.Button("Patch", variant="primary")
-            patch_md = gr.Markdown(patch0.summary)
+            patch_md = gr.Markdown()
         with gr.Column(scale=3):
-            resid = gr.Plot(patch0.resid, label="Residual stream patched in")
-    head_fig = gr.Plot(patch0.head, label="One head's output patched in")
+            resid = gr.Plot(label="Residual stream patched in")
+    head_fig = gr.Plot(label="One head's output patched in")
     gr.Markdown("#### The induction circuit, tested")
     with gr.Row():
         circuit_btn = gr.Button("Knock out its two heads", scale=0, min_width=260)
-        circuit_md = gr.Markdown(circuit0[1])
-    circuit_fig = gr.Plot(circuit0[0], label="Loss on the repeated half", elem_id="experiments-circuit")
+        circuit_md = gr.Markdown()
+    circuit_fig = gr.Plot(label="Loss on the repeated half", elem_id="experiments-circuit")
 
     inputs = [prompt, chosen, how, state]
     outputs = outputs_of(KnockoutView, loss=loss, top=top, summary=summary, heads=chosen)
@@ -365,6 +360,14 @@ def build_experiments(demo: gr.Blocks, state: gr.State) -> None:
     patch_btn.click(patch_view, [clean, corrupt, good, bad, state], [resid, head_fig, patch_md],
                     api_name="experiment_patch")
     circuit_btn.click(circuit_view, [state], [circuit_fig, circuit_md], api_name="experiment_circuit")
+    # The sections below the first open on examples computed by the same handlers on the shipped model, with the
+    # other tabs' opening examples (explorer/web/opening.py), not while the tab is built
+    demo.load(cached_opening("knockout_sweep_example", sweep_view), [prompt, how, state], [sweep_fig, sweep_md],
+              api_name="knockout_sweep_example", api_visibility="undocumented")
+    demo.load(cached_opening("patch_example", patch_view), [clean, corrupt, good, bad, state],
+              [resid, head_fig, patch_md], api_name="patch_example", api_visibility="undocumented")
+    demo.load(cached_opening("circuit_example", circuit_view), [state], [circuit_fig, circuit_md],
+              api_name="circuit_example", api_visibility="undocumented")
     links.register(demo, "experiments", knockout_view, inputs, outputs, api_name="knockout_example",
                    params=dict(prompt=prompt, heads=chosen, how=how), model_defaults=_model_defaults,
                    focus=dict(loss=[loss, summary], sweep=sweep_fig, circuit=circuit_fig))

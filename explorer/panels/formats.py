@@ -32,9 +32,15 @@ ROOT = Path(__file__).resolve().parents[2]
 HELD_OUT_PATH = ROOT / "assets" / "encoder-model" / "held_out_stories.txt"
 HELD_OUT_TOKENS = 256  # the fixed text's first tokens (fewer when the model's context is shorter)
 MAX_PROMPT_TOKENS = 64
-NEW_TOKENS = 64  # greedy agreement and decode speed are measured over this many new tokens
+NEW_TOKENS = 64  # greedy agreement and decode speed are measured over at most this many new tokens
 REPEATS = 3
-CACHE_TOKENS = 32  # the KV-caching row: decode with and without the cache
+# each format's decoding (and transformers') is timed for about this long: fewer tokens and runs where a format
+# decodes slowly (bf16 without native kernels), each row saying how many; 44.7 s for three formats on
+# SmolLM2-135M before, on a 2-core Xeon
+DECODE_SECONDS = 4.0
+CACHE_TOKENS = 32  # the KV-caching row: decode with and without the cache, over at most this many tokens
+CACHE_SECONDS = 2.0  # ... the cached decode timed for about this long (fewer tokens where it is slow), the
+# uncached one then over as many tokens
 FLASH_LENGTHS = (1024, 2048)  # the FlashAttention row: peak memory at two lengths, to see how it grows
 LORA_RANK, LORA_TARGETS = 8, ("q_proj", "v_proj")
 DEFAULT_PROMPT = "Once upon a time, there was a happy girl named Lily. She had a"
@@ -48,8 +54,8 @@ should mean faster decoding — if the machine has fast kernels for them. Press 
 model to bf16 and weight-only int8 and measure all three here, now, beside transformers on the same weights."""
 
 FORMAT_HEADERS = ["format", "weight bytes", "decode tokens/s", "MB read / token", "limit tokens/s",
-                  "% of limit", f"greedy agreement with fp32 ({NEW_TOKENS} tokens)", "max |Δlogit| vs fp32",
-                  "held-out loss (nats/token)", "matmul kernel"]
+                  "% of limit", "greedy agreement with fp32 (new tokens both decoded)", "max |Δlogit| vs fp32",
+                  "held-out loss (nats/token)", "matmul kernel", "decode timed over"]
 SUMMARY_HEADERS = ["technique", "the tutorial's claim", "measured here, on the loaded model", "held?",
                    "where it is measured live"]
 CLAIMS = {
@@ -117,7 +123,7 @@ def _summary(model, numbers: dict) -> list[list[Any]]:
                  f"{per_pos:,} bytes per cached position ({measure.format_bytes(per_pos * kv['seq_len'])} at "
                  f"{kv['seq_len']} positions); {kv['cached_ms']:.1f} ms per token with the cache (the "
                  f"fast step), {kv['uncached_ms']:.1f} ms without (the modules) ({kv['speedup']:.1f}x) over "
-                 f"{CACHE_TOKENS} tokens",
+                 f"{kv['new_tokens']} tokens",
                  "yes" if held else "no", TABS["KV caching"]])
     g = numbers["gqa"]
     held = g["ratio"] == c.n_heads / c.n_kv_heads and g["allocated_bytes"] == g["gqa_bytes"]
@@ -153,7 +159,8 @@ def _summary(model, numbers: dict) -> list[list[Any]]:
 
 #: What the progress bar says, stage by stage (the stages, not a time estimate: decoding takes most of it).
 STAGES = ("converting the model to bf16 and int8", "measuring memory read bandwidth",
-          f"decoding {NEW_TOKENS} tokens {REPEATS} times in fp32, bf16 and int8 (the longest stage)",
+          f"decoding in fp32, bf16 and int8, about {DECODE_SECONDS:.0f} s each (up to {NEW_TOKENS} tokens, up to "
+          f"{REPEATS} runs; the longest stage)",
           "fp32 prefill speed", "transformers on the same weights", "decoding with and without the cache",
           "attention memory at two lengths")
 
@@ -175,7 +182,8 @@ def _measure(model, tokenizer, ids: list[int], progress=None) -> dict:
         bandwidth = fm.read_bandwidth(repeats=7, device=device)
         # decoded as the benchmark decodes: the fast step where it computes the model exactly, else the modules
         stage(2)
-        measured = fm.compare_formats(copies, prompt, held, new_tokens=NEW_TOKENS, repeats=REPEATS, step=fast_step)
+        measured = fm.compare_formats(copies, prompt, held, new_tokens=NEW_TOKENS, repeats=REPEATS, step=fast_step,
+                                      budget_s=DECODE_SECONDS)
         stage(3)
         # fp32's only: the screen contrasts it with decoding; bf16 and int8 took 30 s more on SmolLM2-135M
         prefill = {"fp32": fm.prefill_speed(copies["fp32"], held, repeats=REPEATS)}
@@ -184,13 +192,16 @@ def _measure(model, tokenizer, ids: list[int], progress=None) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             hf = fm.transformers_copy(copies["fp32"], Path(tmp))
             if hf is not None:
-                hf_speed = fm.decode_speed(fm.transformers_generate_fn(hf, prompt), NEW_TOKENS, repeats=REPEATS)
+                hf_speed = fm.decode_speed(fm.transformers_generate_fn(hf, prompt), NEW_TOKENS, repeats=REPEATS,
+                                           budget_s=DECODE_SECONDS)
                 hf_speed.update(fm.transformers_against(copies["fp32"], hf, held))
                 del hf
         fp32 = copies["fp32"]
         stage(5)
-        kv_on = fm.decode_speed(lambda n: generate(fp32, prompt, n, step=fast_step), CACHE_TOKENS, repeats=1)
-        kv_off = fm.decode_speed(lambda n: generate(fp32, prompt, n, use_cache=False), CACHE_TOKENS, repeats=1)
+        kv_on = fm.decode_speed(lambda n: generate(fp32, prompt, n, step=fast_step), CACHE_TOKENS, repeats=1,
+                                budget_s=CACHE_SECONDS)
+        kv_off = fm.decode_speed(lambda n: generate(fp32, prompt, n, use_cache=False), kv_on["new_tokens"],
+                                 repeats=1)
         flash = {impl: [] for impl in ("naive", "sdpa")}
         stage(6)
         for T in FLASH_LENGTHS:
@@ -207,15 +218,18 @@ def _measure(model, tokenizer, ids: list[int], progress=None) -> dict:
                            "bytes_per_token": r["bytes_per_token"], "agreement": r["agreement"],
                            "max_abs_logit_diff": r["max_abs_logit_diff"], "held_out_loss": r["held_out_loss"],
                            "int8_kernel": r["int8_kernel"], "prefill_tokens_per_s": prefill.get(name),
+                           "new_tokens": r["new_tokens"], "repeats": r["repeats"],
                            "top": r["top"]} for name, r in measured.items()},
         "transformers": None if hf_speed is None else {"tokens_per_s": hf_speed["tokens_per_s"],
                                                        "tokens": hf_speed["tokens"][0].tolist(),
+                                                       "new_tokens": hf_speed["new_tokens"],
+                                                       "repeats": hf_speed["repeats"],
                                                        "max_abs_logit_diff": hf_speed["max_abs_logit_diff"],
                                                        "held_out_loss": hf_speed["held_out_loss"]},
         "kv": {"allocated_bytes_per_position": fm.cache_bytes_per_position(fp32),
                "formula_bytes_per_token": formula["per_token"], "seq_len": c.max_seq_len,
                "cached_ms": kv_on["step_seconds"] * 1e3, "uncached_ms": kv_off["step_seconds"] * 1e3,
-               "speedup": kv_off["step_seconds"] / kv_on["step_seconds"]},
+               "speedup": kv_off["step_seconds"] / kv_on["step_seconds"], "new_tokens": kv_on["new_tokens"]},
         "gqa": {"mha_bytes": variants["MHA"]["per_sequence"], "gqa_bytes": variants["GQA"]["per_sequence"],
                 "ratio": variants["MHA"]["per_sequence"] / variants["GQA"]["per_sequence"],
                 "allocated_bytes": fp32.new_cache(1).nbytes, "seq_len": c.max_seq_len},
@@ -230,6 +244,12 @@ def _measure(model, tokenizer, ids: list[int], progress=None) -> dict:
                        "speed_ratio": i8["tokens_per_s"] / f32["tokens_per_s"],
                        "loss_change": i8["held_out_loss"] - f32["held_out_loss"], "kernel": i8["int8_kernel"]}
     return numbers
+
+
+def _timed_over(r: dict) -> str:
+    """How a row's decode speed was measured: "64 tokens × 3 runs"."""
+    runs = r["repeats"]
+    return f"{r['new_tokens']} tokens × {runs} run{'s' if runs != 1 else ''}"
 
 
 def _pct(x: float) -> str:
@@ -258,18 +278,20 @@ def formats_view(prompt, state, progress=gr.Progress()):
                        "dequantize": "dequantised on the fly (int8 → fp32, then matmul)"}.get(
                           r["int8_kernel"],
                           f"dense fp32, the fast step's one-token products by {numbers['decode_blas']}"
-                          if name == "fp32" else "dense " + name)])
+                          if name == "fp32" else "dense " + name), _timed_over(r)])
         points.append({"name": f"ours {name}", "bytes_per_token": b, "tokens_per_s": r["tokens_per_s"]})
     hf = numbers["transformers"]
     f32 = numbers["formats"]["fp32"]
     if hf is not None:
         b = f32["bytes_per_token"]["total"]
         limit = fm.roofline_tokens_per_s(b, bw)
-        same = sum(x == y for x, y in zip(hf["tokens"][len(ids):], numbers["fp32_tokens"][len(ids):]))
+        both = min(hf["new_tokens"], f32["new_tokens"])  # the new tokens both decoded
+        same = sum(x == y for x, y in zip(hf["tokens"][len(ids):len(ids) + both],
+                                          numbers["fp32_tokens"][len(ids):len(ids) + both]))
         table.append([TRANSFORMERS, measure.format_bytes(f32["weight_bytes"]), round(hf["tokens_per_s"], 1),
                       round(b / 1e6, 3), round(limit, 1), _pct(hf["tokens_per_s"] / limit),
-                      f"{same} / {NEW_TOKENS}", f"{hf['max_abs_logit_diff']:.2e}", round(hf["held_out_loss"], 4),
-                      "dense fp32 (LlamaForCausalLM, SDPA)"])
+                      f"{same} / {both}", f"{hf['max_abs_logit_diff']:.2e}", round(hf["held_out_loss"], 4),
+                      "dense fp32 (LlamaForCausalLM, SDPA)", _timed_over(hf)])
         points.append({"name": TRANSFORMERS, "bytes_per_token": b, "tokens_per_s": hf["tokens_per_s"]})
     words = {}
     top = []
@@ -288,7 +310,9 @@ def formats_view(prompt, state, progress=gr.Progress()):
         f"**Memory read bandwidth: {bw / 1e9:.1f} GB/s**, measured now: {numbers['bandwidth']['method']}. "
         f"Bytes read per token are counted on each model (every weight matrix once, the norms, and the KV cache at "
         f"the continuation's middle length, {numbers['prompt_tokens'] + NEW_TOKENS // 2} positions); the limit is "
-        f"bandwidth ÷ those bytes.\n\n"
+        f"bandwidth ÷ those bytes. Each decoder's speed is timed for about {DECODE_SECONDS:.0f} s: up to "
+        f"{NEW_TOKENS} new tokens, up to {REPEATS} runs, fewer where it decodes slowly (the last column says how "
+        f"many; greedy agreement compares the new tokens both decoded).\n\n"
         f"**Why decoding is memory-bound and prefill is not:** a decode step uses each weight for one multiply-add "
         f"(about 2 flops per 4 bytes read in fp32), so the cores wait for memory; prefill uses each weight once per "
         f"prompt token ({numbers['held_out_tokens']} here), so arithmetic sets its pace: fp32 prefill ran at "

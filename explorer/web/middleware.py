@@ -31,6 +31,13 @@ class PageCache:
     KEY_HEADERS = (b"host", b"x-forwarded-host", b"x-forwarded-proto", b"x-forwarded-port", b"x-forwarded-prefix",
                    b"x-forwarded-for-root", b"forwarded")
     MAX_ENTRIES = 32
+    #: Bumped when the page changes after start-up (the opening examples computed after the server answered:
+    #: ``explorer.web.serving.start_openings``): copies kept before are no longer served.
+    version = 0
+
+    @classmethod
+    def page_changed(cls) -> None:
+        cls.version += 1
 
     def __init__(self, app) -> None:
         self.app = app
@@ -48,7 +55,8 @@ class PageCache:
             return await self.app(scope, receive, send)
         query = tuple(sorted((k, v) for k, v in parse_qsl(scope.get("query_string", b"").decode("latin-1"))
                              if k in ("page", "deep_link")))
-        key = (scope["path"], scope.get("root_path", ""), query, tuple(headers.get(h) for h in self.KEY_HEADERS))
+        key = (PageCache.version, scope["path"], scope.get("root_path", ""), query,
+               tuple(headers.get(h) for h in self.KEY_HEADERS))
         kept = self._kept.get(key)
         if kept is not None:
             self._kept.move_to_end(key)

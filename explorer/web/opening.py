@@ -13,6 +13,8 @@ events lose their page-load trigger (they stay callable by name); a link's setti
 (``explorer/web/links.py``).
 
     open_in_page(demo, first)   run the events ``first`` and everything chained after them; write the answers
+    in_tab(demo, events, tab)   those of ``events`` whose answers land in ``tab`` (the page's first tab goes first
+                                when ``python app.py`` computes the openings after the server answers)
 """
 from __future__ import annotations
 
@@ -43,18 +45,39 @@ def _run(coro):
     return box["value"]
 
 
-def open_in_page(demo: gr.Blocks, first: list[int]) -> dict[str, float]:
-    """Run each event of ``first`` and of its chain, in the page's order, with the components' initial values,
-    writing each answer into the components. Returns the seconds each event took, by name.
+def in_tab(demo: gr.Blocks, events: list[int], tab) -> list[int]:
+    """Those of ``events`` with an output inside the layout block ``tab`` (a ``gr.Tab``), in their order."""
+    inside: set[int] = set()
+    stack = [tab]
+    while stack:
+        block = stack.pop()
+        inside.add(block._id)
+        stack += list(getattr(block, "children", []))
+    return [i for i in events if any(b._id in inside for b in demo.fns[i].outputs)]
+
+
+def open_in_page(demo: gr.Blocks, first: list[int], skip: frozenset[int] = frozenset(),
+                 failed: dict[str, BaseException] | None = None) -> dict[str, float]:
+    """Run each event of ``first`` and of its chain (but those in ``skip``, already run), in the page's order, with
+    the components' initial values, writing each answer into the components. Returns the seconds each event took,
+    by name.
 
     A failure is the app's own bug (an opening example must always compute): raised, so the app does not start
-    with an empty tab."""
+    with an empty tab; with ``failed`` given, noted there by event name instead, and the next event run."""
 
     async def run_all() -> dict[str, float]:
         taken: dict[str, float] = {}
         for i in adapter.events_after(demo, first):
+            if i in skip:
+                continue
             t0 = time.perf_counter()
-            await adapter.answer_into_page(demo, i)
+            try:
+                await adapter.answer_into_page(demo, i)
+            except Exception as exc:  # noqa: BLE001 - the caller asked to be told and to go on
+                if failed is None:
+                    raise
+                failed[adapter.event_name(demo, i)] = exc
+                continue
             taken[adapter.event_name(demo, i)] = time.perf_counter() - t0
         return taken
 

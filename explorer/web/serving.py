@@ -34,6 +34,8 @@ idle sessions are swept by ``explorer.web.sweeper``.
     demo.queue(**QUEUE)    the queue's size and the views' limit
     apply(demo)            after demo.queue(): the groups of events registered without theirs, the per-session
                            cap, the opening examples, the upload switch and the sweeper
+    start_openings(demo, tab, status)   after launch, with ``apply(demo, openings_later=True)``: the opening
+                           examples computed in a thread, the first tab's first, the page refreshed after each stage
     close(demo)            stops serving and waits for the work already started (tests, benchmarks: before exit)
 """
 from __future__ import annotations
@@ -138,9 +140,12 @@ def bad_value_sentence(api_name: str | None, exc: Exception) -> str:
                  "page's own choices and ranges, or reload the page.")
 
 
-def apply(demo: gr.Blocks) -> gr.Blocks:
+def apply(demo: gr.Blocks, *, openings_later: bool = False) -> gr.Blocks:
     """After ``demo.queue(**QUEUE)``: every event in its group, each session's share of the queue capped, the
-    opening examples computed into the page, uploads switched off when nothing takes files, the sweeper started."""
+    opening examples computed into the page, uploads switched off when nothing takes files, the sweeper started.
+
+    With ``openings_later`` the opening examples are not computed here: ``start_openings`` computes them once the
+    server answers (``python app.py``), and the page says so meanwhile."""
     for i, name in adapter.server_events(demo).items():
         group, limit = group_of(name)
         if group is not None and adapter.event_group(demo, i) != (group, limit):
@@ -155,7 +160,10 @@ def apply(demo: gr.Blocks) -> gr.Blocks:
         on_join=lambda session_hash: sweeper.tell_returning_visitor(demo, session_hash)))
     adapter.tag_requests_with_client(demo, _set_client)
     adapter.sentence_for_bad_values(demo, bad_value_sentence)
-    open_in_page(demo)
+    if openings_later:
+        _LATER[demo] = _detach_openings(demo)
+    else:
+        open_in_page(demo)
     middleware.ACCEPTS_FILES = middleware.takes_files(demo)
     middleware.ACCEPTS_RECORDINGS = middleware.records_audio(demo)
     sweeper.limit_heap_arenas()
@@ -198,3 +206,69 @@ def open_in_page(demo: gr.Blocks) -> dict[str, float]:
     taken = opening.open_in_page(demo, links.opening_events(demo) + roots)
     adapter.detach_page_loads(demo, roots)
     return taken
+
+
+#: Per app built with ``apply(demo, openings_later=True)``: the opening events still to compute.
+_LATER: "weakref.WeakKeyDictionary[gr.Blocks, list[int]]" = weakref.WeakKeyDictionary()
+
+
+def _detach_openings(demo: gr.Blocks) -> list[int]:
+    """The page-load events no longer run per visitor (``start_openings`` computes them once); the opening events."""
+    from explorer.web import links
+
+    roots = adapter.page_load_events(demo)
+    adapter.detach_page_loads(demo, roots)
+    return links.opening_events(demo) + roots
+
+
+#: Status texts while ``start_openings`` runs (the page's ``opening-status`` Markdown; hidden once all are in).
+COMPUTING_ALL = ("⏳ Every tab's opening example is being computed now, on this machine, by the code shown: the "
+                 "figures are empty until then, and this page fills in by itself when they are ready.")
+COMPUTING_REST = ("⏳ This first tab's example is computed; the other tabs' are still being computed now, on this "
+                  "machine: their figures are empty until then, and this page fills in by itself when they are "
+                  "ready.")
+
+
+def refresh_page(demo: gr.Blocks) -> None:
+    """The page sent to visitors from now on carries the components' current values and properties."""
+    demo.config = demo.get_config_file()
+    middleware.PageCache.page_changed()
+
+
+def start_openings(demo: gr.Blocks, first_tab, status: gr.Markdown) -> threading.Thread:
+    """After ``demo.launch``: compute the opening examples held back by ``apply(demo, openings_later=True)`` in a
+    thread, those of ``first_tab`` (the tab a page opens on) first, refreshing the page after them and after the
+    rest; ``status`` says what is still being computed and is hidden at the end. A failure is the app's own bug:
+    logged with its traceback, the others still computed, and the status line then names what failed."""
+    from explorer.web import opening
+
+    events = _LATER.pop(demo)
+
+    def run() -> None:
+        import traceback
+
+        failed: dict[str, BaseException] = {}
+        try:
+            first = opening.in_tab(demo, events, first_tab)
+            done = set(adapter.events_after(demo, first))
+            taken = opening.open_in_page(demo, first, failed=failed)
+            adapter.set_initial(status, {"__type__": "update", "value": COMPUTING_REST})
+            refresh_page(demo)
+            taken |= opening.open_in_page(demo, [i for i in events if i not in first], frozenset(done), failed)
+        except Exception as exc:  # noqa: BLE001 - the server keeps serving; the page says what failed
+            failed["opening examples"] = exc
+        for name, exc in failed.items():
+            print(f"Opening example {name} failed:", flush=True)
+            traceback.print_exception(exc)
+        if failed:
+            adapter.set_initial(status, {"__type__": "update", "value": (
+                f"⚠ {len(failed)} opening example(s) could not be computed ({', '.join(sorted(failed))}; the "
+                "server's log says why): those figures stay empty until you use their tab's own controls.")})
+        else:
+            adapter.set_initial(status, {"__type__": "update", "visible": False})
+            print(f"Opening examples computed in {sum(taken.values()):.1f} s", flush=True)
+        refresh_page(demo)
+
+    thread = threading.Thread(target=run, name="opening-examples-later", daemon=True)
+    thread.start()
+    return thread
