@@ -223,11 +223,13 @@ def write_smol_shape_folder(folder) -> str:
     from models.decoder import Decoder
     from models.loading import save_pretrained
 
+    from lens.device import HOST
+
     from .runs import model_config, settings_for
 
     folder = Path(folder)
     torch.manual_seed(0)
-    save_pretrained(Decoder(model_config(settings_for(False, False, "cpu"))), folder)
+    save_pretrained(Decoder(model_config(settings_for(False, False, HOST))), folder)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(default_model_dir() / name, folder / name)
     return folder.name
