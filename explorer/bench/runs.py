@@ -296,7 +296,7 @@ def bench_app(models: dict[str, Decoder | Callable[[], Decoder]], settings) -> d
 
             parts.setdefault("head scores on the prompt and figures (heatmap, grid page, scores)", []).append(
                 measure.timed(figures)[1])
-        results[name] = {"tokens": n_tokens, "seconds": statistics.median(times[1:]),
+        results[name] = {"tokens": n_tokens, "seconds": statistics.median(times[1:]), "fastest_seconds": min(times[1:]),
                          "switch_seconds": statistics.median(switches[1:]),
                          "impls_seconds": statistics.median(follow[1:]), "payload_bytes": payload,
                          "parameters": model.num_parameters(),
