@@ -139,6 +139,28 @@ def test_the_readme_stays_a_space_card():
     assert fields["sdk_version"] == pinned, "the Space runs the gradio version requirements.txt pins"
 
 
+def test_the_readme_models_to_try_are_computed_from_their_configs():
+    """Each row of the README's "Models to try": the family, parameters, bytes a load holds and the server setting
+    the app computes from that model's published config (explorer/data/real_configs.json), none typed by hand."""
+    from explorer import measure
+    from explorer.state import checkpoints
+
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Models to try"):text.index("## The tabs")]
+    rows = [[cell.strip().strip("`") for cell in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| `")]
+    by_repo = {entry["hf_repo"]: name for name, entry in measure.load_real_configs().items()}
+    families = set()
+    for repo, family, parameters, holds, setting in rows:
+        c = measure.real_config(by_repo[repo])
+        families.add(c.family)
+        assert family == c.family, repo
+        assert parameters == f"{measure.parameter_count(c)['total'] / 1e6:,.0f} M", repo
+        assert holds == measure.format_bytes(checkpoints.load_bytes(c)), repo
+        assert setting == checkpoints.budget_setting(c), repo
+    assert families == {"llama", "mistral", "qwen2", "qwen3", "gemma3_text"}, "one model of each family"
+
+
 def test_the_readme_commands_are_the_ones_ci_runs():
     text = README.read_text(encoding="utf-8")
     assert "python3 -m pip install -r requirements.txt && python3 app.py" in text

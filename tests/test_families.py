@@ -378,6 +378,43 @@ def test_the_load_cap_is_the_memory_allowed_for_visitors_models(tmp_path, monkey
         checkpoints.load_checkpoint("llama-3.2-1b")
 
 
+@pytest.mark.parametrize("name", ["Qwen3-0.6B", "Llama-3.2-1B"])
+def test_the_budget_a_model_needs_lets_one_visitor_load_it_and_a_byte_less_does_not(name, tmp_path, monkeypatch):
+    """``checkpoints.budget_needed`` (the README's table of models to try) is exact for a visitor on the network:
+    the load reserves its float32 weights and rotary tables within that visitor's share of the budget (one half
+    by default), so Qwen3-0.6B (2.26 GiB) is refused under the default 4 GiB though it is smaller."""
+    import json
+
+    from explorer import measure
+    from explorer.state import checkpoints, clients, private_models
+
+    fields = measure.load_real_configs()[name]["config"]
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.json").write_text(json.dumps(fields))
+    monkeypatch.setenv("EXPLORER_MODEL_ROOT", str(tmp_path))
+    monkeypatch.setattr(private_models, "_owners", {})
+    token = clients.CURRENT.set("203.0.113.7")  # a visitor's address, as a request sets it
+    try:
+        def reached(*args, **kwargs):
+            raise RuntimeError("the weights would be read now")
+
+        monkeypatch.setattr(checkpoints, "load_pretrained", reached)
+        need = checkpoints.budget_needed(measure.real_config(name))
+        assert need == math.ceil(checkpoints.load_bytes(measure.real_config(name)) / private_models.CLIENT_SHARE)
+        if name == "Qwen3-0.6B":
+            monkeypatch.setattr(private_models, "PRIVATE_MODELS_BUDGET_BYTES", private_models.DEFAULT_BUDGET_BYTES)
+            with pytest.raises(ValueError, match="more than the 2 GiB one network address may hold"):
+                checkpoints.load_checkpoint(name)
+        monkeypatch.setattr(private_models, "PRIVATE_MODELS_BUDGET_BYTES", need - 2)
+        with pytest.raises(ValueError, match="one network address may hold"):
+            checkpoints.load_checkpoint(name)
+        monkeypatch.setattr(private_models, "PRIVATE_MODELS_BUDGET_BYTES", need)
+        with pytest.raises(RuntimeError, match="the weights would be read now"):
+            checkpoints.load_checkpoint(name)
+    finally:
+        clients.CURRENT.reset(token)
+
+
 @pytest.mark.parametrize("case", ["qwen3-gqa-untied", "gemma3-gqa-tied"])
 def test_the_app_never_prepares_the_llama_only_speed_path_for_another_family(case, tmp_path):
     """models.speed's one-token step computes Llama's block only: it stands aside for another family even when
@@ -557,3 +594,53 @@ def test_the_app_loads_a_gemma_checkpoint_and_shows_its_switches_and_bands(app_u
     out = named(AttentionView, c.predict(prompt, 2, 0, "causal (as trained)", api_name="/attention"))
     assert "Layer 2 is **global**" in out.info
     c.predict("default", api_name="/load_model")
+
+
+# --- the KV cache of local layers ---------------------------------------------------------------------------
+def test_the_kv_cache_of_a_local_layer_is_sized_by_its_window():
+    """Counted by hand: Gemma-3-270m (1 KV head of 256 dims; layers 5, 11, 17 global, the 15 others local with a
+    window of 512) and Mistral-7B (every layer local, window 4096) at 32,768 float16 tokens; below the window
+    nothing is saved; and the count equals the bytes ``KVCache`` allocates for Qwen2's top layers' windows."""
+    from explorer import measure
+    from models.kv_cache import KVCache
+
+    gemma = measure.real_config("Gemma-3-270m")
+    kv = measure.kv_cache_bytes(gemma, seq_len=32768, batch=2, dtype="float16")
+    per_position = 2 * 1 * 256 * 2  # K and V, one KV head, head_dim 256, 2 bytes
+    assert kv["per_sequence"] == (3 * 32768 + 15 * 512) * per_position == 108_527_616
+    assert kv["batch"] == 2 * kv["per_sequence"] and kv["all_global"] == 2 * 18 * 32768 * per_position
+    assert kv["saved"] == kv["all_global"] - kv["batch"] and kv["per_token"] == 18 * per_position
+    assert kv["window"] == 512 and kv["local_layers"] == [i for i in range(18) if i % 6 != 5]
+    short = measure.kv_cache_bytes(gemma, seq_len=300, dtype="float16")
+    assert short["saved"] == 0 and short["per_sequence"] == 18 * 300 * per_position
+    mistral = measure.kv_cache_bytes(measure.real_config("Mistral-7B-v0.1"), seq_len=32768, dtype="float16")
+    assert mistral["per_sequence"] == 32 * 4096 * (2 * 8 * 128 * 2) and len(mistral["local_layers"]) == 32
+    assert measure.kv_cache_bytes(measure.real_config("Qwen3-0.6B"), seq_len=4096)["window"] is None
+    qwen2 = ModelConfig.from_hf({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 4,
+                                 "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+                                 "vocab_size": 50, "max_position_embeddings": 64, "use_sliding_window": True,
+                                 "sliding_window": WINDOW, "max_window_layers": 2})
+    counted = measure.kv_cache_bytes(qwen2, seq_len=64, batch=3, dtype=torch.float32)
+    assert counted["local_layers"] == [2, 3]
+    assert counted["batch"] == KVCache.for_model(qwen2, 3, dtype=torch.float32).nbytes == 3 * (2 * 64 + 2 * WINDOW) * (
+        2 * 2 * 16 * 4)
+
+
+def test_the_kv_calculator_says_which_layers_are_local_and_what_their_windows_save():
+    from explorer.panels.generation import kv_calculator
+    from explorer.state import session
+
+    fig, rows, md = kv_calculator("Gemma-3-270m", 32768, 1, "float16", session.new_state())
+    assert "15 of 18 layers are local (sliding window 512: layers 0–4, 6–10, 12–16; global: 5, 11, 17)" in md
+    assert "saves **472 MiB** (82%) against 576 MiB with every layer global" in md  # 495,452,160 bytes saved
+    assert "= **104 MiB**" in md  # 108,527,616 bytes
+    own = next(t for t in fig.data if "(its own)" in t.name)
+    assert own.x[-1] == 32768 and own.y[-1] == pytest.approx(108_527_616 / 2**20)
+    assert fig.layout.shapes[0].x0 == 512 and "15 of 18 layers are local" in fig.layout.title.text
+    row = {r[0]: r for r in rows}
+    assert row["Gemma-3-270m"][8] == 108_527_616 and row["Gemma-3-270m"][10] == "15 of 18 (window 512)"
+    assert row["Mistral-7B-v0.1"][10] == "32 of 32 (window 4,096)" and row["Llama-2-7B"][10] == "none"
+    _, _, short = kv_calculator("Gemma-3-270m", 256, 1, "float16", session.new_state())
+    assert "no window is full yet" in short
+    fig, _, plain = kv_calculator("Llama-2-7B", 32768, 1, "float16", session.new_state())
+    assert "local" not in plain and not fig.layout.shapes

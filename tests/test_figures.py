@@ -104,6 +104,15 @@ def test_attention_grid_tiles_every_layer_and_head():
     _serialises(fig)
 
 
+def test_a_short_last_grid_page_stays_small():
+    """Gemma-3-270m's last page (layers 16-17 of 18) × 4 heads × 64 tokens: 32,768 weights, under the 2 MB an
+    Attention update may send, hover included."""
+    p = np.stack([np.stack([_rows(64, seed=4 * l + h) for h in range(4)]) for l in range(2)])
+    fig = fa.attention_grid(p, token_labels(["token"] * 64), n_kv_heads=1, layer_names=[16, 17], n_layers=18)
+    assert len(fig.to_json()) < 1_000_000
+    assert "query %{customdata[2]}" in fig.data[0].hovertemplate
+
+
 def test_attention_grid_rejects_wrong_shapes():
     with pytest.raises(ValueError):
         fa.attention_grid(np.zeros((2, 2, 3, 3)), ["a", "b"], n_kv_heads=2)

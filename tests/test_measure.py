@@ -266,7 +266,9 @@ def test_lora_parameters_match_attach_lora():
 
 
 PUBLISHED = {"SmolLM2-135M": 134.5e6, "TinyLlama-1.1B": 1.10e9, "Llama-2-7B": 6.74e9, "Llama-2-70B": 68.98e9,
-             "Mistral-7B-v0.1": 7.24e9}
+             "Mistral-7B-v0.1": 7.24e9,
+             # the model cards' rounded figures: 0.49B, 0.6B, 270M (the name), 1.23B
+             "Qwen2.5-0.5B-Instruct": 0.49e9, "Qwen3-0.6B": 0.6e9, "Gemma-3-270m": 0.27e9, "Llama-3.2-1B": 1.23e9}
 
 
 def test_real_configs_are_data_with_sources_and_published_sizes():

@@ -18,6 +18,7 @@ from models.speed import decode_blas, optimize_for_decode
 from models.loading import load_pretrained
 
 from .experiments import bench_experiments
+from .families import family_models
 from .formats import bench_formats, bench_formats_view
 from .generation import bench_generation
 from .report import render_markdown
@@ -87,6 +88,8 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
         if not dev.is_cuda(device) and torch_dtype == torch.float32:  # the tab serves float32 on the CPU
             report["training"] = bench_training()
             log(f"training tab: {report['training']}")
+    if not tiny:  # the Attention tab at each family's real shape (issue 29), built one at a time
+        app_models.update(family_models())
     report["app"] = bench_app(app_models, settings) if not dev.is_cuda(device) and torch_dtype == torch.float32 else {
         "skipped": "the app serves float32 on the CPU; run the CPU float32 benchmark for these numbers"}
     report["experiments"] = bench_experiments(model, tokens=EXPERIMENT_TOKENS)

@@ -25,6 +25,8 @@ SCORE_TITLES = {
 SINK_NOTE = "sink hidden: key 0 removed, each row renormalised"
 SINK_COLORBAR = "share of the weight not on key 0 (0–1)"
 COMPACT_CELLS = 120_000  # above this many weights the grid goes out as one byte a weight (see attention_grid)
+# up to this many weights each cell's hover names its tokens: about 80 bytes a cell, so at most about 0.7 MB
+LABELLED_CELLS = 8_000
 GRID_PAGE = 8  # layers per page of the all-heads grid: 8 rows of maps stay legible at any model depth
 
 
@@ -131,15 +133,16 @@ def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: i
         for head in range(H):
             big[layer * step:layer * step + T, head * kstep:head * kstep + S] = p[layer, head]
     # What one update may send to the browser is bounded (2 MB, with the other figures): small grids name the
-    # tokens on hover, mid-size ones send float32 weights and int8 indices (8 bytes a cell, about 1.3 MB at
-    # 120,000 cells once base64-encoded), and bigger ones (a page of 6-8 layers x 9 heads x 64 tokens) send each
-    # weight as one byte, in steps of 1/254, with hover off; the single-head map always has exact values.
+    # tokens on hover (not a 2-layer last page of 4 heads at 64 tokens: 32,768 labels would weigh 2.8 MB),
+    # mid-size ones send float32 weights and int8 indices (8 bytes a cell, about 1.3 MB at 120,000 cells once
+    # base64-encoded), and bigger ones (a page of 6-8 layers x 9 heads x 64 tokens) send each weight as one byte,
+    # in steps of 1/254, with hover off; the single-head map always has exact values.
     cells = L * H * T * S
     if cells > COMPACT_CELLS:
         fig = go.Figure(_compact_heatmap(big, SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR))
         note = " · overview in steps of 1/254: pick a head for exact values"
     else:
-        if cells <= 40_000:
+        if cells <= LABELLED_CELLS:
             custom = np.empty(big.shape, dtype=object)
             custom[:] = ""
             for layer in range(L):

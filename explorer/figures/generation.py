@@ -5,6 +5,7 @@ Pure functions: lists and NumPy arrays in, plotly figures out. No torch modules,
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -164,11 +165,15 @@ def kv_calculator_figure(
     dtype: str,
     batch: int = 1,
     highlight: str | None = None,
+    window: int | None = None,
+    local_note: str = "",
 ) -> go.Figure:
-    """KV-cache bytes vs sequence length for named configurations (predicted: 2 · L · Hkv · D · T · bytes).
+    """KV-cache bytes vs sequence length for named configurations (predicted: 2 · Hkv · D · bytes for each
+    position each layer keeps: every one in a global layer, at most ``window`` in a local one).
 
-    series: label -> bytes at each of ``seq_lens``. Log-log axes: the lines are parallel (all linear in T),
-    their vertical gaps are the MHA/GQA/MQA savings.
+    series: label -> bytes at each of ``seq_lens``. Log-log axes: without local layers the lines are parallel
+    (all linear in T) and their vertical gaps are the MHA/GQA/MQA savings; local layers bend them after
+    ``window``, drawn as a dotted line with ``local_note`` (which layers are local) beside it.
     """
     x = _finite(seq_lens, "sequence lengths")
     fig = go.Figure()
@@ -179,9 +184,15 @@ def kv_calculator_figure(
             line=dict(color=QUALITATIVE[i % len(QUALITATIVE)], width=4 if name == highlight else 2),
             hovertemplate=f"{name}<br>%{{x}} tokens<br>%{{y:,.2f}} MiB<extra></extra>",
         ))
+    kept = "tokens" if window is None else "tokens kept (a local layer: at most its window)"
+    note = f"<br><sup>{local_note}</sup>" if local_note else ""
     base_layout(fig, f"KV cache size vs sequence length · batch {batch} · {dtype}<br><sup>predicted: 2 (K and V) × "
-                     f"layers × KV heads × head_dim × tokens × bytes per value</sup>", height=440)
-    fig.update_layout(legend=dict(orientation="h", y=-0.22, x=0), margin=dict(t=80, b=120))
+                     f"layers × KV heads × head_dim × {kept} × bytes per value</sup>{note}", height=440)
+    if window is not None:
+        fig.add_vline(x=window, line=dict(color="#555", dash="dot", width=1.5))
+        fig.add_annotation(x=math.log10(window), y=1, yref="paper", xanchor="left", yanchor="top", showarrow=False,
+                           text=f"window {window:,}: the local layers stop growing", font=dict(size=12))
+    fig.update_layout(legend=dict(orientation="h", y=-0.22, x=0), margin=dict(t=100 if local_note else 80, b=120))
     fig.update_xaxes(title_text="sequence length (tokens, log scale)", type="log", tickvals=x.tolist(),
                      ticktext=[_short(int(t)) for t in x])
     fig.update_yaxes(title_text="KV cache (MiB, log scale)", type="log", dtick=1)

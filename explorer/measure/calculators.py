@@ -66,16 +66,28 @@ def parameter_memory(config: ModelConfig | dict) -> dict[str, int]:
 
 
 def kv_cache_bytes(config: ModelConfig | dict, *, seq_len: int | None = None, batch: int = 1,
-                   dtype: torch.dtype | str = torch.float16) -> dict[str, int]:
-    """KV cache size: per token L · 2 · Hkv · D · bytes (keys and values of every layer), per sequence of
-    ``seq_len`` tokens (default: the model's context), and for ``batch`` sequences."""
+                   dtype: torch.dtype | str = torch.float16) -> dict[str, Any]:
+    """KV cache size, as ``models.kv_cache.KVCache`` allocates it: each layer holds 2 · Hkv · D values per position
+    it keeps, all ``seq_len`` positions (default: the model's context) for a global layer, at most its window W
+    for a local (sliding-window) one, whose cache is a ring that stops growing at W.
+
+    Returns bytes: ``per_token`` (what one more position adds while no window is full: L · 2 · Hkv · D · bytes),
+    ``per_sequence`` and ``batch`` (``batch`` sequences), ``all_global`` (``batch`` sequences if every layer kept
+    every position) and ``saved`` (their difference); and ``local_layers`` (indices) and ``window`` (or None).
+    """
     c = _cfg(config)
     seq_len = c.max_seq_len if seq_len is None else seq_len
     if not isinstance(seq_len, int) or seq_len <= 0 or not isinstance(batch, int) or batch <= 0:
         raise ValueError(f"seq_len and batch must be positive integers, got {seq_len!r} and {batch!r}.")
-    per_token = c.n_layers * 2 * c.n_kv_heads * c.head_dim * element_size(dtype)
-    return {"per_token": per_token, "per_sequence": per_token * seq_len, "batch": per_token * seq_len * batch,
-            "seq_len": seq_len}
+    per_layer = 2 * c.n_kv_heads * c.head_dim * element_size(dtype)  # one position of one layer: K and V
+    windows = [c.layer_window(i) for i in range(c.n_layers)]
+    kept = sum(seq_len if w is None else min(w, seq_len) for w in windows)  # positions held, all layers
+    per_sequence = per_layer * kept
+    all_global = per_layer * c.n_layers * seq_len * batch
+    return {"per_token": per_layer * c.n_layers, "per_sequence": per_sequence, "batch": per_sequence * batch,
+            "seq_len": seq_len, "all_global": all_global, "saved": all_global - per_sequence * batch,
+            "local_layers": [i for i, w in enumerate(windows) if w is not None],
+            "window": c.sliding_window if any(w is not None for w in windows) else None}
 
 
 def attention_variants(config: ModelConfig | dict, *, seq_len: int | None = None,

@@ -14,6 +14,7 @@ import gradio as gr
 from explorer.web import links
 from lens.device import gpu
 from explorer import measure, probes
+from explorer.probes import families
 from explorer.state import session
 from explorer.figures import generation as figs
 from models.lora import adapter_mode
@@ -56,8 +57,9 @@ step's tokens against the modules."""
 KV_INTRO = """#### How big is the KV cache of a real model?
 Per token the cache holds 2 (keys and values) × layers × KV heads × head_dim numbers. Multi-head attention
 (MHA) has one KV head per query head, grouped-query attention (GQA) shares each KV head among a group of
-query heads, and multi-query attention (MQA) keeps a single one. Configurations come from each model's
-published config.json."""
+query heads, and multi-query attention (MQA) keeps a single one. A local (sliding-window) layer, as in Mistral
+and five of every six layers of Gemma 3, keeps only its last W positions: its cache stops growing at the window.
+Configurations come from each model's published config.json."""
 
 
 def check_settings(max_new_tokens, temperature, top_k, top_p, seed, context: int, decode=DEFAULT_DECODE) -> dict:
@@ -449,7 +451,10 @@ def kv_calculator(config_name, seq_len, batch, dtype, state):
                 continue  # its own setting is MHA or MQA: already drawn
             series.setdefault(key, []).append(v["per_sequence"] * batch)
     own_key = next(k for k in series if "(its own)" in k)
-    fig = figs.kv_calculator_figure(lens, series, dtype=dtype, batch=batch, highlight=own_key)
+    own = measure.kv_cache_bytes(config, seq_len=seq_len, batch=batch, dtype=dtype)
+    fig = figs.kv_calculator_figure(lens, series, dtype=dtype, batch=batch, highlight=own_key,
+                                    window=own["window"] if own["window"] and own["window"] < seq_len else None,
+                                    local_note=_local_layers(config, own))
     rows = []
     configs = {THIS_MODEL: _config_for(THIS_MODEL, state)[0], **_real_configs()}
     for name, c in configs.items():
@@ -458,17 +463,37 @@ def kv_calculator(config_name, seq_len, batch, dtype, state):
                                      seq_len=seq_len, batch=batch, dtype=dtype)
         rows.append([name, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, _kind(c.n_heads, c.n_kv_heads),
                      kv["per_token"], measure.format_bytes(kv["batch"]), kv["batch"],
-                     f"{mha['batch'] / kv['batch']:.0f}×"])
-    own = measure.kv_cache_bytes(config, seq_len=seq_len, batch=batch, dtype=dtype)
+                     f"{mha['batch'] / kv['batch']:.0f}×",
+                     f"{len(kv['local_layers'])} of {c.n_layers} (window {kv['window']:,})" if kv["window"] else "none"])
     md = (f"**{label}**: {config.n_layers} layers × {config.n_kv_heads} KV heads × {config.head_dim} dims × 2 × "
-          f"{measure.element_size(dtype)} bytes = **{own['per_token']:,} bytes per token**; "
-          f"{seq_len:,} tokens × batch {batch} = **{measure.format_bytes(own['batch'])}** ({_kind(config.n_heads, config.n_kv_heads)}). "
-          "Predicted from the configuration (no tensors allocated).")
+          f"{measure.element_size(dtype)} bytes = **{own['per_token']:,} bytes per token**"
+          + (" while the windows fill" if own["window"] else "") + "; "
+          f"{seq_len:,} tokens × batch {batch} = **{measure.format_bytes(own['batch'])}** "
+          f"({_kind(config.n_heads, config.n_kv_heads)}). ")
+    if own["window"]:
+        md += (f"{_local_layers(config, own)}: a local layer's cache is a ring of its last "
+               f"{own['window']:,} positions, so it stops growing there. "
+               + (f"At {seq_len:,} tokens that saves **{measure.format_bytes(own['saved'])}** "
+                  f"({own['saved'] / own['all_global']:.0%}) against "
+                  f"{measure.format_bytes(own['all_global'])} with every layer global. " if own["saved"] else
+                  f"At {seq_len:,} tokens no window is full yet: every layer still holds every token. "))
+    md += "Predicted from the configuration (no tensors allocated)."
     return fig, rows, md
 
 
+def _local_layers(config, kv: dict) -> str:
+    """'15 of 18 layers are local (sliding window 512: 0–4, 6–10, 12–16; global: 5, 11, 17)', or ''."""
+    if not kv["window"]:
+        return ""
+    local = kv["local_layers"]
+    shown = families.ranges(local)
+    rest = families.ranges([i for i in range(config.n_layers) if i not in local])
+    return (f"{len(local)} of {config.n_layers} layers are local (sliding window {kv['window']:,}: layers {shown}; "
+            f"global: {rest})")
+
+
 KV_HEADERS = ["configuration", "layers", "query heads", "KV heads", "head_dim", "attention", "KV bytes per token",
-              "KV cache", "KV cache (bytes)", "saving vs MHA"]
+              "KV cache", "KV cache (bytes)", "saving vs MHA", "local layers"]
 
 
 def build_generation(demo: gr.Blocks, state: gr.State) -> None:

@@ -4,6 +4,7 @@ the checks made before a single weight is read (config builds a model, size fits
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import unicodedata
@@ -35,6 +36,27 @@ def rope_table_bytes(config: ModelConfig) -> int:
     layers turn at their own theta (Gemma 3)."""
     pairs = 1 if config.local_rope_theta is None else 2
     return pairs * 2 * config.max_seq_len * config.head_dim * 4
+
+
+def load_bytes(config: ModelConfig) -> int:
+    """Bytes a load of ``config`` reserves from the visitors' budget: its float32 weights and rotary tables."""
+    return 4 * measure.parameter_count(config)["total"] + rope_table_bytes(config)
+
+
+def budget_needed(config: ModelConfig) -> int:
+    """The smallest ``EXPLORER_PRIVATE_MODELS_BUDGET`` (bytes) that lets one visitor load ``config``: its
+    ``load_bytes`` must fit the budget and, from a network client, that client's share of it
+    (``EXPLORER_CLIENT_PRIVATE_SHARE``, default one half)."""
+    return math.ceil(load_bytes(config) / private_models.CLIENT_SHARE)
+
+
+def budget_setting(config: ModelConfig) -> str:
+    """What an operator sets for one visitor to load ``config``: 'default' when the default budget does, else
+    ``EXPLORER_PRIVATE_MODELS_BUDGET=<n>GiB`` (``budget_needed`` rounded up to a whole GiB)."""
+    need = budget_needed(config)
+    if need <= private_models.DEFAULT_BUDGET_BYTES:
+        return "default"
+    return f"EXPLORER_PRIVATE_MODELS_BUDGET={math.ceil(need / 2**30)}GiB"
 
 
 def prepare(model: Decoder) -> Decoder:
@@ -217,7 +239,7 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
         model = _shared_loads.get(key)
         if model is not None:  # another session holds these very files unchanged: one copy serves both
             return model, _shared_tokenizers[model], name, cleaned
-        reserve_private(4 * n + tables, f"{name} (float32 weights and rotary tables)")
+        reserve_private(load_bytes(config), f"{name} (float32 weights and rotary tables)")
         model = prepare(load_pretrained(folder))  # the app's device and dtype, once
         for p in model.parameters():
             p.requires_grad_(False)
