@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from explorer import measure
+from lens.device import HOST
 from models.config import ModelConfig
 from models.decoder import Decoder
 
@@ -87,13 +88,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     torch.set_num_threads(measure.cpu_cores())  # the handler sets the app's own count for each answer anyway
     torch.manual_seed(0)
-    smol = Decoder(model_config(settings_for(False, False, "cpu"))).eval()
+    smol = Decoder(model_config(settings_for(False, False, HOST))).eval()
     optimize_for_decode(smol)  # as run_bench serves it
     models = {SMOL_NAME: smol, **{name: build() for name, build in family_models().items()}}
     load = os.getloadavg()[0]
     rows = interleaved(models, args.repeats)
     print(f"\nAttention tab, {APP_PROMPT_TOKENS}-token prompt, first answer, {args.repeats} rounds over the shapes "
-          f"in turn, {measure.machine_info('cpu', torch.float32)['cpu']}, {torch.get_num_threads()} threads, "
+          f"in turn, {measure.machine_info(HOST, torch.float32)['cpu']}, {torch.get_num_threads()} threads, "
           f"1-minute load average {load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end:\n")
     print(f"| shape | parameters | first answer (median) | fastest | / {SMOL_NAME} (median of rounds) | payload |")
     print("|---|---|---|---|---|---|")

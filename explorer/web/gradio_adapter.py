@@ -387,6 +387,16 @@ def event_function(demo: gr.Blocks, api_name: str) -> Callable:
     raise KeyError(f"the app has no endpoint /{api_name}")
 
 
+def event_outputs(demo: gr.Blocks, i: int) -> list:
+    """The output components of event ``i``."""
+    return list(demo.fns[i].outputs)
+
+
+def rebuild_page_config(demo: gr.Blocks) -> None:
+    """The page configuration Gradio sends from now on, rebuilt from the components' current values."""
+    demo.config = demo.get_config_file()
+
+
 def events_after(demo: gr.Blocks, first: list[int]) -> list[int]:
     """``first`` and, breadth first, every server event chained (``.then`` / ``.success``) after one of them."""
     chosen = list(first)

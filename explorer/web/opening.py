@@ -53,7 +53,7 @@ def in_tab(demo: gr.Blocks, events: list[int], tab) -> list[int]:
         block = stack.pop()
         inside.add(block._id)
         stack += list(getattr(block, "children", []))
-    return [i for i in events if any(b._id in inside for b in demo.fns[i].outputs)]
+    return [i for i in events if any(b._id in inside for b in adapter.event_outputs(demo, i))]
 
 
 def open_in_page(demo: gr.Blocks, first: list[int], skip: frozenset[int] = frozenset(),

@@ -231,7 +231,7 @@ COMPUTING_REST = ("⏳ This first tab's example is computed; the other tabs' are
 
 def refresh_page(demo: gr.Blocks) -> None:
     """The page sent to visitors from now on carries the components' current values and properties."""
-    demo.config = demo.get_config_file()
+    adapter.rebuild_page_config(demo)
     middleware.PageCache.page_changed()
 
 
