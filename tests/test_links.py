@@ -203,3 +203,26 @@ def _app_demo(app):
                 with gr.Tab(label, id=tab_id):
                     build(demo, state)
     return demo
+
+
+def test_a_model_load_gives_the_lora_tab_the_new_models_layers_and_heads():
+    """The LoRA tab's layer and head menus kept the default model's choices after another model was loaded."""
+    from explorer.panels import lora
+    from explorer.state import session
+    from models import Decoder, ModelConfig
+
+    with gr.Blocks() as demo:
+        state = gr.State(None)
+        lora.build_lora(demo, state)
+        load = gr.Button().click(lambda s: s, [state], [state])
+        links.after_model_load(demo, [load], "_test")
+    view = links.views(demo)["lora"]
+    fn = next(f for f in demo.fns.values() if f.api_name == "lora_defaults_test_0")
+    layer, head = view.params["layer"], view.params["head"]
+    config = ModelConfig(vocab_size=64, d_model=48, n_layers=7, n_heads=6, n_kv_heads=2, d_ff=96, max_seq_len=32)
+    _, tokenizer, _ = session.get_model(None)
+    loaded = session.set_model(session.new_state(), Decoder(config).eval(), tokenizer, "seven layers", "test")
+    values = fn.fn(loaded)
+    new_layer, new_head = values[fn.outputs.index(layer)], values[fn.outputs.index(head)]
+    assert [v for _, v in new_layer.choices] == list(range(7)) and new_layer.value == 0
+    assert [v for _, v in new_head.choices] == list(range(6)) and new_head.value == 0

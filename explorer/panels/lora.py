@@ -425,6 +425,13 @@ def lora_compare(prompt, layer, head, new_tokens, state):
     return fig, before_text, after_text, md
 
 
+def _model_defaults(state) -> dict:
+    """After a model load: the layer and head menus of the loaded model (the first of each)."""
+    c = session.get_model(state)[0].config
+    return {"layer": gr.Dropdown(choices=layer_choices(c.n_layers), value=0),
+            "head": gr.Dropdown(choices=head_choices(c.n_heads, c.n_kv_heads), value=0)}
+
+
 def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     model, _, _ = session.get_model(None)
     c = model.config
@@ -500,6 +507,7 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     # the adapter's size (the tab's first chart) follows the loaded model too: run after the comparison's view
     links.register(demo, "lora", cached_opening("lora_compare", lora_compare), cmp_inputs, cmp_outputs, api_name="lora_compare_example",
                    params=dict(prompt=prompt, layer=layer, head=head, tokens=new_tokens),
+                   model_defaults=_model_defaults,
                    then=[(cached_opening("lora", lora), p_inputs, p_outputs, "lora", "public")],
                    focus=dict(params=params_plot, compare=cmp_plot))
     demo.load(cached_opening("lora_empty_curve", lambda: figs.loss_curve_figure([], [], max_steps=40)), None,
