@@ -518,6 +518,26 @@ def test_the_cpu_steps_views_follow_the_weights():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_the_cpu_step_reads_the_caches_own_tensors_even_when_one_is_replaced():
+    """The CPU step keeps numpy arrays of a cache's tensors for the whole generation; a layer's keys or values
+    replaced by a new tensor (its contents changed) are read from the new tensor at the next step."""
+    plain, prepared = _pair(tiny())
+    prompt = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(9))
+    cache, ref_cache = prepared.new_cache(1, 10), plain.new_cache(1, 10)
+    with torch.inference_mode():
+        prefill(prepared, prompt, cache), prefill(plain, prompt, ref_cache)
+        for pos, replace in ((6, False), (7, True), (8, False)):
+            if replace:
+                for c in (cache, ref_cache):
+                    c.k[1], c.v[2] = c.k[1] * 0.5, c.v[2].flip(2).contiguous()
+            got = fast_step(prepared, prompt[:, pos - 6:pos - 5], cache, pos)
+            want = plain(prompt[:, pos - 6:pos - 5], start_pos=pos, cache=ref_cache, last_only=True)[:, -1]
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for layer in range(3):
+        torch.testing.assert_close(cache.k[layer], ref_cache.k[layer], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(cache.v[layer], ref_cache.v[layer], atol=1e-5, rtol=1e-5)
+
+
 def test_a_swapped_or_removed_module_is_seen():
     _, prepared = _pair(tiny())
     assert why_not(prepared) is None

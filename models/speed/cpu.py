@@ -12,6 +12,7 @@ F feed-forward dim, S positions attended (the cache so far), V vocabulary.
 from __future__ import annotations
 
 import math
+import operator
 import os
 import time
 from typing import Callable, NamedTuple
@@ -160,11 +161,29 @@ def _parts(buffer: Vec, ws: tuple[torch.Tensor, ...]) -> tuple[Vec, ...]:
     return tuple(buffer.part(stop - w.shape[0], stop) for w, stop in zip(ws, stops))
 
 
-def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Products) -> torch.Tensor:
+class KVArrays(NamedTuple):
+    """A cache's keys and values as ``_cpu_step`` reads them: each layer's (Hkv, S_max, D) of batch row 0, numpy
+    arrays on the cache's own memory. Made once per generation (``Tensor.numpy`` costs about 2 us, and a step
+    would call it twice a layer); ``of`` says whether they still are ``cache``'s tensors."""
+    k: tuple[torch.Tensor, ...]
+    v: tuple[torch.Tensor, ...]
+    arrays: list[tuple[np.ndarray, np.ndarray]]
+
+    @staticmethod
+    def make(cache: KVCache) -> "KVArrays":
+        arrays = [(k.numpy()[0], v.numpy()[0]) for k, v in zip(cache.k, cache.v)]
+        return KVArrays(tuple(cache.k), tuple(cache.v), arrays)
+
+    def of(self, cache: KVCache) -> bool:
+        return all(map(operator.is_, cache.k, self.k)) and all(map(operator.is_, cache.v, self.v))
+
+
+def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, kv: KVArrays, products: Products) -> torch.Tensor:
     """``decode_step`` for one token on the CPU; logits (1, V). Every vector is a ``Vec``, numpy and torch views
     of one buffer made for this step: numpy computes between the products, torch (or numpy's BLAS) the
     products, and the residual stream ``x`` (C,) is updated in place by the o and down products. Every view the
-    layers use is cut before the first product: the loop between products is as few calls as it can be."""
+    layers use is cut before the first product: the loop between products is as few calls as it can be.
+    ``kv``: ``cache``'s arrays (``KVArrays.make(cache)``)."""
     mv, mv_add = products.mv, products.mv_add
     H, Hkv, D = plan.heads
     g = H // Hkv  # query heads per key/value head: query head h reads key/value head h // g
@@ -180,8 +199,7 @@ def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Pr
     z_heads = z.a.reshape(Hkv, g, D)
     gate, up, act = gate_up.a[:d_ff], gate_up.a[d_ff:], a.a  # (F,) each; act is silu(gate) * up
     views = []  # per layer: where the new key and value go, the keys (transposed) and values attended
-    for layer, k, v in zip(plan.layers, cache.k, cache.v):
-        keys, values = k.numpy()[0], v.numpy()[0]  # (Hkv, S_max, D) each
+    for layer, (keys, values) in zip(plan.layers, kv.arrays):  # (Hkv, S_max, D) each
         views.append((keys[:, pos], values[:, pos], keys[:, :pos + 1].swapaxes(1, 2), values[:, :pos + 1],
                       _parts(qkv, layer.qkv), _parts(gate_up, layer.gate_up)))
     with np.errstate(over="ignore"):  # exp(-gate) is inf for gate < -88: SiLU's limit there, 0, comes out exact
@@ -209,15 +227,18 @@ def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Pr
     return logits.t[None]  # (1, V)
 
 
-def run_cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Products) -> torch.Tensor:
-    """``_cpu_step``; with numpy's products, torch on one intra-op thread meanwhile (put back afterwards):
-    OpenBLAS brings its own threads, and torch's spinning beside them would take the cores they need."""
+def run_cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Products,
+                 kv: KVArrays | None = None) -> torch.Tensor:
+    """``_cpu_step`` (``kv``: ``cache``'s arrays, made here when not given); with numpy's products, torch on one
+    intra-op thread meanwhile (put back afterwards): OpenBLAS brings its own threads, and torch's spinning beside
+    them would take the cores they need."""
+    kv = KVArrays.make(cache) if kv is None else kv
     if products is TORCH_PRODUCTS:
-        return _cpu_step(plan, token_id, cache, pos, products)
+        return _cpu_step(plan, token_id, cache, pos, kv, products)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _cpu_step(plan, token_id, cache, pos, products)
+        return _cpu_step(plan, token_id, cache, pos, kv, products)
     finally:
         torch.set_num_threads(threads)
 

@@ -32,7 +32,7 @@ from ..hooks import HookPoint, HookWatch, has_global_hooks, module_hooked
 from ..kv_cache import KVCache
 from ..layers import RMSNorm, SwiGLU
 from ..rope import rope_matrix
-from .cpu import TORCH_PRODUCTS, _Plan, cpu_products, plan_current, run_cpu_step, weights_plan
+from .cpu import TORCH_PRODUCTS, KVArrays, _Plan, cpu_products, plan_current, run_cpu_step, weights_plan
 from .layout import fused
 
 # What the step was written for, spelled out rather than read from the model files: a config option, a module, a
@@ -177,6 +177,7 @@ class _Run(NamedTuple):
     attentions: tuple  # each layer's Attention: set_attn_impl swaps no module, so impl is read at each step
     requires_grad: bool  # under autograd the modules, which record a graph, run instead
     plan: _Plan | None  # the CPU step's views of the weights (None: not on the CPU)
+    kv: list  # [KVArrays] once the CPU step has run on this cache: its arrays, made once per generation
 
 
 class FastStep:
@@ -218,7 +219,7 @@ class FastStep:
         run = _Run(weakref.ref(model), reason, HookWatch(mods) if reason is None else None,
                    tuple(b.attn for b in model.blocks) if reason is None else (),
                    reason is None and any(p.requires_grad for p in params.values()),
-                   weights_plan(model) if reason is None and self.host_step else None)
+                   weights_plan(model) if reason is None and self.host_step else None, [])
         with self._lock:
             self._runs.pop(cache, None)
             while len(self._runs) >= self._MAX_RUNS:
@@ -242,7 +243,9 @@ class FastStep:
             if not plan_current(run.plan):  # a weight's storage replaced mid-generation: check the model again
                 self._runs.pop(cache, None)
                 return self(model, token, cache, pos)
-            return run_cpu_step(run.plan, token_id, cache, pos, cpu_products(model, run.plan))
+            if not (run.kv and run.kv[0].of(cache)):
+                run.kv[:] = [KVArrays.make(cache)]
+            return run_cpu_step(run.plan, token_id, cache, pos, cpu_products(model, run.plan), run.kv[0])
         return _torch_step(model, token, cache, pos)
 
 
