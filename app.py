@@ -126,6 +126,21 @@ ON_LOAD_JS = r"""() => {
       if (room >= 240 && el._fullLayout.height > room) window.Plotly.relayout(el, {height: room});
     });
   };
+  // ... and drawn that short from the start when Gradio redraws it (Play, a slider): no jump from full height
+  const clampRedraws = () => {
+    const P = window.Plotly;
+    if (!P || P.react.explorerClamped) return;
+    const react = P.react;
+    P.react = function (el, data, layout, config) {
+      const panel = document.body.classList.contains('projector') && el && el.closest && el.closest('[id^="tab-"]');
+      if (panel && layout && panel.querySelector('[data-testid="plotly"]') === el) {
+        const room = Math.floor(window.innerHeight - (el.getBoundingClientRect().top + window.scrollY) - 12);
+        if (room >= 240 && (layout.height || 450) > room) layout = Object.assign({}, layout, {height: room});
+      }
+      return react.call(this, el, data, layout, config);
+    };
+    P.react.explorerClamped = true;
+  };
   // every figure's hover bar: "PNG" and "SVG" buttons (in place of Plotly's camera), at slide size. Gradio
   // gives each new figure a fresh config, so the buttons are put back whenever they are missing.
   const button = (format) => ({name: 'Download as ' + format.toUpperCase() + ' (sized for a 1920×1080 slide)',
@@ -145,7 +160,7 @@ ON_LOAD_JS = r"""() => {
     });
   };
   let timer = null;
-  new MutationObserver(() => { clearTimeout(timer); timer = setTimeout(() => { mark(); downloads(); fit(); }, 150); })
+  new MutationObserver(() => { clearTimeout(timer); timer = setTimeout(() => { mark(); clampRedraws(); downloads(); fit(); }, 150); })
     .observe(document.body, {childList: true, subtree: true});
   window.explorerFit = fit;
   // a page served while the opening examples are still being computed (python app.py answers first): fetch the

@@ -24,11 +24,10 @@ from explorer.web import gradio_adapter, links
 from explorer.panels.errors import user_errors
 
 INTRO = """### Training: watch the circuits form
-The default model was trained for {steps:,} steps; `python -m training` saved it at {n} of them (the snapshots).
-Move the slider, or press **Play**: the curves were measured during training (read from the model's
-`training_log.json`), while the head's attention pattern, the scores in the table and the continuation are
-computed **now** from the snapshot at that step. Around the shaded band the loss on a repeated random sequence
-drops, at the moment induction heads appear: the moment the model learned to copy."""
+The default model, saved at {n} of its {steps:,} training steps. Move the slider or press **Play**: the curves
+were logged during training (`training_log.json`); the pattern, scores and continuation are computed **now**
+from the snapshot. In the shaded band the loss on a repeated random sequence drops as induction heads appear.
+The head menu opens on the final model's best induction head."""
 NO_SNAPSHOTS = """### Training: watch the circuits form
 This model folder has no training snapshots (`checkpoints/step-NNNNN/`), so there is nothing to step through. Train
 it with `python -m training`, which saves them."""
@@ -219,22 +218,22 @@ def build_training(demo: gr.Blocks, state: gr.State) -> None:
     gap = reduce(math.gcd, [b - a for a, b in zip(steps, steps[1:])]) or 1
     with gr.Row(equal_height=True):
         step = gr.Slider(steps[0], steps[-1], value=opening_step, step=gap, label="training step",
-                         info=f"snapshots at steps {', '.join(map(str, steps))}; another value shows the nearest",
+                         info=f"{len(steps)} snapshots, steps {steps[0]}-{steps[-1]}; another step shows the nearest",
                          scale=4, elem_id="training-step")
         play = gr.Button("▶ Play", scale=0, min_width=110, elem_id="training-play")
-        head = gr.Dropdown(head_names(config), value=f"L{bl}H{bh}", label="head (pattern)",
-                           info="opens on the final model's best induction head", scale=1, min_width=140)
+        # no info line: in a narrow column it wraps and pushes the figures below a projector's window
+        head = gr.Dropdown(head_names(config), value=f"L{bl}H{bh}", label="head (pattern)", scale=1, min_width=160)
         knock = gr.Button("Knock out at this step →", scale=0, min_width=200, elem_id="training-knock",
                           variant="secondary")
     playing = gr.State(False)
     timer = gr.Timer(PLAY_SECONDS, active=False)
-    summary = gr.Markdown()
-    phase_md = gr.Markdown()
-    with gr.Row():
+    with gr.Row():  # the figures right under the controls: on a projector they are the first thing in view
         with gr.Column(scale=3):
             curves = gr.Plot(label="The training run", elem_id="training-curves")
         with gr.Column(scale=2):
             pattern = gr.Plot(label="The head's attention at this step", elem_id="training-pattern")
+    summary = gr.Markdown()
+    phase_md = gr.Markdown()
     headers = [h.replace("span 32", f"span {span}") for h in SCORE_HEADERS]
     scores = gr.Dataframe(headers=headers, label="Every head at this step (computed now from the snapshot, "
                           f"on the span-{span} probe the training log used)", interactive=False)
