@@ -160,3 +160,12 @@ def pytest_collection_modifyitems(config, items):
         for fixture in FIXTURE_MARKERS.keys() & set(getattr(item, "fixturenames", ())):
             for marker in FIXTURE_MARKERS[fixture]:
                 item.add_marker(marker)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and on a busy 2-core machine two threads spin against each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

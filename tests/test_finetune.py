@@ -13,13 +13,7 @@ from models.block import PROJECTIONS
 from models.lora import attach_lora, count_parameters, lora_layers, merge_lora, set_lora_enabled
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy 2-core machine two threads spin against each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(seed: int = 0) -> Decoder:

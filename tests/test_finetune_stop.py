@@ -18,12 +18,7 @@ from models.lora import attach_lora, lora_layers
 from tests.hostile import served  # noqa: F401 - the shipped model as the app loads it (no server)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_adapted(seed: int = 0) -> Decoder:
