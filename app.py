@@ -126,10 +126,26 @@ ON_LOAD_JS = r"""() => {
       if (room >= 240 && el._fullLayout.height > room) window.Plotly.relayout(el, {height: room});
     });
   };
-  // ... and drawn that short from the start when Gradio redraws it (Play, a slider): no jump from full height
-  const clampRedraws = () => {
+  // every figure's hover bar: "PNG" and "SVG" buttons (in place of Plotly's camera), at slide size. One pair of
+  // button objects for all figures, so that a redraw's config equals the figure's own: Plotly then updates the
+  // figure in place; a changed config makes it re-plot from scratch while Gradio resizes it, and a colour bar
+  // drawn in that race throws and leaves the tab's progress showing.
+  let BUTTONS = null;
+  const buttons = () => {
+    const icon = (format) => format === 'png' ? window.Plotly.Icons.camera  // a picture; SVG: a drawing
+                             : (window.Plotly.Icons.pencil || window.Plotly.Icons.disk);
+    BUTTONS = BUTTONS || ['png', 'svg'].map(format => ({
+      name: 'Download as ' + format.toUpperCase() + ' (sized for a 1920×1080 slide)', icon: icon(format),
+      click: (gd) => SAVE(gd, format)}));
+    return BUTTONS;
+  };
+  const withButtons = (config) => Object.assign({}, config || {}, {modeBarButtonsToAdd: buttons(),
+                                                                   modeBarButtonsToRemove: ['toImage']});
+  // Gradio's redraws (a new answer, Play, a slider) with the buttons, and in projector mode the main figure drawn
+  // short enough from the start: no jump from full height
+  const wrapRedraws = () => {
     const P = window.Plotly;
-    if (!P || P.react.explorerClamped) return;
+    if (!P || P.react.explorerWrapped) return;
     const react = P.react;
     P.react = function (el, data, layout, config) {
       const panel = document.body.classList.contains('projector') && el && el.closest && el.closest('[id^="tab-"]');
@@ -137,30 +153,46 @@ ON_LOAD_JS = r"""() => {
         const room = Math.floor(window.innerHeight - (el.getBoundingClientRect().top + window.scrollY) - 12);
         if (room >= 240 && (layout.height || 450) > room) layout = Object.assign({}, layout, {height: room});
       }
-      return react.call(this, el, data, layout, config);
+      if (layout) layout = Object.assign({}, layout, {modebar: Object.assign({}, layout.modebar, {orientation: 'h'})});
+      config = withButtons(config);
+      try {
+        return react.call(this, el, data, layout, config);
+      } catch (e) {
+        // a figure drawn while its tab is still being laid out can be squeezed until a colour bar has no length
+        // (Plotly throws "axis scaling"): drawn again once the layout has settled, instead of leaving the
+        // tab's progress showing with the old figure
+        console.warn('explorer: redrawing a figure after', String(e), el.getBoundingClientRect().height, el.offsetParent === null);
+        setTimeout(() => { try { react.call(P, el, data, layout, config); } catch (e2) { console.warn(String(e2)); } }, 250);
+        return Promise.resolve(el);
+      }
     };
-    P.react.explorerClamped = true;
+    P.react.explorerWrapped = true;
+    const resize = P.Plots.resize;
+    P.Plots.resize = function (gd) {
+      try { return resize.apply(this, arguments); } catch (e) { console.warn('explorer: resize', String(e)); return Promise.resolve(gd); }
+    };
   };
-  // every figure's hover bar: "PNG" and "SVG" buttons (in place of Plotly's camera), at slide size. Gradio
-  // gives each new figure a fresh config, so the buttons are put back whenever they are missing.
-  const button = (format) => ({name: 'Download as ' + format.toUpperCase() + ' (sized for a 1920×1080 slide)',
-                               icon: format === 'png' ? window.Plotly.Icons.camera  // a picture; SVG: a drawing
-                                     : (window.Plotly.Icons.pencil || window.Plotly.Icons.disk),
-                               click: (gd) => SAVE(gd, format)});
+  // figures drawn before the wrapper was in place get the same buttons once
   const downloads = () => {
     if (!window.Plotly) return;
     window.explorerSave = SAVE;
     document.querySelectorAll('.js-plotly-plot').forEach(el => {
       const c = el._context;
-      if (!c || !el._fullLayout || (c.modeBarButtonsToAdd || []).some(b => String(b.name).startsWith('Download')))
-        return;
-      c.modeBarButtonsToAdd = [button('png'), button('svg')];
-      c.modeBarButtonsToRemove = ['toImage'];
+      if (!c || !el._fullLayout || c.modeBarButtonsToAdd === buttons()) return;
+      Object.assign(c, withButtons({}));
       window.Plotly.relayout(el, {'modebar.orientation': 'h'});  // redraws the hover bar only
     });
   };
   let timer = null;
-  new MutationObserver(() => { clearTimeout(timer); timer = setTimeout(() => { mark(); clampRedraws(); downloads(); fit(); }, 150); })
+  // the wrapper as soon as Plotly is loaded: before the figures of the first answer are drawn (a progress timer
+  // can keep the debounced observer below from firing for as long as an event runs)
+  if (window.Plotly) wrapRedraws();
+  else {
+    let plotly;
+    Object.defineProperty(window, 'Plotly', {configurable: true, enumerable: true, get: () => plotly,
+                                             set: (value) => { plotly = value; wrapRedraws(); }});
+  }
+  new MutationObserver(() => { wrapRedraws(); clearTimeout(timer); timer = setTimeout(() => { mark(); downloads(); fit(); }, 150); })
     .observe(document.body, {childList: true, subtree: true});
   window.explorerFit = fit;
   // a page served while the opening examples are still being computed (python app.py answers first): fetch the
