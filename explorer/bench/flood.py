@@ -184,17 +184,18 @@ def cancel_and_watch(server, http, session: str, fn: int, event_id: str, watch_s
             "cancel_answered_after": answered[0] if answered else None}
 
 
-def stop_frees_cpu(server, *, run_s: float = 3.0, after_s: float = 1.0, watch_s: float = 4.0) -> dict[str, Any]:
-    """A memory sweep started, Stop pressed after ``run_s`` seconds (Gradio's /cancel, as the button sends it);
-    the server's CPU seconds in each quarter second from then on, and when they fell below a tenth of a core
-    (``cancel_and_watch``). ``after_s`` is not used (kept for callers)."""
+def stop_frees_cpu(server, *, run_s: float = 3.0, after_s: float = 1.0, watch_s: float = 4.0,
+                   sweep: list | None = None) -> dict[str, Any]:
+    """A memory sweep (``sweep``, default ``SWEEP``) started, Stop pressed after ``run_s`` seconds (Gradio's
+    /cancel, as the button sends it); the server's CPU seconds in each quarter second from then on, and when they
+    fell below a tenth of a core (``cancel_and_watch``). ``after_s`` is not used (kept for callers)."""
     import httpx
 
     plan = fetch_plan(server.url)
     fn = plan.fn_of("memory_compare")
     session = f"stopper-{uuid.uuid4().hex[:8]}"
     with httpx.Client(timeout=60) as http:
-        r = http.post(server.url + API + "queue/join", json={"data": SWEEP, "fn_index": fn, "session_hash": session,
+        r = http.post(server.url + API + "queue/join", json={"data": sweep or SWEEP, "fn_index": fn, "session_hash": session,
                                                             "event_data": None, "trigger_id": None})
         event_id = r.json()["event_id"]
         time.sleep(run_s)
