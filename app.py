@@ -167,6 +167,7 @@ ON_LOAD_JS = r"""() => {
       }
     };
     P.react.explorerWrapped = true;
+    // Gradio resizes right after each redraw: a figure whose redraw threw above throws here too until redrawn
     const resize = P.Plots.resize;
     P.Plots.resize = function (gd) {
       try { return resize.apply(this, arguments); } catch (e) { console.warn('explorer: resize', String(e)); return Promise.resolve(gd); }

@@ -195,8 +195,9 @@ def stop_frees_cpu(server, *, run_s: float = 3.0, after_s: float = 1.0, watch_s:
     fn = plan.fn_of("memory_compare")
     session = f"stopper-{uuid.uuid4().hex[:8]}"
     with httpx.Client(timeout=60) as http:
-        r = http.post(server.url + API + "queue/join", json={"data": sweep or SWEEP, "fn_index": fn, "session_hash": session,
-                                                            "event_data": None, "trigger_id": None})
+        r = http.post(server.url + API + "queue/join", json={"data": sweep or SWEEP, "fn_index": fn,
+                                                            "session_hash": session, "event_data": None,
+                                                            "trigger_id": None})
         event_id = r.json()["event_id"]
         time.sleep(run_s)
         busy = server.cpu_seconds()
