@@ -273,3 +273,14 @@ def test_attention_grid_pages_a_deep_model_and_labels_the_sink_option():
     hidden = fa.attention_grid(p[:2, :, :, 1:], labels, n_kv_heads=3, sink_hidden=True)
     assert "sink hidden" in hidden.layout.title.text
     assert "not on key 0" in hidden.data[0].colorbar.title.text
+
+
+# --- readability: tick thinning, colour bars, margins (the lecturer's "hard to read from the back" issue) ----
+
+def test_every_heatmap_colour_bar_titles_on_the_side_with_a_pad():
+    figs = [fa.attention_heatmap(_rows(4), token_labels("abcd"), layer=0, head=0, n_heads=1, n_kv_heads=1),
+            fa.attention_grid(np.stack([np.stack([_rows(3)] * 2)] * 2), token_labels("abc"), n_kv_heads=1),
+            fa.head_scores_figure({"induction": np.zeros((2, 2))}, n_kv_heads=1)]
+    bars = [figs[0].data[0].colorbar, figs[1].data[0].colorbar, figs[2].layout.coloraxis.colorbar]
+    for bar in bars:
+        assert bar.title.side == "right" and bar.xpad >= 14 and bar.title.text

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
 from .common import (KEY_AXIS, QUALITATIVE, QUERY_AXIS, SEQUENTIAL, WEIGHT_COLORBAR, WEIGHT_RANGE, auto_height,
-                     base_layout, head_label, heatmap_figure, kv_head_of)
+                     base_layout, colorbar, head_label, heatmap_figure, kv_head_of)
 
 SCORE_TITLES = {
     "previous_token": "previous-token",
@@ -164,8 +164,8 @@ def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: i
             hover = "layer %{customdata[0]} · head %{customdata[1]}<br>query %{customdata[2]} → key %{customdata[3]}"
         fig = go.Figure(go.Heatmap(
             z=big.astype(np.float32), customdata=custom, colorscale=SEQUENTIAL, zmin=WEIGHT_RANGE[0],
-            zmax=WEIGHT_RANGE[1], colorbar=dict(title=dict(text=SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR,
-                                                           side="right")), hoverongaps=False,
+            zmax=WEIGHT_RANGE[1], colorbar=colorbar(SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR),
+            hoverongaps=False,
             hovertemplate=hover + "<br>weight %{z:.4f}<extra></extra>", xgap=0, ygap=0,
         ))
         note = ""
@@ -195,7 +195,7 @@ def _compact_heatmap(big: np.ndarray, colorbar_title: str = WEIGHT_COLORBAR) -> 
     ticks = [0, 0.25, 0.5, 0.75, 1.0]
     return go.Heatmap(
         z=levels, colorscale=colorscale, zmin=0, zmax=255, hoverinfo="skip", xgap=0, ygap=0,
-        colorbar=dict(title=dict(text=colorbar_title, side="right"), tickvals=[1 + 254 * t for t in ticks],
+        colorbar=colorbar(colorbar_title, tickvals=[1 + 254 * t for t in ticks],
                       ticktext=[f"{t:g}" for t in ticks]),
     )
 
@@ -243,7 +243,7 @@ def head_scores_figure(
             ))
     fig.update_yaxes(type="category", autorange="reversed")
     fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=1,
-                                     colorbar=dict(title=dict(text="score (0–1)", side="right"))))
+                                     colorbar=colorbar("score (0–1)")))
     title = "Head scores · mean attention weight where each head type looks"
     if subtitle:
         title += f"<br><sup>{subtitle}</sup>"

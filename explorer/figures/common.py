@@ -99,7 +99,7 @@ def heatmap_trace(
         raise ValueError(f"z has shape {z.shape}, labels need ({len(y_labels)}, {len(x_labels)}).")
     trace = go.Heatmap(
         z=z, x=list(x_labels), y=list(y_labels), colorscale=colorscale, zmin=zmin, zmax=zmax, zmid=zmid,
-        colorbar=dict(title=dict(text=colorbar_title, side="right")) if showscale else None,
+        colorbar=colorbar(colorbar_title) if showscale else None,
         showscale=showscale,
         hovertemplate=f"{y_name} %{{y}}<br>{x_name} %{{x}}<br>{value_name} %{{z:{value_format}}}<extra></extra>",
         **kwargs,
@@ -124,6 +124,13 @@ def heatmap_figure(
     fig.update_xaxes(title_text=x_title, type="category", tickangle=-45)
     fig.update_yaxes(title_text=y_title, type="category", autorange="reversed")
     return fig
+
+
+def colorbar(title: str, **kwargs) -> dict:
+    """Every heatmap's colour bar: its title on the side beside the tick labels, with a pad. Plotly places that
+    title after measuring the labels, so the labels must be drawn at the size Plotly knows: projector mode sets
+    its 16 px in the figure's layout (app.py's page script), not only in CSS."""
+    return dict(title=dict(text=title, side="right"), xpad=14, **kwargs)
 
 
 def auto_height(n_rows: int, *, per_row: int = 22, lo: int = 360, hi: int = 900) -> int:

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .common import (KEY_AXIS, QUALITATIVE, QUERY_AXIS, SEQUENTIAL, WEIGHT_COLORBAR, auto_height, base_layout,
-                     heatmap_trace)
+                     colorbar, heatmap_trace)
 
 
 def side_by_side_maps(
@@ -41,7 +41,7 @@ def side_by_side_maps(
         fig.update_yaxes(title_text=QUERY_AXIS if col == 1 else None, type="category", autorange="reversed",
                          row=1, col=col)
     fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=zmin, cmax=zmax,
-                                     colorbar=dict(title=dict(text=colorbar_title, side="right"))))
+                                     colorbar=colorbar(colorbar_title)))
     base_layout(fig, title, height=auto_height(max(len(labels), len(right_labels)), lo=420, hi=820))
     fig.update_layout(margin=dict(t=90))
     return fig

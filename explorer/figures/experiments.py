@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from .common import DIVERGING, QUALITATIVE, SEQUENTIAL, auto_height, base_layout, head_label, symmetric_range
+from .common import (DIVERGING, QUALITATIVE, SEQUENTIAL, auto_height, base_layout, colorbar, head_label,
+                     symmetric_range)
 
 
 def loss_per_token_figure(targets: Sequence[str], before: np.ndarray, after: np.ndarray, *, title: str,
@@ -71,10 +72,10 @@ def knockout_sweep_figure(delta: np.ndarray, scores: Mapping[str, np.ndarray], *
     layers = [f"layer {layer}" for layer in range(L)]
     m = symmetric_range(delta)
     panels = [("Δ loss when knocked out (nats/token)", delta,
-               dict(colorscale=DIVERGING, cmin=-m, cmax=m, colorbar=dict(title=dict(text="Δ nats", side="right"))))]
+               dict(colorscale=DIVERGING, cmin=-m, cmax=m, colorbar=colorbar("Δ nats")))]
     for name, z in scores.items():
         panels.append((name, z, dict(colorscale=SEQUENTIAL, cmin=0, cmax=1,
-                                     colorbar=dict(title=dict(text="score", side="right")))))
+                                     colorbar=colorbar("score"))))
     title = "What each head does vs what it looks like"
     if subtitle:
         title += f"<br><sup>{subtitle}</sup>"
@@ -88,7 +89,7 @@ def patching_figure(fractions: np.ndarray, x_labels: Sequence[str], *, title: st
     m = max(1.0, symmetric_range(z))
     fig = go.Figure(go.Heatmap(
         z=z, x=list(x_labels), y=[f"layer {layer}" for layer in range(L)], colorscale=DIVERGING, zmin=-m, zmax=m,
-        zmid=0, colorbar=dict(title=dict(text="fraction recovered", side="right")),
+        zmid=0, colorbar=colorbar("fraction recovered"),
         hovertemplate="%{y} · %{x}<br>fraction recovered %{z:.3f}<extra></extra>"))
     base_layout(fig, title, height=auto_height(L, per_row=30, lo=320, hi=900))
     fig.update_xaxes(title_text=x_title, type="category", tickangle=-45)

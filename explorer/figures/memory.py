@@ -17,6 +17,7 @@ from .common import (
     QUERY_AXIS,
     WEIGHT_COLORBAR,
     base_layout,
+    colorbar,
     provenance_text,
     symmetric_range,
 )
@@ -145,7 +146,7 @@ def tiled_step_figure(
     )
     fig.add_trace(go.Heatmap(
         z=_finite_or_none(w), x=list(range(S)), y=rows, colorscale="Viridis", zmin=0, zmax=1,
-        colorbar=dict(title=dict(text=WEIGHT_COLORBAR, side="right"), x=0.41, len=0.42, y=0.79),
+        colorbar=colorbar(WEIGHT_COLORBAR, x=0.41, len=0.42, y=0.79),
         hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>",
     ), row=1, col=1)
     # keys not read yet: grey veil; the current block: red outline
@@ -157,7 +158,7 @@ def tiled_step_figure(
     vmax = symmetric_range(final_out)
     fig.add_trace(go.Heatmap(
         z=_finite_or_none(out), y=rows, colorscale=DIVERGING, zmin=-vmax, zmax=vmax, zmid=0,
-        colorbar=dict(title=dict(text="output value (signed)", side="right"), x=1.0, len=0.42, y=0.79),
+        colorbar=colorbar("output value (signed)", x=1.0, len=0.42, y=0.79),
         hovertemplate="query %{y}<br>dim %{x}<br>value %{z:.4f}<extra></extra>",
     ), row=1, col=2)
     for col, now, final, name in ((1, m, final_m, "m"), (2, l, final_l, "l")):

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from .common import DIVERGING, QUALITATIVE, base_layout
+from .common import DIVERGING, QUALITATIVE, base_layout, colorbar
 
 CYCLIC = "Twilight"
 
@@ -76,7 +76,7 @@ def rope_angle_heatmap(angles: np.ndarray, *, theta: float, wavelengths: np.ndar
     fig = go.Figure(go.Heatmap(
         z=wrapped, x=np.arange(P), y=np.arange(T), colorscale=CYCLIC, zmin=0, zmax=2 * math.pi,
         customdata=custom, hovertemplate=hover,
-        colorbar=dict(title=dict(text="angle (rad, mod 2π)", side="right"),
+        colorbar=colorbar("angle (rad, mod 2π)",
                       tickvals=[0, math.pi / 2, math.pi, 3 * math.pi / 2, 2 * math.pi],
                       ticktext=["0", "π/2", "π", "3π/2", "2π"]),
     ))
@@ -115,7 +115,7 @@ def sinusoidal_heatmap(table: np.ndarray) -> go.Figure:
     T, C = table.shape
     fig = go.Figure(go.Heatmap(
         z=table, x=np.arange(C), y=np.arange(T), colorscale=DIVERGING, zmin=-1, zmax=1, zmid=0,
-        colorbar=dict(title=dict(text="value added to the embedding (−1..1)", side="right")),
+        colorbar=colorbar("value added to the embedding (−1..1)"),
         hovertemplate="position %{y}<br>channel %{x}<br>value %{z:.4f}<extra></extra>",
     ))
     base_layout(fig, "Encoder · sinusoidal position table (added to the embedding)", height=480)

@@ -14,7 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import DIVERGING, SEQUENTIAL, WEIGHT_RANGE, base_layout, display_token, symmetric_range
+from .common import DIVERGING, SEQUENTIAL, WEIGHT_RANGE, base_layout, colorbar, display_token, symmetric_range
 
 VALUE_FORMAT = ".7g"  # float32 carries about 7 significant digits
 PROB_COLORBAR = "probability (0–1)"
@@ -77,7 +77,7 @@ def stacked_heatmaps(panels: Sequence[Panel], *, title: str, value_name: str = "
     axes = {}  # one layout update for every colour axis: plotly validates each update_layout call anew
     for i, z in enumerate(zs):
         domain = fig.layout[f"yaxis{i + 1 if i else ''}"].domain
-        bar = dict(title=dict(text=value_name if not probabilities else PROB_COLORBAR, side="right"),
+        bar = colorbar(value_name if not probabilities else PROB_COLORBAR,
                    y=(domain[0] + domain[1]) / 2, len=max(0.12, domain[1] - domain[0]), yanchor="middle",
                    thickness=14)
         if probabilities:
@@ -151,7 +151,7 @@ def stream_figure(stream: np.ndarray, rms: np.ndarray, rows: Sequence[str], *, t
     fig.update_xaxes(title_text="dimension", row=1, col=1)
     fig.update_xaxes(title_text="RMS", rangemode="tozero", row=1, col=2)
     fig.update_layout(coloraxis=dict(colorscale=DIVERGING, cmin=-m, cmax=m, cmid=0.0,
-                                     colorbar=dict(title=dict(text="activation", side="right"), thickness=14,
+                                     colorbar=colorbar("activation", thickness=14,
                                                    x=1.02)),
                       showlegend=False)
     if expanded is not None:
@@ -171,7 +171,7 @@ def top_tokens_figure(tokens: Sequence[str], ids: Sequence[int], values: Sequenc
         raise ValueError(f"{len(labels)} tokens for {len(values)} values.")
     if probabilities:
         marker = dict(color=values, colorscale=SEQUENTIAL, cmin=0, cmax=1,
-                      colorbar=dict(title=dict(text=PROB_COLORBAR, side="right"), thickness=14))
+                      colorbar=colorbar(PROB_COLORBAR, thickness=14))
         text = [f"{100 * float(v):.2f}%" for v in values]
         hover = "%{y}<br>probability %{x:" + VALUE_FORMAT + "}<extra></extra>"
     else:
@@ -218,7 +218,7 @@ def lens_figure(rows: Sequence[str], tokens: Sequence[Sequence[str]], ids: np.nd
     fig.update_yaxes(title_text="residual stream after", row=1, col=1)
     fig.update_xaxes(type="category")
     fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=1,
-                                     colorbar=dict(title=dict(text=PROB_COLORBAR, side="right"), thickness=14)))
+                                     colorbar=colorbar(PROB_COLORBAR, thickness=14)))
     base_layout(fig, title, height=int(min(1100, max(300, 150 + 26 * n))))
     return fig
 
