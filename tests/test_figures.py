@@ -284,3 +284,31 @@ def test_every_heatmap_colour_bar_titles_on_the_side_with_a_pad():
     bars = [figs[0].data[0].colorbar, figs[1].data[0].colorbar, figs[2].layout.coloraxis.colorbar]
     for bar in bars:
         assert bar.title.side == "right" and bar.xpad >= 14 and bar.title.text
+
+
+@pytest.mark.parametrize("n,length,font", [(64, 300, 16), (40, 420, 9), (17, 210, 16), (5, 400, 12), (64, 980, 9)])
+def test_tick_step_keeps_labels_apart_and_drops_no_more_than_it_must(n, length, font):
+    from explorer.figures.common import tick_step
+
+    k = tick_step(n, length, font)
+    per_tick = length / n  # pixels between neighbouring categories
+    assert k * per_tick >= 1.2 * font
+    assert k == 1 or (k - 1) * per_tick < 1.2 * font
+
+
+def test_attention_heatmap_thins_query_labels_to_what_its_height_holds():
+    from explorer.figures.common import thinned
+
+    labels = token_labels([f"w{i}" for i in range(40)])
+    fig = fa.attention_heatmap(_rows(40), labels, layer=0, head=0, n_heads=1, n_kv_heads=1)
+    assert list(fig.layout.yaxis.tickvals) == labels  # 16 px rows hold 9 px labels: every token
+    squeezed = fa.go.Figure(fig)
+    fa._label_every_token(squeezed, labels, labels, height=400)  # the height a projector's window leaves
+    ys = list(squeezed.layout.yaxis.tickvals)
+    assert ys == list(squeezed.layout.yaxis.ticktext) and ys[0] == labels[0] and 1 < len(ys) < len(labels)
+    step = labels.index(ys[1])
+    assert ys == thinned(labels, step)
+    # 400 px less the title and the rotated key labels, shared by 40 rows: 9 px labels need 1.2 × 9 px each
+    plot = 400 - 60 - min(200, 40 + 0.6 * 9 * max(len(t) for t in labels))
+    assert step * plot / 40 >= 1.2 * 9 > (step - 1) * plot / 40
+    assert list(squeezed.layout.xaxis.tickvals) == labels  # the width is the page's: its script thins the keys

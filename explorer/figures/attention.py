@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
 from .common import (KEY_AXIS, QUALITATIVE, QUERY_AXIS, SEQUENTIAL, WEIGHT_COLORBAR, WEIGHT_RANGE, auto_height,
-                     base_layout, colorbar, head_label, heatmap_figure, kv_head_of)
+                     base_layout, colorbar, head_label, heatmap_figure, kv_head_of, thinned, tick_step)
 
 SCORE_TITLES = {
     "previous_token": "previous-token",
@@ -37,13 +37,17 @@ def attention_title(layer: int, head: int, n_heads: int, n_kv_heads: int, *, cau
     return f"Layer {layer} · {head_label(head, n_heads, n_kv_heads)} · attention weights{view}{sink}"
 
 
-def _label_every_token(fig: go.Figure, x_labels: Sequence[str], y_labels: Sequence[str]) -> None:
-    """A tick for every token (Plotly skips category ticks when crowded): a smaller font past 24 tokens, keys
-    rotated; hover names both tokens of a cell in full."""
+def _label_every_token(fig: go.Figure, x_labels: Sequence[str], y_labels: Sequence[str], height: int) -> None:
+    """A tick for every token that fits (Plotly's own thinning of category ticks keeps about ten): a smaller font
+    past 24 tokens, keys rotated, every k-th query label where neighbours would overlap at the figure's height.
+    The keys' width is the page's: the page script thins both axes again at the drawn size and tick font."""
     size = 12 if max(len(x_labels), len(y_labels)) <= 24 else 9
+    longest = max((len(t) for t in x_labels), default=1)
+    plot_height = height - 60 - min(200, 40 + 0.6 * size * longest)  # the title above, rotated key labels below
+    ys = thinned(y_labels, tick_step(len(y_labels), plot_height, size))
     fig.update_xaxes(tickmode="array", tickvals=list(x_labels), ticktext=list(x_labels), tickangle=-90,
                      tickfont=dict(size=size))
-    fig.update_yaxes(tickmode="array", tickvals=list(y_labels), ticktext=list(y_labels), tickfont=dict(size=size))
+    fig.update_yaxes(tickmode="array", tickvals=ys, ticktext=ys, tickfont=dict(size=size))
 
 
 def attention_heatmap(
@@ -69,14 +73,14 @@ def attention_heatmap(
     title = attention_title(layer, head, n_heads, n_kv_heads, causal=causal, sink_hidden=sink_hidden)
     if window is not None:
         title += f" · local layer, sliding window {window}"
+    height = auto_height(len(labels), per_row=16 if len(labels) > 24 else 22, hi=1200)
     fig = heatmap_figure(
         weights, keys, labels,
         title=title,
-        x_title=KEY_AXIS + (" · key 0 hidden" if sink_hidden else ""), y_title=QUERY_AXIS,
-        height=auto_height(len(labels), per_row=16 if len(labels) > 24 else 22, hi=1200),
+        x_title=KEY_AXIS + (" · key 0 hidden" if sink_hidden else ""), y_title=QUERY_AXIS, height=height,
         colorbar_title=SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR, hoverongaps=False,
     )
-    _label_every_token(fig, keys, labels)
+    _label_every_token(fig, keys, labels, height)
     if window is not None and len(labels) > window:
         fig.add_shape(type="path", path=window_edge_path(len(labels), window, 1 if sink_hidden else 0),
                       line=dict(color="white", width=2, dash="dash"), xref="x", yref="y")

@@ -126,6 +126,22 @@ def heatmap_figure(
     return fig
 
 
+TICK_GAP = 1.2  # labels at least this many font heights apart, centre to centre, so neighbours never touch
+
+
+def tick_step(n: int, length_px: float, font_px: float, gap: float = TICK_GAP) -> int:
+    """Label every ``k``-th of ``n`` evenly spaced ticks along ``length_px`` pixels so that labels of ``font_px``
+    stay ``gap`` font heights apart (rotated key labels stack along the x axis the same way)."""
+    if n <= 1 or length_px <= 0:
+        return 1
+    return max(1, int(np.ceil(gap * font_px / (length_px / n))))
+
+
+def thinned(labels: Sequence[str], step: int) -> list[str]:
+    """Every ``step``-th label from the first (the page script thins the same way once it knows the pixels)."""
+    return list(labels)[::max(1, int(step))]
+
+
 def colorbar(title: str, **kwargs) -> dict:
     """Every heatmap's colour bar: its title on the side beside the tick labels, with a pad. Plotly places that
     title after measuring the labels, so the labels must be drawn at the size Plotly knows: projector mode sets
