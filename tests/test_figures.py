@@ -312,3 +312,9 @@ def test_attention_heatmap_thins_query_labels_to_what_its_height_holds():
     plot = 400 - 60 - min(200, 40 + 0.6 * 9 * max(len(t) for t in labels))
     assert step * plot / 40 >= 1.2 * 9 > (step - 1) * plot / 40
     assert list(squeezed.layout.xaxis.tickvals) == labels  # the width is the page's: its script thins the keys
+
+
+def test_head_scores_margins_grow_to_hold_whole_labels():
+    scores = {"previous_token": np.zeros((3, 4)), "induction": np.zeros((3, 4))}
+    fig = fa.head_scores_figure(scores, n_kv_heads=2)
+    assert fig.layout.xaxis.automargin and fig.layout.xaxis2.automargin and fig.layout.yaxis.automargin

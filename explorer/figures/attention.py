@@ -223,8 +223,10 @@ def head_scores_figure(
     width = (1 - spacing * (n - 1)) / n
     for i, name in enumerate(names):
         x0 = i * (width + spacing)
+        # automargin: the margins grow to hold whole head labels (rotated, 16 px in projector mode)
         fig.update_layout({f"xaxis{'' if i == 0 else i + 1}": dict(domain=[x0, x0 + width], anchor="y",
-                                                                    type="category", tickangle=-45)})
+                                                                    type="category", tickangle=-45,
+                                                                    automargin=True)})
         fig.add_annotation(text=SCORE_TITLES.get(name, name), x=x0 + width / 2, y=1.0, xref="paper", yref="paper",
                            xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=16))
     heads = [head_label(h, H, n_kv_heads) for h in range(H)]
@@ -245,13 +247,13 @@ def head_scores_figure(
                 marker=dict(symbol="square-open", size=22, color="#e4572e", line=dict(width=3)), xaxis=xaxis,
                 yaxis="y",
             ))
-    fig.update_yaxes(type="category", autorange="reversed")
+    fig.update_yaxes(type="category", autorange="reversed", automargin=True)
     fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=1,
                                      colorbar=colorbar("score (0–1)")))
     title = "Head scores · mean attention weight where each head type looks"
     if subtitle:
         title += f"<br><sup>{subtitle}</sup>"
-    base_layout(fig, title, height=auto_height(L, per_row=34, lo=300, hi=900))
+    base_layout(fig, title, height=auto_height(L, per_row=34, lo=380, hi=900))  # room for the rotated labels
     fig.update_layout(margin=dict(t=90))
     return fig
 
