@@ -68,6 +68,10 @@ def test_memory_sweep_measured_and_predicted_same_units_with_provenance():
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
     assert list(fig.layout.xaxis.tickvals) == [128, 256, 512, 1024]
     assert fig.layout.yaxis.title.text == "MiB" and fig.layout.yaxis2.title.text == "ms"
+    # decades named with their unit: never Plotly's bare "5" and "2" between them
+    assert list(fig.layout.yaxis.ticktext)[:3] == ["0.01 MiB", "0.1 MiB", "1 MiB"]
+    assert all(t.endswith(" MiB") for t in fig.layout.yaxis.ticktext)
+    assert all(t.endswith(" ms") for t in fig.layout.yaxis2.ticktext)
     prov = fig.layout.title.text
     for word in ("measured", "predicted", "cpu", "float32", "torch 2.13.0"):
         assert word in prov
@@ -183,3 +187,17 @@ def test_attention_before_after_shares_the_colour_range():
     assert f"{np.abs(a - b).max():.4f}" in fig.layout.title.text
     with pytest.raises(ValueError):
         fl.attention_before_after_figure(a, np.eye(2), labels, layer=0, head_name="head 0")
+
+
+@pytest.mark.parametrize("values,vals,text", [
+    ([0.3, 66, 3.1], [0.1, 1, 10, 100], ["0.1 MiB", "1 MiB", "10 MiB", "100 MiB"]),
+    ([0.72, 1770], [0.1, 1, 10, 100, 1000, 10000], ["0.1 MiB", "1 MiB", "10 MiB", "100 MiB", "1,000 MiB", "10,000 MiB"]),
+    ([3, 8, None, float("nan")], [1, 2, 5, 10, 20, 50], ["1 MiB", "2 MiB", "5 MiB", "10 MiB", "20 MiB", "50 MiB"]),
+    ([None, 0], [], []),
+])
+def test_log_ticks_name_decades_with_their_unit(values, vals, text):
+    from explorer.figures.common import log_ticks
+
+    got_vals, got_text = log_ticks(values, "MiB")
+    np.testing.assert_allclose(got_vals, vals)
+    assert got_text == text

@@ -149,6 +149,24 @@ def colorbar(title: str, **kwargs) -> dict:
     return dict(title=dict(text=title, side="right"), xpad=14, **kwargs)
 
 
+def log_ticks(values: Sequence[float | None], unit: str) -> tuple[list[float], list[str]]:
+    """Ticks for a log axis over ``values``: each power of ten as ``"10 MiB"``, and 2× and 5× (with the unit too)
+    when the values span less than two of them, so the axis never reads ``100 5 2 10 5 2``."""
+    v = [float(x) for x in values if x is not None and np.isfinite(x) and x > 0]
+    if not v:
+        return [], []
+    lo, hi = int(np.floor(np.log10(min(v)))), int(np.ceil(np.log10(max(v))))
+    decades = [10.0 ** e for e in range(lo, hi + 1)]
+    inside = [d for d in decades if min(v) <= d <= max(v)]
+    ticks = decades if len(inside) >= 2 else sorted(d * m for d in decades for m in (1, 2, 5))
+    return ticks, [f"{_plain(t)} {unit}" for t in ticks]
+
+
+def _plain(x: float) -> str:
+    """1000.0 -> "1,000", 0.01 -> "0.01": numbers as people write them, never 1e+03."""
+    return f"{round(x):,}" if x >= 1 else f"{x:.6f}".rstrip("0")
+
+
 def auto_height(n_rows: int, *, per_row: int = 22, lo: int = 360, hi: int = 900) -> int:
     return int(min(hi, max(lo, 140 + per_row * n_rows)))
 

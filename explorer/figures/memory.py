@@ -18,6 +18,7 @@ from .common import (
     WEIGHT_COLORBAR,
     base_layout,
     colorbar,
+    log_ticks,
     provenance_text,
     symmetric_range,
 )
@@ -60,6 +61,8 @@ def memory_sweep_figure(
     impls += sorted({r["impl"] for r in rows} - set(impls))
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
                         subplot_titles=("peak extra memory (MiB, log scale)", "time per call (ms, log scale)"))
+    mib: list[float | None] = []
+    times: list[float | None] = []
     for impl in impls:
         mine = sorted((r for r in rows if r["impl"] == impl), key=lambda r: r["seq_len"])
         x = [int(r["seq_len"]) for r in mine]
@@ -68,6 +71,8 @@ def memory_sweep_figure(
         peak = _clean(r["peak_bytes"] / MIB if r["peak_bytes"] is not None else None for r in mine)
         pred = _clean(r["predicted_bytes"] / MIB if r["predicted_bytes"] is not None else None for r in mine)
         ms = _clean(r["seconds"] * 1e3 if r["seconds"] is not None else None for r in mine)
+        mib += peak + pred
+        times += ms
         fig.add_trace(go.Scatter(
             x=x, y=peak, mode="lines+markers", name=f"{name} · measured", legendgroup=impl,
             line=dict(color=colour, width=3), marker=dict(size=8),
@@ -97,8 +102,10 @@ def memory_sweep_figure(
     for col in (1, 2):
         fig.update_xaxes(type="log", title_text="sequence length T (tokens)", tickvals=lens,
                          ticktext=[str(t) for t in lens], row=1, col=col)
-    fig.update_yaxes(type="log", dtick=1, title_text="MiB", row=1, col=1)
-    fig.update_yaxes(type="log", dtick=1, title_text="ms", row=1, col=2)
+    # named ticks (1 MiB, 10 MiB, ...): Plotly's own log ticks label the steps between decades "2" and "5"
+    for col, unit, values in ((1, "MiB", mib), (2, "ms", times)):
+        vals, text = log_ticks(values, unit)
+        fig.update_yaxes(type="log", tickmode="array", tickvals=vals, ticktext=text, title_text=unit, row=1, col=col)
     return fig
 
 
