@@ -379,6 +379,16 @@ def test_lens_figure_writes_tokens_and_probabilities():
         fw.lens_figure(("embedding",), tokens, ids, probs, "c", np.zeros(3), title="lens")
 
 
+def test_lens_cells_write_short_tokens_in_a_size_the_projector_can_enlarge():
+    probs = np.array([[0.5, 0.2]], dtype=np.float32)
+    tokens = [[" extraordinarily", "<b>"]]
+    f = fw.lens_figure(("embedding",), tokens, np.array([[1, 2]]), probs, "c", np.array([0.1]), title="lens")
+    assert list(f.data[0].text[0]) == ["extraordinarily"[:fw.LENS_CHARS - 1] + "…", "&lt;b&gt;"]
+    assert len(f.data[0].text[0][0]) == fw.LENS_CHARS
+    assert "extraordinarily" in f.data[0].customdata[0][0]  # hover keeps the whole token
+    assert f.data[0].textfont.size == f.data[1].textfont.size == fw.LENS_TEXT
+
+
 def test_unknown_step_and_mismatched_panels_are_refused():
     with pytest.raises(ValueError, match="unknown walkthrough step"):
         fw.step_figure("teleport", {}, title="x", keys=[], heads=[], kv_heads=[])

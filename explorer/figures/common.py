@@ -30,15 +30,16 @@ KEY_AXIS = "key token (looked at)"
 FONT = dict(family="Inter, system-ui, sans-serif", size=12)
 
 
-def display_token(s: str) -> str:
-    """A token as it should read in a label: whitespace made visible, HTML shown as text, kept short."""
+def display_token(s: str, limit: int = 16) -> str:
+    """A token as it should read in a label: whitespace made visible, HTML shown as text, at most ``limit``
+    characters (the last one an ellipsis when cut)."""
     s = str(s)
     if s.strip() == "":
         s = s.replace("\n", "↵").replace("\t", "⇥").replace(" ", "␣") or "∅"
     else:
         s = s.strip(" ").replace("\n", "↵").replace("\t", "⇥")
-    if len(s) > 16:
-        s = s[:15] + "…"
+    if len(s) > limit:
+        s = s[:max(1, limit - 1)] + "…"
     # Plotly renders a few HTML tags in text; entities keep "<b>" in a prompt literal.
     return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 

@@ -189,6 +189,10 @@ def top_tokens_figure(tokens: Sequence[str], ids: Sequence[int], values: Sequenc
     return fig
 
 
+LENS_CHARS = 7  # characters of a token in a lens cell (hover has it whole): 16 px text fits a projector's cell
+LENS_TEXT = 12  # px of the cells' text; the page script draws it at 16 px in projector mode
+
+
 def lens_figure(rows: Sequence[str], tokens: Sequence[Sequence[str]], ids: np.ndarray, probs: np.ndarray,
                 final_token: str, final_probs: np.ndarray, *, title: str) -> go.Figure:
     """The logit lens: per row (embedding, then each layer's output) the top-k tokens written in cells
@@ -199,19 +203,22 @@ def lens_figure(rows: Sequence[str], tokens: Sequence[Sequence[str]], ids: np.nd
     n, k = probs.shape
     if ids.shape != (n, k) or len(rows) != n or len(tokens) != n or final_probs.shape != (n,):
         raise ValueError(f"the lens needs {n} rows of {k} tokens, ids and probabilities and {n} final probabilities.")
-    text = [[display_token(t) for t in row] for row in tokens]
+    # cell text at most LENS_CHARS characters: at the projector's 16 px a longer token runs into its neighbour
+    text = [[display_token(t, LENS_CHARS) for t in row] for row in tokens]
     custom = [[f"{display_token(t)} · id {int(i)}" for t, i in zip(trow, irow)] for trow, irow in zip(tokens, ids)]
     shown = display_token(final_token)
     fig = make_subplots(rows=1, cols=2, column_widths=[0.8, 0.2], shared_yaxes=True, horizontal_spacing=0.03,
                         subplot_titles=[f"top {k} tokens if the model stopped here", f"P({shown})"])
     fig.add_trace(go.Heatmap(
         z=probs, x=[f"#{j + 1}" for j in range(k)], y=list(rows), text=text, texttemplate="%{text}",
+        textfont=dict(size=LENS_TEXT),
         customdata=custom, coloraxis="coloraxis", xgap=1, ygap=1,
         hovertemplate="%{y} · rank %{x}<br>%{customdata}<br>probability %{z:" + VALUE_FORMAT + "}<extra></extra>",
     ), row=1, col=1)
     fig.add_trace(go.Heatmap(
         z=final_probs[:, None], x=[shown], y=list(rows), coloraxis="coloraxis", xgap=1, ygap=1,
         text=[[f"{100 * float(p):.1f}%"] for p in final_probs], texttemplate="%{text}",
+        textfont=dict(size=LENS_TEXT),
         hovertemplate="%{y}<br>P(" + shown + ") %{z:" + VALUE_FORMAT + "}<extra></extra>",
     ), row=1, col=2)
     fig.update_yaxes(type="category", autorange="reversed")
