@@ -76,6 +76,14 @@ body.projector .intro.open .md > *:not(:first-child) {display: revert}
 body.projector .intro .md > :first-child {cursor: pointer; margin-bottom: 0}
 body.projector .intro:not(.open) .md > :first-child::after {content: " ▸ more"; font-size: 14px; opacity: 0.7}
 #header-row h2 {margin: 0; white-space: nowrap}
+/* the title keeps its whole width (Gradio lets a Markdown block shrink to nothing and clips it): the other header
+   items wrap instead; on a phone it takes a line of its own, smaller, and wraps between its words */
+#header-title {flex: 0 0 auto !important; width: auto !important; min-width: max-content !important;
+  overflow: visible !important}
+@media (max-width: 640px) {
+  #header-title {flex-basis: 100% !important; min-width: 0 !important}
+  #header-row #header-title h2 {white-space: normal; font-size: 22px}
+}
 /* Gradio's dark theme (?__theme=dark): plots drawn on a dark background, their text light */
 .dark .js-plotly-plot .main-svg {background: transparent !important}
 .dark .js-plotly-plot rect.bg {fill: #1f2430 !important}
@@ -277,7 +285,7 @@ def build_demo(openings_later: bool = False) -> gr.Blocks:
     with gr.Blocks(title=TITLE, analytics_enabled=False, fill_width=True) as demo:  # no calls home
         state = gr.State(session.new_state())  # per browser session: the model this user looks at
         with gr.Row(elem_id="header-row", equal_height=True):
-            gr.Markdown(f"## {TITLE}", scale=2, min_width=220)
+            gr.Markdown(f"## {TITLE}", scale=2, min_width=220, elem_id="header-title")
             picker = gr.Dropdown(["default", *local_checkpoints(), *snapshot_names()], value="default",
                                  allow_custom_value=True, show_label=False, container=False, scale=2, min_width=180, elem_id="header-model")
             load = gr.Button("Load model", variant="primary", scale=0, min_width=110, elem_id="header-load")

@@ -432,3 +432,17 @@ def test_a_tab_saves_its_figures_as_png_and_svg_at_slide_size(app_url, browser):
     svg = Path(info.value.path()).read_text()
     assert info.value.suggested_filename.endswith(".svg") and svg.startswith("<svg") and "Layer 0" in svg
     page.close()
+
+
+# --- readable from the back of a room and on a phone (the lecturer's issue): titles, ticks, colour bars, order ---
+
+@pytest.mark.parametrize("query,width,height", [("?present=1", 1280, 720), ("", 390, 844)],
+                         ids=["projector-1280x720", "phone-390x844"])
+def test_the_header_title_is_whole(app_url, browser, query, width, height):
+    page, _ = _open(browser, f"{app_url}{query}", tab="walkthrough", width=width, height=height)
+    title = page.evaluate("""() => { const h = document.querySelector('#header-row h2'); const r = h.getBoundingClientRect();
+        return {scroll: h.scrollWidth, client: h.clientWidth, left: r.left, right: r.right, text: h.textContent}; }""")
+    assert title["text"].strip() == "Transformer Explorer"
+    assert title["scroll"] <= title["client"] and title["client"] > 100, title  # nothing clipped
+    assert 0 <= title["left"] and title["right"] <= width, title
+    page.close()
