@@ -106,8 +106,12 @@ body.projector .intro:not(.open) .md > :first-child::after {content: " ▸ more"
   pointer-events: none; z-index: 20}
 .save-figures {align-items: center; opacity: 0.85}
 .save-figures .prose {margin: 0}
-/* a phone: nothing wider than the page */
-@media (max-width: 640px) {.js-plotly-plot, .plot-container {max-width: 100%; overflow-x: auto}}
+/* a phone: nothing wider than the page; each tab's main figure right under its intro, its controls after it (the
+   page script marks the branches that hold them: .main-first, .intro-first); a desktop keeps the written order */
+@media (max-width: 640px) {.js-plotly-plot, .plot-container {max-width: 100%; overflow-x: auto}
+  [id^="tab-"] .intro-first {order: -2}
+  [id^="tab-"] .main-first {order: -1}}
+
 """
 # Runs once on page load: projector mode from ?present=1; each tab's first Markdown becomes its intro (folded
 # to its first line in projector mode, a click unfolds it).
@@ -116,11 +120,22 @@ ON_LOAD_JS = r"""() => {
   const on = new URLSearchParams(window.location.search).get('present') === '1';
   document.body.classList.toggle('projector', on);
   // each tab's first Markdown is its intro: folded to its first line in projector mode, a click unfolds it
+  // and on a phone (the CSS's .intro-first / .main-first) the main figure's branch is put right after the intro's:
+  // each element from the figure up to where it meets the intro's branch is marked
+  const branch = (from, other, panel, cls) => {
+    for (let el = from; el && el !== panel && !el.contains(other); el = el.parentElement) el.classList.add(cls);
+  };
   const mark = () => document.querySelectorAll('[id^="tab-"]').forEach(panel => {
     const first = panel.querySelector('.prose');
     if (first && !first.classList.contains('intro')) {
       first.classList.add('intro');
       first.addEventListener('click', () => first.classList.toggle('open'));
+    }
+    const main = panel.querySelector('.js-plotly-plot');
+    const block = main && main.closest('.block');
+    if (first && block && !block.classList.contains('main-first')) {
+      branch(block, first, panel, 'main-first');
+      branch(first, block, panel, 'intro-first');
     }
   });
   // projector mode: the visible tab's main (first) figure made short enough to end inside the window

@@ -446,3 +446,19 @@ def test_the_header_title_is_whole(app_url, browser, query, width, height):
     assert title["scroll"] <= title["client"] and title["client"] > 100, title  # nothing clipped
     assert 0 <= title["left"] and title["right"] <= width, title
     page.close()
+
+
+def test_at_phone_width_each_tabs_main_figure_comes_before_its_controls(app_url, browser):
+    """A 390×844 phone: each tab's main figure starts within 900 px of the tab's top (its intro, then the figure,
+    then the controls); the desktop order is checked by the 1280×720 tests above."""
+    page, _ = _open(browser, app_url, tab="walkthrough", width=390, height=844)
+    late = []
+    for tab_id, _, panel in _each_tab(page):
+        page.wait_for_timeout(500)  # the debounced marking of the main figure's branch
+        offset = page.evaluate("""(id) => { const panel = document.querySelector('#tab-' + id);
+            return panel.querySelector('.js-plotly-plot').getBoundingClientRect().top - panel.getBoundingClientRect().top; }""",
+                               tab_id)
+        if offset > 900:
+            late.append(f"{tab_id}: {offset:.0f} px below the tab's top")
+    assert not late, "main figure more than 900 px down a phone's tab:\n" + "\n".join(late)
+    page.close()
