@@ -111,7 +111,6 @@ body.projector .intro:not(.open) .md > :first-child::after {content: " ▸ more"
 @media (max-width: 640px) {.js-plotly-plot, .plot-container {max-width: 100%; overflow-x: auto}
   [id^="tab-"] .intro-first {order: -2}
   [id^="tab-"] .main-first {order: -1}}
-
 """
 # Runs once on page load: projector mode from ?present=1; each tab's first Markdown becomes its intro (folded
 # to its first line in projector mode, a click unfolds it).
@@ -137,6 +136,45 @@ ON_LOAD_JS = r"""() => {
       branch(block, first, panel, 'main-first');
       branch(first, block, panel, 'intro-first');
     }
+  });
+  // Projector mode sets its 16 px in each figure's layout, not only in CSS: Plotly then places colour-bar titles,
+  // margins and tick spacing for the text as drawn (CSS-enlarged text overlapped the titles Plotly had placed)
+  const BIG = 16;
+  const bigger = (f) => Object.assign({}, f || {}, {size: Math.max(BIG, (f && f.size) || 0)});
+  const withBar = (o) => Object.assign({}, o, {colorbar: Object.assign({}, o.colorbar, {tickfont: bigger((o.colorbar || {}).tickfont)})});
+  const projectorSizes = (data, layout) => {
+    const L = Object.assign({}, layout);
+    ['xaxis', 'yaxis', ...Object.keys(L).filter(k => /^[xy]axis\d+$/.test(k))].forEach(k => {
+      L[k] = Object.assign({}, L[k], {tickfont: bigger((L[k] || {}).tickfont), automargin: true});
+    });
+    Object.keys(L).filter(k => /^coloraxis\d*$/.test(k)).forEach(k => { L[k] = withBar(L[k] || {}); });
+    const D = (data || []).map(t => {
+      let c = t;
+      if (t.colorbar || (/^(heatmap|contour)/.test(t.type || '') && !t.coloraxis && t.showscale !== false)) c = withBar(c);
+      if (t.texttemplate || (t.text && /^heatmap/.test(t.type || ''))) c = Object.assign({}, c, {textfont: bigger(t.textfont)});
+      return c;
+    });
+    return [D, L];
+  };
+  // Token axes label every token that fits: every k-th category so that labels stand 1.2 font heights apart at
+  // the size the figure is drawn (a phone's width, a projector's fitted height, its 16 px), re-thinned on resize
+  const thin = () => document.querySelectorAll('.js-plotly-plot').forEach(el => {
+    const L = el._fullLayout;
+    if (!L || el.offsetParent === null || !window.Plotly) return;
+    const update = {};
+    Object.keys(L).filter(k => /^[xy]axis\d*$/.test(k)).forEach(k => {
+      const ax = L[k], all = ax._categories;
+      if (ax.type !== 'category' || ax.tickmode !== 'array' || !all || !all.length || !ax._length) return;
+      const vals = ax.tickvals || [], text = ax.ticktext || [];
+      if (vals.length !== text.length || vals.some((v, i) => String(v) !== String(text[i]))) return;  // named ticks
+      const step = Math.max(1, Math.ceil(1.2 * ((ax.tickfont && ax.tickfont.size) || 12) / (ax._length / all.length)));
+      const want = all.filter((_, i) => i % step === 0);
+      if (want.length !== vals.length || want.some((v, i) => String(v) !== String(vals[i]))) {
+        update[k + '.tickvals'] = want;
+        update[k + '.ticktext'] = want;
+      }
+    });
+    if (Object.keys(update).length) window.Plotly.relayout(el, update);
   });
   // projector mode: the visible tab's main (first) figure made short enough to end inside the window
   const fit = () => {
@@ -171,6 +209,8 @@ ON_LOAD_JS = r"""() => {
     if (!P || P.react.explorerWrapped) return;
     const react = P.react;
     P.react = function (el, data, layout, config) {
+      if (el && !this.explorerRestyle) el.explorerSource = [data, layout];  // as sent: projector mode off again
+      if (document.body.classList.contains('projector') && layout) [data, layout] = projectorSizes(data, layout);
       const panel = document.body.classList.contains('projector') && el && el.closest && el.closest('[id^="tab-"]');
       if (panel && layout && panel.querySelector('[data-testid="plotly"]') === el) {
         const room = Math.floor(window.innerHeight - (el.getBoundingClientRect().top + window.scrollY) - 12);
@@ -190,6 +230,10 @@ ON_LOAD_JS = r"""() => {
       }
     };
     P.react.explorerWrapped = true;
+    // projector mode switched: every drawn figure again from what was sent, at the new sizes
+    window.explorerRestyle = () => document.querySelectorAll('.js-plotly-plot').forEach(el => {
+      if (el.explorerSource && el._fullLayout) P.react.call({explorerRestyle: true}, el, ...el.explorerSource, el._context);
+    });
     // Gradio resizes right after each redraw: a figure whose redraw threw above throws here too until redrawn
     const resize = P.Plots.resize;
     P.Plots.resize = function (gd) {
@@ -216,7 +260,7 @@ ON_LOAD_JS = r"""() => {
     Object.defineProperty(window, 'Plotly', {configurable: true, enumerable: true, get: () => plotly,
                                              set: (value) => { plotly = value; wrapRedraws(); }});
   }
-  new MutationObserver(() => { wrapRedraws(); clearTimeout(timer); timer = setTimeout(() => { mark(); downloads(); fit(); }, 150); })
+  new MutationObserver(() => { wrapRedraws(); clearTimeout(timer); timer = setTimeout(() => { mark(); downloads(); fit(); thin(); }, 150); })
     .observe(document.body, {childList: true, subtree: true});
   window.explorerFit = fit;
   // a page served while the opening examples are still being computed (python app.py answers first): fetch the
@@ -274,7 +318,8 @@ def mark_terms(block) -> None:
         mark_terms(child)
 
 
-PROJECTOR_JS = "(on) => { document.body.classList.toggle('projector', !!on); window.dispatchEvent(new Event('resize')); if (window.explorerFit) setTimeout(window.explorerFit, 200); }"
+PROJECTOR_JS = ("(on) => { document.body.classList.toggle('projector', !!on); if (window.explorerRestyle) window.explorerRestyle();"
+                " window.dispatchEvent(new Event('resize')); if (window.explorerFit) setTimeout(window.explorerFit, 200); }")
 
 # Concurrency per event, the queue's size and each session's share of it are set in explorer/web/serving.py.
 QUEUE = serving.QUEUE

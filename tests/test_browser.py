@@ -436,6 +436,25 @@ def test_a_tab_saves_its_figures_as_png_and_svg_at_slide_size(app_url, browser):
 
 # --- readable from the back of a room and on a phone (the lecturer's issue): titles, ticks, colour bars, order ---
 
+def _boxes(page, root, selector):
+    """[left, top, right, bottom, text] of each drawn element matching ``selector`` in the first match of ``root``."""
+    return page.evaluate("""([root, sel]) => [...document.querySelector(root).querySelectorAll(sel)].map(e => {
+        const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom, e.textContent]; })
+        .filter(r => r[2] > r[0] && r[3] > r[1])""", [root, selector])
+
+
+def _font_px(page, root, selector):
+    """The smallest computed font size (px) of the elements matching ``selector`` in the first match of ``root``."""
+    return page.evaluate("""([root, sel]) => Math.min(...[...document.querySelector(root).querySelectorAll(sel)]
+        .map(t => parseFloat(getComputedStyle(t).fontSize)))""", [root, selector])
+
+
+def _overlaps(boxes, slack=1.0):
+    """Pairs of boxes that overlap by more than ``slack`` px both ways."""
+    return [(a[4], b[4]) for i, a in enumerate(boxes) for b in boxes[i + 1:]
+            if min(a[2], b[2]) - max(a[0], b[0]) > slack and min(a[3], b[3]) - max(a[1], b[1]) > slack]
+
+
 @pytest.mark.parametrize("query,width,height", [("?present=1", 1280, 720), ("", 390, 844)],
                          ids=["projector-1280x720", "phone-390x844"])
 def test_the_header_title_is_whole(app_url, browser, query, width, height):
@@ -461,4 +480,40 @@ def test_at_phone_width_each_tabs_main_figure_comes_before_its_controls(app_url,
         if offset > 900:
             late.append(f"{tab_id}: {offset:.0f} px below the tab's top")
     assert not late, "main figure more than 900 px down a phone's tab:\n" + "\n".join(late)
+    page.close()
+
+
+def test_memory_lab_log_axes_name_each_tick_with_its_unit(app_url, browser):
+    page, panel = _open(browser, f"{app_url}?tab=memory", tab="memory")
+    ticks = page.evaluate("() => [...document.querySelectorAll('#tab-memory .js-plotly-plot')[0]"
+                          ".querySelectorAll('.ytick text')].map(t => t.textContent)")
+    assert ticks and all(t.endswith((" MiB", " ms")) for t in ticks), ticks  # never a bare "5" or "2"
+    page.close()
+
+
+def test_projector_mode_token_labels_colour_bar_titles_and_lens_cells_do_not_overlap(app_url, browser):
+    prompt = "%20".join(["the red ball rolled"] * 5)  # more rows than 16 px labels fit in a 720 px window
+    page, panel = _open(browser, f"{app_url}?tab=attention&present=1&prompt={prompt}", tab="attention")
+    page.wait_for_timeout(1000)  # the fit and the thinning after it
+    plot = "#tab-attention .js-plotly-plot"  # the first: the chosen head's map
+    rows = page.evaluate("(sel) => document.querySelector(sel).data[0].y.length", plot)
+    assert 3 <= len(_boxes(page, plot, ".ytick text")) < rows, "query labels: none, or every one at 16 px"
+    assert _font_px(page, plot, ".ytick text") >= 16 and _font_px(page, plot, ".cbaxis text") >= 16
+    for axis in ("ytick", "xtick"):
+        clash = _overlaps(_boxes(page, plot, f".{axis} text"))
+        assert not clash, f"{axis} labels overlap: {clash[:3]}"
+    bar_title = _boxes(page, plot, ".cbtitle text")
+    assert bar_title and not _overlaps(bar_title + _boxes(page, plot, ".cbaxis text")), "colour bar title on its ticks"
+    # projector mode off again: the figure as sent (12 px or 9 px ticks), thinned for its own font
+    page.locator("#projector input").uncheck()
+    page.wait_for_timeout(1500)
+    assert _font_px(page, plot, ".ytick text") < 16
+    assert not _overlaps(_boxes(page, plot, ".ytick text"))
+    page.close()
+
+    page, panel = _open(browser, f"{app_url}?tab=walkthrough&present=1", tab="walkthrough")
+    cells = _boxes(page, "#walkthrough-lens", ".heatmaplayer text")
+    assert cells, "no text in the logit lens"
+    assert _font_px(page, "#walkthrough-lens", ".heatmaplayer text") >= 16
+    assert not _overlaps(cells), "lens cells' text overlaps"
     page.close()
