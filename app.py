@@ -145,7 +145,10 @@ ON_LOAD_JS = r"""() => {
   const projectorSizes = (data, layout) => {
     const L = Object.assign({}, layout);
     ['xaxis', 'yaxis', ...Object.keys(L).filter(k => /^[xy]axis\d+$/.test(k))].forEach(k => {
-      L[k] = Object.assign({}, L[k], {tickfont: bigger((L[k] || {}).tickfont), automargin: true});
+      // token (category) axes make room for their longer 16 px labels; numeric axes keep their margins: a figure
+      // with a legend below (the memory lab's) shrank to nothing when every axis pushed its margin out
+      const grow = (L[k] || {}).type === 'category' ? {automargin: true} : {};
+      L[k] = Object.assign({}, L[k], {tickfont: bigger((L[k] || {}).tickfont)}, grow);
     });
     Object.keys(L).filter(k => /^coloraxis\d*$/.test(k)).forEach(k => { L[k] = withBar(L[k] || {}); });
     const D = (data || []).map(t => {
@@ -184,7 +187,11 @@ ON_LOAD_JS = r"""() => {
       if (!el || el.offsetParent === null || !el._fullLayout) return;
       const top = el.getBoundingClientRect().top + window.scrollY;
       const room = Math.floor(window.innerHeight - top - 12);
-      if (room >= 240 && el._fullLayout.height > room) window.Plotly.relayout(el, {height: room});
+      // back up to the height it was sent with as far as the room allows: a figure first drawn while the header
+      // above it was still wrapping got a room that later grew (the memory lab's plot area had shrunk to nothing)
+      const sent = (el.explorerSource && el.explorerSource[1] && el.explorerSource[1].height) || el._fullLayout.height;
+      const want = Math.min(sent, room);
+      if (room >= 240 && Math.abs(el._fullLayout.height - want) > 2) window.Plotly.relayout(el, {height: want});
     });
   };
   // every figure's hover bar: "PNG" and "SVG" buttons (in place of Plotly's camera), at slide size. One pair of

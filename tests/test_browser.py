@@ -517,3 +517,11 @@ def test_projector_mode_token_labels_colour_bar_titles_and_lens_cells_do_not_ove
     assert _font_px(page, "#walkthrough-lens", ".heatmaplayer text") >= 16
     assert not _overlaps(cells), "lens cells' text overlaps"
     page.close()
+
+    # a main figure first drawn while the header above it still wrapped is fitted again to the room it has:
+    # the memory lab's plot (legend and margins below it) keeps an area to draw in
+    page, panel = _open(browser, f"{app_url}?tab=memory&present=1", tab="memory")
+    page.wait_for_timeout(1000)
+    drawn = page.evaluate("() => document.querySelector('#tab-memory .js-plotly-plot')._fullLayout._size.h")
+    assert drawn >= 120, f"the memory lab's plot area is {drawn} px tall in projector mode"
+    page.close()
