@@ -203,12 +203,30 @@ def max_abs_logit_diff(reference: nn.Module, other: nn.Module, ids: torch.Tensor
 
 
 @torch.inference_mode()
-def transformers_against(ours: nn.Module, hf, ids: torch.Tensor) -> dict[str, float]:
+def held_out_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """The model's fp32 logits (B, T, V) at every position of ``ids`` (B, T): one forward serves both a format's
+    held-out loss and its |Δlogit| (a slow format's prompt-sized forward took ~10 s on a 2-core CPU)."""
+    return model(ids).float()
+
+
+def loss_from_logits(logits: torch.Tensor, ids: torch.Tensor) -> float:
+    """Mean next-token cross-entropy (nats/token) of ``ids`` (B, T) from ``held_out_logits`` (B, T, V)."""
+    if ids.shape[1] < 2:
+        raise ValueError("the held-out text needs at least two tokens.")
+    x = logits[:, :-1]  # (B, T-1, V): each position predicts the next token
+    return float(F.cross_entropy(x.reshape(-1, x.shape[-1]), ids[:, 1:].reshape(-1)))
+
+
+@torch.inference_mode()
+def transformers_against(ours: nn.Module, hf, ids: torch.Tensor,
+                         ours_logits: torch.Tensor | None = None) -> dict[str, float]:
     """transformers' fp32 copy beside ours on ``ids`` (1, T): {"max_abs_logit_diff" over every position,
-    "held_out_loss" (nats/token) of the copy}, so its row carries the same columns as our formats."""
+    "held_out_loss" (nats/token) of the copy}, so its row carries the same columns as our formats.
+    ours_logits: ``held_out_logits(ours, ids)`` when already computed."""
     theirs = hf(ids).logits.float()  # (1, T, V)
-    return {"max_abs_logit_diff": float((ours(ids).float() - theirs).abs().max()),
-            "held_out_loss": float(F.cross_entropy(theirs[0, :-1], ids[0, 1:]))}
+    ours_logits = held_out_logits(ours, ids) if ours_logits is None else ours_logits
+    return {"max_abs_logit_diff": float((ours_logits - theirs).abs().max()),
+            "held_out_loss": loss_from_logits(theirs, ids)}
 
 
 @torch.inference_mode()
@@ -216,8 +234,7 @@ def held_out_loss(model: nn.Module, ids: torch.Tensor) -> float:
     """Mean next-token cross-entropy of ``ids`` (B, T), nats per token, computed in fp32."""
     if ids.shape[1] < 2:
         raise ValueError("the held-out text needs at least two tokens.")
-    logits = model(ids[:, :-1]).float()  # (B, T-1, V)
-    return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)))
+    return loss_from_logits(held_out_logits(model, ids), ids)
 
 
 @torch.inference_mode()
@@ -230,7 +247,8 @@ def next_token_top(model: nn.Module, ids: torch.Tensor, k: int = 10) -> list[tup
 
 def compare_formats(models: dict[str, nn.Module], prompt: torch.Tensor, held_out: torch.Tensor, *,
                     new_tokens: int = 64, repeats: int = 3, top_k: int = 10, step=None,
-                    budget_s: float | None = None) -> dict[str, dict[str, Any]]:
+                    budget_s: float | None = None,
+                    reference_logits: torch.Tensor | None = None) -> dict[str, dict[str, Any]]:
     """Each converted model beside the first (the fp32 reference): weight bytes, decode tokens/s, bytes per
     decoded token at the continuation's mean cache length, greedy agreement over ``new_tokens``, max |Δlogit| on
     ``held_out``, held-out loss (nats/token), the prompt's next-token top-k and which int8 kernel ran.
@@ -239,27 +257,32 @@ def compare_formats(models: dict[str, nn.Module], prompt: torch.Tensor, held_out
     one-token path decoding uses (``models.speed.fast_step``; None: the modules), for every format alike (the fast
     step steps aside for the formats it does not compute: bf16, int8). budget_s: each format's decoding timed for
     about this long (``decode_speed``: fewer tokens and runs for a slow format, each row saying how many); greedy
-    agreement then compares the tokens both decoded.
+    agreement then compares the tokens both decoded. reference_logits: ``held_out_logits`` of the first model on
+    ``held_out``, when the caller already has them.
     """
     names = list(models)
-    ref = models[names[0]]
     T = prompt.shape[1]
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         model = models[name]
         speed = decode_speed(lambda n, m=model: generate(m, prompt, n, step=step), new_tokens, repeats=repeats,
                              device=prompt.device, budget_s=budget_s)
+        if name == names[0]:
+            logits = held_out_logits(model, held_out) if reference_logits is None else reference_logits
+            reference_logits = logits
+        else:
+            logits = held_out_logits(model, held_out)
         out[name] = {"weight_bytes": weight_bytes(model), "tokens_per_s": speed["tokens_per_s"],
                      "new_tokens": speed["new_tokens"], "repeats": speed["repeats"],
                      "bytes_per_token": bytes_per_token(model, T + new_tokens // 2),
-                     "tokens": speed["tokens"][0].tolist(), "held_out_loss": held_out_loss(model, held_out),
+                     "tokens": speed["tokens"][0].tolist(), "held_out_loss": loss_from_logits(logits, held_out),
+                     "max_abs_logit_diff": float((reference_logits - logits).abs().max()),
                      "top": next_token_top(model, prompt, top_k), "int8_kernel": int8_kernel(model)}
+        del logits  # (1, T', V) fp32: 50 MB at a 49k vocabulary and 256 tokens
     for name in names:
         both = T + min(out[names[0]]["new_tokens"], out[name]["new_tokens"])  # the tokens both decoded
         out[name]["agreement"] = greedy_agreement(torch.tensor([out[names[0]]["tokens"][:both]]),
                                                   torch.tensor([out[name]["tokens"][:both]]), T)
-        out[name]["max_abs_logit_diff"] = 0.0 if name == names[0] else max_abs_logit_diff(ref, models[name],
-                                                                                           held_out)
     return out
 
 

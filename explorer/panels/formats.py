@@ -182,8 +182,9 @@ def _measure(model, tokenizer, ids: list[int], progress=None) -> dict:
         bandwidth = fm.read_bandwidth(repeats=7, device=device)
         # decoded as the benchmark decodes: the fast step where it computes the model exactly, else the modules
         stage(2)
+        reference = fm.held_out_logits(copies["fp32"], held)  # (1, T', V): fp32's row, its |Δlogit| and transformers'
         measured = fm.compare_formats(copies, prompt, held, new_tokens=NEW_TOKENS, repeats=REPEATS, step=fast_step,
-                                      budget_s=DECODE_SECONDS)
+                                      budget_s=DECODE_SECONDS, reference_logits=reference)
         stage(3)
         # fp32's only: the screen contrasts it with decoding; bf16 and int8 took 30 s more on SmolLM2-135M
         prefill = {"fp32": fm.prefill_speed(copies["fp32"], held, repeats=REPEATS)}
@@ -194,8 +195,9 @@ def _measure(model, tokenizer, ids: list[int], progress=None) -> dict:
             if hf is not None:
                 hf_speed = fm.decode_speed(fm.transformers_generate_fn(hf, prompt), NEW_TOKENS, repeats=REPEATS,
                                            budget_s=DECODE_SECONDS)
-                hf_speed.update(fm.transformers_against(copies["fp32"], hf, held))
+                hf_speed.update(fm.transformers_against(copies["fp32"], hf, held, ours_logits=reference))
                 del hf
+        del reference
         fp32 = copies["fp32"]
         stage(5)
         kv_on = fm.decode_speed(lambda n: generate(fp32, prompt, n, step=fast_step), CACHE_TOKENS, repeats=1,
