@@ -198,7 +198,7 @@ def test_gradios_cancel_ends_a_long_step_before_it_finishes(served):  # noqa: F8
     assert "Stopped after step 1" in panel.lora_stop(state)
 
 
-def test_a_run_that_cannot_fit_its_time_limit_ends_before_it_and_says_how_many_steps_fit(served, monkeypatch):  # noqa: F811
+def test_a_run_too_long_for_its_time_limit_ends_before_it_and_says_how_many_fit(served, monkeypatch):  # noqa: F811
     """The default 40 steps at 2.1 s a step (a SmolLM2-135M-shape model on 2 cores) cannot fit 30 s: the run ends
     after the last step that fits, its adapter the one after that step, and the screen says so in a sentence.
     The pace comes from a fake clock (4 s a step), never from this machine's speed."""
