@@ -6,8 +6,9 @@ Nothing here knows about the UI. ``iter_finetune`` is a generator yielding one `
 Gradio generator handler can redraw a live loss curve); ``finetune`` runs it to the end and calls an optional
 callback per step (return ``False`` from it to stop early). Run under ``explorer.state.threads.stoppable``, a
 Stop ends a step inside its forward or backward pass, never inside the optimiser's update.
-Steps and wall time are capped (``MAX_STEPS``, ``MAX_SECONDS``): the job always ends, and a run whose loss
-goes non-finite or climbs past ``DIVERGE_RATIO`` times its first step's stops there (``stopped="diverged"``).
+Steps and wall time are capped (``MAX_STEPS``, ``MAX_SECONDS``): the job always ends, no step is begun that the
+pace so far says would end past the time limit, and a run whose loss goes non-finite or climbs past
+``DIVERGE_RATIO`` times its first step's stops there (``stopped="diverged"``).
 """
 from __future__ import annotations
 
@@ -103,14 +104,17 @@ def iter_finetune(
     seed: int = 0,
     weight_decay: float = 0.0,
     grad_clip: float = 1.0,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[dict]:
     """Train the model's trainable parameters (the LoRA adapters) on ``ids``; yield after every step.
 
-    lr: None picks ``default_lr(d_model)``.
+    lr: None picks ``default_lr(d_model)``. clock: seconds, for the time limit (a test's fake clock).
 
     Each yielded dict: ``step`` (1-based), ``loss`` (this step's batch, nats/token), ``seconds`` since the
-    start, ``lr``, ``rows`` (how many windows the text gave), ``tokens`` (target tokens per step) and
-    ``stopped``: None, or on the last step "time" (the time cap ended the run) or "diverged" (the loss was
+    start, ``step_seconds`` (this step's), ``lr``, ``rows`` (how many windows the text gave), ``tokens`` (target
+    tokens per step), ``projected_seconds`` (all ``steps`` at this pace: ``pace``), ``fit_steps`` (how many of
+    them end within ``max_seconds`` at this pace) and ``stopped``: None, or on the last step "time" (the next
+    step would end past ``max_seconds``: the run ends before it, within the limit) or "diverged" (the loss was
     not finite or above ``DIVERGE_RATIO`` times the first step's; that step's update is not applied). The
     model is left in eval mode. Frozen parameters are never touched (they have no gradient and are not given
     to the optimiser). Under ``stoppable``, a Stop raises ``Stopped`` out of here within one operation, with the
@@ -124,7 +128,7 @@ def iter_finetune(
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     model.train()
-    t0 = time.perf_counter()
+    t0 = last = clock()
     first = None
     try:
         for step in range(1, steps + 1):
@@ -149,11 +153,14 @@ def iter_finetune(
             if not diverged:
                 check_stop()  # the update's last chance to be skipped: once begun it completes (outside the checks)
                 opt.step()
-            elapsed = time.perf_counter() - t0
-            out_of_time = elapsed >= max_seconds and step < steps
+            now = clock()
+            elapsed, step_seconds, last = now - t0, now - last, now
+            projected, fit = pace(elapsed, step_seconds, step, steps, max_seconds)
+            out_of_time = fit <= step < steps  # the next step would end past the limit: it is not begun
             model.eval()
-            yield {"step": step, "loss": value, "seconds": elapsed, "lr": lr,
+            yield {"step": step, "loss": value, "seconds": elapsed, "step_seconds": step_seconds, "lr": lr,
                    "rows": int(rows.shape[0]), "tokens": int(chunk[:, 1:].numel()),
+                   "projected_seconds": projected, "fit_steps": fit,
                    "stopped": "diverged" if diverged else "time" if out_of_time else None}
             model.train()
             if diverged or out_of_time:
@@ -161,6 +168,17 @@ def iter_finetune(
     finally:
         model.eval()
         opt.zero_grad(set_to_none=True)
+
+
+def pace(elapsed: float, step_seconds: float, done: int, steps: int, max_seconds: float) -> tuple[float, int]:
+    """(seconds all ``steps`` would take, how many of them end within ``max_seconds``) after ``done`` steps took
+    ``elapsed`` seconds, the last of them ``step_seconds``: the steps left are predicted at the last one's pace
+    (the first step also warms up, so the prediction after it errs towards fewer steps)."""
+    projected = elapsed + (steps - done) * step_seconds
+    if elapsed >= max_seconds:
+        return projected, done
+    more = steps - done if step_seconds <= 0 else min(steps - done, int((max_seconds - elapsed) / step_seconds))
+    return projected, done + more
 
 
 def finetune(

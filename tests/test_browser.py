@@ -5,6 +5,7 @@ and fails on any console error or error toast. Screenshots go to artifacts/scree
 ``EXPLORER_SCREENSHOTS_TO_ASSETS=1`` they are also written to assets/screenshots/ for the README.
 """
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -525,3 +526,42 @@ def test_projector_mode_token_labels_colour_bar_titles_and_lens_cells_do_not_ove
     drawn = page.evaluate("() => document.querySelector('#tab-memory .js-plotly-plot')._fullLayout._size.h")
     assert drawn >= 120, f"the memory lab's plot area is {drawn} px tall in projector mode"
     page.close()
+
+
+def test_python_app_py_serves_a_page_at_once_that_fills_in_by_itself(browser, served_model_dir, model_root):
+    """``python app.py`` answers before its opening examples are computed: a page opened as soon as the server
+    answers says so (when it is quick enough to see it), then reloads itself and shows the first tab's computed
+    figure, with no error toast and no page error."""
+    from explorer.bench.server import served_app
+
+    env = {"EXPLORER_DEFAULT_MODEL": str(served_model_dir), "EXPLORER_MODEL_ROOT": str(model_root)}
+    with served_app(env, until="answered") as server:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+        page.goto(server.url, wait_until="domcontentloaded")
+        page.get_by_role("tab", name="Attention").wait_for(timeout=60_000)
+        status = page.locator("#opening-status")
+        pending = status.is_visible() and status.inner_text()
+        if pending:  # the page came before the first tab's example: it says so and has no figure yet
+            assert "being computed" in pending, pending
+        figure = page.locator("#tab-walkthrough .js-plotly-plot").first
+        deadline = time.monotonic() + 300
+        while True:  # the page reloads itself (once or twice) as the examples come in: look again after each
+            try:
+                figure.wait_for(state="visible", timeout=5_000)
+                break
+            except Exception:  # noqa: BLE001 - not there yet, or the page was reloading under the look
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"no computed figure after 300 s; server log:\n{server.log_tail()}")
+        page.wait_for_load_state("domcontentloaded")
+        for _ in range(3):
+            page.wait_for_timeout(700)
+            _wait_idle(page)
+        assert page.locator("#tab-walkthrough .js-plotly-plot").first.is_visible()
+        toasts = page.locator(".toast-body.error")
+        assert toasts.count() == 0, f"error toast: {toasts.first.inner_text()}"
+        assert not errors, "\n".join(errors)
+        if not pending:
+            print("the page came after the first tab's example: the waiting sentence was not seen")
+        page.close()

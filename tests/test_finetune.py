@@ -108,6 +108,52 @@ def test_time_cap_ends_the_run(adapted):
     assert result["steps"] == 1 and result["stopped"] == "time"
 
 
+class FakeClock:
+    """A clock that says each step took ``seconds[i]`` (the last value repeated): the time limit is tested on the
+    steps' count, never on how fast this machine is."""
+
+    def __init__(self, *seconds: float) -> None:
+        self.seconds, self.now, self.calls = list(seconds), 0.0, 0
+
+    def __call__(self) -> float:
+        if self.calls:  # the first reading is the run's start; each later one ends a step
+            self.now += self.seconds[min(self.calls - 1, len(self.seconds) - 1)]
+        self.calls += 1
+        return self.now
+
+
+def test_no_step_is_begun_that_would_end_past_the_time_limit(adapted):
+    model, _ = adapted
+    records = list(ft.iter_finetune(model, text_ids(), steps=40, max_seconds=30, clock=FakeClock(4.0)))
+    # 4 s a step: 7 steps end at 28 s; an 8th would end at 32 s, past the 30 s limit, so it is not begun
+    assert [r["step"] for r in records] == list(range(1, 8))
+    assert records[-1]["stopped"] == "time" and records[-1]["seconds"] == 28.0
+    assert all(r["stopped"] is None for r in records[:-1])
+    assert records[0]["projected_seconds"] == 160.0 and records[0]["fit_steps"] == 7
+    assert not model.training
+
+
+def test_a_slow_first_step_is_not_taken_for_the_pace(adapted):
+    model, _ = adapted
+    records = list(ft.iter_finetune(model, text_ids(), steps=40, max_seconds=30, clock=FakeClock(10.0, 2.0)))
+    assert records[0]["fit_steps"] == 3  # after the warm-up step alone: 10 s a step
+    assert records[1]["fit_steps"] == 11  # then 2 s a step: 10 + 10 * 2 = 30 s
+    assert len(records) == 11 and records[-1]["seconds"] == 30.0 and records[-1]["stopped"] == "time"
+
+
+def test_a_run_that_fits_its_limit_runs_every_step(adapted):
+    model, _ = adapted
+    records = list(ft.iter_finetune(model, text_ids(), steps=40, max_seconds=30, clock=FakeClock(0.5)))
+    assert len(records) == 40 and records[-1]["stopped"] is None
+    assert all(r["fit_steps"] == 40 for r in records)
+
+
+def test_pace_counts_the_steps_that_fit():
+    assert ft.pace(4.0, 4.0, 1, 40, 30.0) == (160.0, 7)
+    assert ft.pace(31.0, 4.0, 8, 40, 30.0) == (31.0 + 32 * 4.0, 8)  # already past the limit: no more
+    assert ft.pace(1.0, 0.0, 1, 40, 30.0) == (1.0, 40)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"steps": 0}, "steps"), ({"steps": ft.MAX_STEPS + 1}, "steps"), ({"lr": -1.0}, "learning rate"),
     ({"lr": float("nan")}, "learning rate"), ({"max_seconds": ft.MAX_SECONDS + 1}, "time limit"),

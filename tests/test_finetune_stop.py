@@ -196,3 +196,27 @@ def test_gradios_cancel_ends_a_long_step_before_it_finishes(served):  # noqa: F8
     assert lock.acquire(blocking=False)
     lock.release()
     assert "Stopped after step 1" in panel.lora_stop(state)
+
+
+def test_a_run_too_long_for_its_time_limit_ends_before_it_and_says_how_many_fit(served, monkeypatch):  # noqa: F811
+    """The default 40 steps at 2.1 s a step (a SmolLM2-135M-shape model on 2 cores) cannot fit 30 s: the run ends
+    after the last step that fits, its adapter the one after that step, and the screen says so in a sentence.
+    The pace comes from a fake clock (4 s a step), never from this machine's speed."""
+    import functools
+
+    from explorer.panels import lora as panel
+    from explorer.state import session
+    from tests.test_finetune import FakeClock
+
+    monkeypatch.setattr(ft, "iter_finetune", functools.partial(ft.iter_finetune, clock=FakeClock(4.0)))
+    state = session.new_state()
+    model = _own_model(state)
+    updates = list(panel.lora_finetune(4, 8, ["q_proj", "v_proj"], panel.DEFAULT_TEXT, 40, 1e-2, 30, state,
+                                       progress=_quiet))
+    last = updates[-1].status
+    assert "stopped at the time limit" in last and "7 of 40 steps in 28.0 s" in last, last
+    assert "40 steps would take ~160 s here (4.0 s a step); 7 fit the 30 s limit" in last, last
+    assert "the adapter is the one after step 7" in last and state["lora"]["trained_steps"] == 7
+    assert any("7 steps fit the 30 s limit, so the run ends after step 7" in u.status for u in updates[:-1]
+               if isinstance(u.status, str))
+    assert lora_layers(model) and not model.training

@@ -168,3 +168,21 @@ def test_a_failing_opening_is_named_on_the_page_and_the_others_still_computed(mo
     assert openings_pending(pages[0])
     with pytest.raises(RuntimeError, match="second_broken"):
         openings_pending(pages[-1])
+
+
+def test_the_roofline_opens_on_the_shipped_model_measured_at_start_up_and_measure_measures_anew(config, client):
+    """The Weight formats section opens on a roofline computed at start-up by ``_measure`` (never a stored one),
+    saying which model and when; Measure then measures the loaded model itself, without that sentence."""
+    components = _components(config)
+    dep = _dep(config, "formats_example")
+    by_type = {components[i]["type"]: components[i] for i in dep["outputs"]}
+    plot = by_type["plot"]["props"].get("value")
+    assert plot and "read per decoded token" in plot["plot"]
+    notes = by_type["markdown"]["props"]["value"]
+    assert re.search(r"Opening example: the shipped default model \(.+\), measured when the app started "
+                     r"\(\d\d:\d\d UTC\)", notes), notes
+    assert "Memory read bandwidth" in notes and "Press **Measure** to measure the loaded model now" in notes
+    prompt = next(components[i]["props"]["value"] for i in dep["inputs"] if components[i]["type"] == "textbox")
+    answer = client.predict(prompt, api_name="/formats")
+    measured_notes = answer[3]
+    assert "Memory read bandwidth" in measured_notes and "Opening example" not in measured_notes

@@ -111,9 +111,12 @@ def openings_pending(config: dict) -> bool:
 
 
 @contextlib.contextmanager
-def served_app(env: dict[str, str] | None = None, *, start_timeout: float = 180.0):
+def served_app(env: dict[str, str] | None = None, *, start_timeout: float = 180.0, until: str = "ready"):
     """``python app.py`` on a free loopback port, with ``env`` added to this process's environment, once every
-    opening example is in its page; stopped (terminated, then killed) on exit."""
+    opening example is in its page (``until="answered"``: once the server answers at all, the openings maybe
+    still being computed); stopped (terminated, then killed) on exit."""
+    if until not in ("ready", "answered"):
+        raise ValueError(f'until must be "ready" or "answered", got {until!r}.')
     import httpx
 
     port = free_port()
@@ -135,6 +138,8 @@ def served_app(env: dict[str, str] | None = None, *, start_timeout: float = 180.
                 if answer.status_code == 200:
                     now = time.monotonic() - started
                     server.answered_seconds = server.answered_seconds or now
+                    if until == "answered":
+                        break
                     config = answer.json()
                     if server.computed_seconds is None and computed_page(config):
                         server.computed_seconds = now

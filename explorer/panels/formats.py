@@ -27,6 +27,7 @@ from models.speed import decode_blas, fast_step
 from models.generate import generate
 
 from explorer.panels.errors import user_errors
+from explorer.state.openings import cached_opening
 
 ROOT = Path(__file__).resolve().parents[2]
 HELD_OUT_PATH = ROOT / "assets" / "encoder-model" / "held_out_stories.txt"
@@ -263,10 +264,37 @@ def formats_view(prompt, state, progress=gr.Progress()):
     """The loaded model at fp32, bf16 and int8: table, top-10, roofline, notes and the measured summary table.
     progress: Gradio's progress bar, told each stage of a measurement (an answer from the cache has none)."""
     model, tokenizer, _ = session.get_model(state)
-    ids, _, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_PROMPT_TOKENS,
-                                                                      model.config.max_seq_len - NEW_TOKENS))
+    ids, notice = _prompt_ids(tokenizer, prompt, model)
     numbers = results.get_or_compute(("formats", weights_key(model), tuple(ids)),
                                      lambda: _measure(model, tokenizer, ids, progress))
+    return _view(model, tokenizer, ids, notice, numbers)
+
+
+def _prompt_ids(tokenizer, prompt, model) -> tuple[list[int], str]:
+    ids, _, notice = session.encode_with_notice(tokenizer, prompt, min(MAX_PROMPT_TOKENS,
+                                                                      model.config.max_seq_len - NEW_TOKENS))
+    return ids, notice
+
+
+@user_errors
+def formats_example(prompt, state):
+    """The section's opening example: the shipped default model measured by ``_measure`` once, when the app
+    starts (after the first tab's example), kept apart from Measure's results so that Measure measures anew."""
+    import datetime
+
+    model, tokenizer = session.load_default()
+    ids, notice = _prompt_ids(tokenizer, prompt, model)
+    numbers = _measure(model, tokenizer, ids)
+    view = _view(model, tokenizer, ids, notice, numbers)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M UTC")
+    opening = (f"**Opening example: the shipped default model ({session.default_model_name()}), measured when the "
+               f"app started ({when})** by the same code as the button. Press **Measure** to measure the loaded "
+               "model now.\n\n")
+    return view._replace(notes=opening + view.notes)
+
+
+def _view(model, tokenizer, ids: list[int], notice: str, numbers: dict) -> FormatsView:
+    """The tables, roofline and notes from ``_measure``'s numbers for ``model`` and the prompt's ``ids``."""
     bw = numbers["bandwidth"]["bytes_per_s"]
     table, points = [], []
     for name, r in numbers["formats"].items():
@@ -353,4 +381,8 @@ def build_formats(demo: gr.Blocks, state: gr.State) -> None:
                            wrap=True)
     with gr.Accordion("The numbers behind both tables", open=False):
         numbers = gr.JSON()
-    run.click(formats_view, [prompt, state], [table, top, roofline, notes, summary, numbers], api_name="formats")
+    outputs = [table, top, roofline, notes, summary, numbers]
+    run.click(formats_view, [prompt, state], outputs, api_name="formats")
+    # computed with the other openings (python app.py: after the first tab's), once, on the shipped model
+    demo.load(cached_opening("formats_example", formats_example), [prompt, state], outputs,
+              api_name="formats_example", api_visibility="private")

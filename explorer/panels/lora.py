@@ -53,7 +53,8 @@ then fine-tune **your own copy** of the model on your text (nobody else's model 
 
 FT_INTRO = """#### Fine-tune your copy on your text
 Each run starts a fresh adapter with the settings above and trains only A and B (AdamW, next-token loss)
-for at most {steps} steps and {seconds:.0f} seconds. The curve updates while it trains; Stop ends it.
+for at most {steps} steps and {seconds:.0f} seconds. The curve updates while it trains; Stop ends it. On a large
+model fewer steps may fit the time limit: the run then ends before a step that would pass it, and says how many fit.
 The example text gives three children a purple whale: after training, a child the text never named
 (Lily, in the prompt below) tends to get one too, while the base model on the left still says what it said."""
 
@@ -175,6 +176,17 @@ def _new_run(state: dict) -> _Run:
     return run
 
 
+def _fit_sentence(record: dict, steps: int, max_seconds: float) -> str:
+    """What the pace so far says, when not every step fits the time limit: "40 steps would take ~84 s here; 14
+    steps fit the 30 s limit" (empty when they all fit)."""
+    fit = record.get("fit_steps", steps)
+    if fit >= steps:
+        return ""
+    return (f" At {record['step_seconds']:.1f} s a step, {steps} steps would take ~{record['projected_seconds']:.0f} s "
+            f"here; {fit} step{'s' if fit != 1 else ''} fit the {max_seconds:g} s limit, so the run ends after step "
+            f"{fit}.")
+
+
 def _stopped_status(head: str, steps: int, name: str) -> str:
     if steps == 0:
         return (f"{head}**Stopped after step 0**, before any update: the adapter is still the fresh one (B = 0), so "
@@ -278,14 +290,17 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
                                      "rate. The adapter was removed, so your model is the base model again.")
                 xs.append(record["step"])
                 ys.append(record["loss"])
-                progress((record["step"], steps), desc=f"step {record['step']}/{steps} · loss {record['loss']:.3f}")
+                # the bar ends where the run will: at the last step that fits the time limit
+                progress((record["step"], min(steps, record["fit_steps"])),
+                         desc=f"step {record['step']}/{steps} · loss {record['loss']:.3f}")
                 now = time.perf_counter()
                 if now - last_yield > 0.3 or record["step"] == steps or record["stopped"]:
                     last_yield = now
                     curve = figs.loss_curve_figure(xs, ys, max_steps=steps, status=f"step {record['step']}",
                                                    provenance=prov)
                     yield FinetuneUpdate(curve, f"{head}Step {record['step']}/{steps}: loss {record['loss']:.3f} "
-                                                f"({record['seconds']:.1f} s)", state)
+                                                f"({record['seconds']:.1f} s)."
+                                                f"{_fit_sentence(record, steps, max_seconds)}", state)
     finally:
         items.close()  # closed by Gradio's cancel: the worker is told at once, not when this is collected
     seconds = record["seconds"] if record else 0.0
@@ -304,10 +319,19 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
         yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov),
                              _stopped_status(head, run.steps, name), state)
         return
-    why = "stopped at the time limit" if record and record["stopped"] == "time" else "done"
-    status = (f"{head}**{why}**: {len(xs) - 1} steps in {seconds:.1f} s at learning rate {lr:g}. Loss on your "
-              f"text {ys[0]:.3f} → **{end_loss:.3f}** {glossary.term('nats/token')}. The adapter is **on** in your copy of "
-              f"{name}; other tabs now show your adapted model, other visitors still see the original.")
+    timed_out = bool(record and record["stopped"] == "time")
+    why = "stopped at the time limit" if timed_out else "done"
+    limit = ""
+    if timed_out:
+        limit = (f" {steps} steps would take ~{record['projected_seconds']:.0f} s here "
+                 f"({record['step_seconds']:.1f} s a step); {record['step']} fit the {max_seconds:g} s limit, so the "
+                 f"run ended before a step that would pass it, and the adapter is the one after step "
+                 f"{record['step']}. For a run that finishes, set steps to {record['step']} or raise the time limit "
+                 f"(up to {finetune.MAX_SECONDS:g} s).")
+    status = (f"{head}**{why}**: {len(xs) - 1} of {steps} steps in {seconds:.1f} s at learning rate {lr:g}.{limit} "
+              f"Loss on your text {ys[0]:.3f} → **{end_loss:.3f}** {glossary.term('nats/token')}. The adapter is "
+              f"**on** in your copy of {name}; other tabs now show your adapted model, other visitors still see the "
+              "original.")
     yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov), status, state)
 
 
