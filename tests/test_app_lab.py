@@ -335,8 +335,10 @@ def test_a_diverging_fine_tune_removes_the_adapter(served, monkeypatch):
     from explorer.panels import lora as panel
 
     def diverging(model, ids, **kw):
-        yield {"step": 1, "loss": 2.0, "seconds": 0.1, "stopped": None}
-        yield {"step": 2, "loss": float("nan"), "seconds": 0.2, "stopped": None}
+        yield {"step": 1, "loss": 2.0, "seconds": 0.1, "stopped": None, "step_seconds": 0.1,
+               "projected_seconds": 4.0, "fit_steps": 40}
+        yield {"step": 2, "loss": float("nan"), "seconds": 0.2, "stopped": None, "step_seconds": 0.1,
+               "projected_seconds": 4.0, "fit_steps": 40}
 
     monkeypatch.setattr(finetune, "iter_finetune", diverging)
     state = session.new_state()
