@@ -186,3 +186,19 @@ def test_the_roofline_opens_on_the_shipped_model_measured_at_start_up_and_measur
     answer = client.predict(prompt, api_name="/formats")
     measured_notes = answer[3]
     assert "Memory read bandwidth" in measured_notes and "Opening example" not in measured_notes
+
+
+def test_after_a_model_load_the_roofline_of_the_previous_model_is_cleared_and_names_the_new_one(config):
+    """The formats section measures only on request: a model load clears its opening example (the shipped model's)
+    from the screen and says which model Measure would measure now."""
+    from explorer.panels.formats import formats_after_load
+    from explorer.state import session
+
+    followers = [d for d in config["dependencies"] if (d.get("api_name") or "").startswith("formats_after_load")]
+    loads = {_dep(config, name)["id"] for name in ("load_model", "load_model_submit", "model_reset")}
+    assert {d["trigger_after"] for d in followers} >= loads and all(d["trigger_only_on_success"] for d in followers)
+    assert set(followers[0]["outputs"]) == set(_dep(config, "formats_example")["outputs"])
+    state = session.new_state()
+    table, top, roofline, notes, summary, numbers = formats_after_load(state)
+    assert table == [] and top == [] and roofline is None and numbers is None
+    assert f"measure **{session.default_model_name()}** now" in notes

@@ -28,6 +28,7 @@ from models.generate import generate
 
 from explorer.panels.errors import user_errors
 from explorer.state.openings import cached_opening
+from explorer.web import links
 
 ROOT = Path(__file__).resolve().parents[2]
 HELD_OUT_PATH = ROOT / "assets" / "encoder-model" / "held_out_stories.txt"
@@ -293,6 +294,15 @@ def formats_example(prompt, state):
     return view._replace(notes=opening + view.notes)
 
 
+def formats_after_load(state):
+    """After a model load: the section's figures belonged to the previous model, so they are cleared and the
+    notes say how to measure the new one (a measurement takes up to ~30 s, too long to start unasked)."""
+    _, _, name = session.get_model(state)
+    notes = (f"The figures here were measured on the previous model. Press **Measure fp32 · bf16 · int8** to "
+             f"measure **{name}** now.")
+    return FormatsView([], [], None, notes, [], None)
+
+
 def _view(model, tokenizer, ids: list[int], notice: str, numbers: dict) -> FormatsView:
     """The tables, roofline and notes from ``_measure``'s numbers for ``model`` and the prompt's ``ids``."""
     bw = numbers["bandwidth"]["bytes_per_s"]
@@ -386,3 +396,4 @@ def build_formats(demo: gr.Blocks, state: gr.State) -> None:
     # computed with the other openings (python app.py: after the first tab's), once, on the shipped model
     demo.load(cached_opening("formats_example", formats_example), [prompt, state], outputs,
               api_name="formats_example", api_visibility="private")
+    links.follow_model_loads(demo, formats_after_load, [state], outputs, api_name="formats_after_load")

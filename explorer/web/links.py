@@ -100,11 +100,18 @@ def register(demo: gr.Blocks, tab: str, handler: Callable, inputs: list, outputs
 
 
 _LOADS: "weakref.WeakKeyDictionary[gr.Blocks, list]" = weakref.WeakKeyDictionary()
+_FOLLOWERS: "weakref.WeakKeyDictionary[gr.Blocks, list]" = weakref.WeakKeyDictionary()
 
 
 def register_model_loads(demo: gr.Blocks, *events) -> None:
     """Events that load a model for the session (their ``.success`` re-runs every tab's view: see ``wire``)."""
     _LOADS.setdefault(demo, []).append(list(events))
+
+
+def follow_model_loads(demo: gr.Blocks, fn: Callable, inputs: list, outputs: list, *, api_name: str) -> None:
+    """``fn`` runs after every model load, never at page load: for a section that measures only when asked, so
+    that its figures never stay on screen under another model's name."""
+    _FOLLOWERS.setdefault(demo, []).append((fn, list(inputs), list(outputs), api_name))
 
 
 def views(demo: gr.Blocks) -> dict[str, View]:
@@ -378,7 +385,11 @@ def defaults_of(view: View) -> list:
 
 def after_model_load(demo: gr.Blocks, events: list, suffix: str) -> None:
     """After each of ``events`` (a model load) succeeds: model-dependent settings back to their defaults, then
-    every registered view re-run for the new model."""
+    every registered view re-run for the new model, and every follower (``follow_model_loads``) run."""
+    for fn, inputs, outputs, api_name in _FOLLOWERS.get(demo, []):
+        for n, event in enumerate(events):
+            event.success(fn, inputs, outputs, api_name=f"{api_name}{suffix}_{n}", api_visibility="private",
+                          show_progress="hidden")
     for view in views(demo).values():
         if not view.follow_model:
             continue
