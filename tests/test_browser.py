@@ -217,7 +217,10 @@ def _each_tab(page):
 def _main_figure_box(page, panel):
     page.evaluate("window.scrollTo(0, 0)")
     page.wait_for_timeout(800)  # the debounced fit
-    return panel.locator(".js-plotly-plot").first.bounding_box()
+    figure = panel.locator(".js-plotly-plot").first
+    # Gradio swaps a Plot's element when a new figure arrives: the box is read once the new one is laid out
+    figure.wait_for(state="visible", timeout=15_000)
+    return figure.bounding_box()
 
 
 def test_projector_mode_fits_each_main_figure_at_1280x720(app_url, browser):
