@@ -2,9 +2,9 @@
 
 ``W ≈ scale[:, None] · Q`` with ``Q = round(W / scale)`` in [-127, 127] and ``scale = max|W_row| / 127``.
 Activations stay in floating point. Where torch has a CPU kernel that reads the int8 weight directly
-(``torch.ops.aten._weight_int8pack_mm``: x (N, in) fp32/bf16, Q (out, in) int8, scale (out,)), the matmul
-uses it; elsewhere (a GPU, fp16, an old torch) the weight is dequantised on the fly, ``x @ Q.T`` then the
-per-row scale. ``Int8Linear.kernel_for(x)`` says which one a call takes.
+(``torch.ops.aten._weight_int8pack_mm``: x (N, in) fp32/bf16, Q (out, in) int8, scale (out,)), a decode
+step's one row uses it; elsewhere (several rows, a GPU, fp16, an old torch) the weight is dequantised on the
+fly, ``x @ Q.T`` then the per-row scale. ``Int8Linear.kernel_for(x)`` says which one a call takes.
 
 Notation: ``in``/``out`` the features of the quantised linear; ``x`` is (..., in), the output (..., out).
 """
@@ -21,6 +21,8 @@ from .block import PROJECTIONS
 
 # None where this torch build has no such operator (then every call dequantises).
 _INT8_MM = getattr(torch.ops.aten, "_weight_int8pack_mm", None) if hasattr(torch.ops, "aten") else None
+# torch's CPU int8 kernel works one input row at a time, so a prompt's many rows go through a dense matmul
+INT8_MM_MAX_ROWS = 1
 
 
 class Int8Linear(nn.Module):
@@ -42,7 +44,9 @@ class Int8Linear(nn.Module):
 
     def kernel_for(self, x: torch.Tensor) -> str:
         """"int8pack_mm" when torch's int8-weight kernel serves this input, else "dequantize"."""
-        if _INT8_MM is not None and x.is_cpu and x.dtype in (torch.float32, torch.bfloat16):
+        rows = x.numel() // max(x.shape[-1], 1)
+        if (_INT8_MM is not None and x.is_cpu and x.dtype in (torch.float32, torch.bfloat16)
+                and rows <= INT8_MM_MAX_ROWS):
             return "int8pack_mm"
         return "dequantize"
 

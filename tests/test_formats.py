@@ -74,7 +74,10 @@ def test_int8_matmul_equals_the_dequantised_weight_in_float64(model):
     w0 = model.blocks[0].mlp.down_proj.weight.double()
     assert torch.all((w - w0).abs() <= layer.scale.double()[:, None] / 2 + 1e-7)
     expected = "int8pack_mm" if hasattr(torch.ops.aten, "_weight_int8pack_mm") else "dequantize"
-    assert fm.int8_kernel(q) == expected and fm.int8_kernel(model) is None
+    assert fm.int8_kernel(q) == expected and fm.int8_kernel(model) is None  # a decode step's one row
+    # one row (torch's int8 kernel where it has one) and several rows (dequantised) agree with float64
+    assert layer.kernel_for(x) == "dequantize" and layer.kernel_for(x[:1]) == expected
+    assert torch.allclose(layer(x[:1]).double(), ref[:1], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("tie", [True, False])

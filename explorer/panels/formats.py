@@ -36,10 +36,9 @@ HELD_OUT_TOKENS = 256  # the fixed text's first tokens (fewer when the model's c
 MAX_PROMPT_TOKENS = 64
 NEW_TOKENS = 64  # greedy agreement and decode speed are measured over at most this many new tokens
 REPEATS = 3
-# each format's decoding (and transformers') is timed for about this long: fewer tokens and runs where a format
-# decodes slowly (bf16 without native kernels), each row saying how many; 44.7 s for three formats on
-# SmolLM2-135M before, on a 2-core Xeon
-DECODE_SECONDS = 4.0
+# each format's decoding (and transformers') is timed for about this long, so that the whole view fits 30 s:
+# fewer tokens and runs where a format decodes slowly (bf16 without native kernels), each row saying how many
+DECODE_SECONDS = 3.0
 CACHE_TOKENS = 32  # the KV-caching row: decode with and without the cache, over at most this many tokens
 CACHE_SECONDS = 2.0  # ... the cached decode timed for about this long (fewer tokens where it is slow), the
 # uncached one then over as many tokens
@@ -314,7 +313,8 @@ def _view(model, tokenizer, ids: list[int], notice: str, numbers: dict) -> Forma
         table.append([name, measure.format_bytes(r["weight_bytes"]), round(r["tokens_per_s"], 1), round(b / 1e6, 3),
                       round(limit, 1), _pct(r["tokens_per_s"] / limit), f"{a['matching']} / {a['new_tokens']}",
                       f"{r['max_abs_logit_diff']:.2e}", round(r["held_out_loss"], 4),
-                      {"int8pack_mm": "torch _weight_int8pack_mm (int8 read directly)",
+                      {"int8pack_mm": "torch _weight_int8pack_mm for one-token steps (int8 read directly); "
+                                      "prompts dequantised",
                        "dequantize": "dequantised on the fly (int8 → fp32, then matmul)"}.get(
                           r["int8_kernel"],
                           f"dense fp32, the fast step's one-token products by {numbers['decode_blas']}"
