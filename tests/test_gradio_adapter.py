@@ -370,3 +370,20 @@ def test_one_long_job_per_session():
     join = lambda session: asyncio.run(queue.push(types.SimpleNamespace(session_hash=session, fn_index=i), "c", None))
     assert join("a")[0] and join("b")[0]
     assert join("a") == (False, "long", "queue_full")
+
+
+def test_a_sessions_component_configurations_made_on_demand_equal_gradios_eager_ones():
+    demo, c = _tiny()
+    eager = SessionState(demo)
+    adapter.configs_on_demand(demo)
+    lazy = SessionState(demo)
+    assert dict.__len__(lazy.config_values) == 0  # nothing copied when the session starts
+    assert lazy.config_values[c.out._id] == eager.config_values[c.out._id]
+    ids = _by_name(demo)
+    for state in (eager, lazy):  # an event that updates a component, run as a request is
+        asyncio.run(demo.process_api(demo.fns[ids["widen"]], ["a"], state=state))
+    assert lazy.config_values[c.choice._id] == eager.config_values[c.choice._id]
+    assert lazy.config_values[c.choice._id]["props"]["choices"] == eager.config_values[c.choice._id]["props"]["choices"]
+    assert dict(lazy.config_values.items()) == dict(eager.config_values.items())  # Gradio's deep-link copy: all
+    other, _ = _tiny()
+    assert dict.__len__(SessionState(other).config_values) > 0  # another Blocks keeps Gradio's own way

@@ -12,6 +12,7 @@ another module assigns to a Gradio object or names one of these internals):
     tag_requests_with_client(demo, set)    each handler runs with its request's client address known
     sentence_for_bad_values(demo, say)     Gradio's check of a sent value against its component, as a sentence
     compute_summary_every(demo, n)         Gradio's timing summary recomputed after ``n`` events, not after each
+    configs_on_demand(demo)                a new session's copy of a component's configuration made when first used
     set_group(demo, i, group, limit)       a concurrency group for an event registered without one
     event_group(demo, i)                   the group and limit an event has
     default_group(fn)                      the group Gradio gives ``fn``'s listeners registered without one
@@ -35,7 +36,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import inspect
+import types
 import warnings
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable, NamedTuple
 
@@ -76,6 +79,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "BlockFunction": ("fn", "inputs:list", "outputs:list", "targets:list", "trigger_after", "api_name", "name",
                       "concurrency_limit", "concurrency_id:str"),
     "StateHolder": ("session_data:dict", "time_last_used:dict", "lock"),
+    "SessionState": ("config_values:dict", "blocks_config", "state_data:dict"),
 }
 _KINDS = {"dict": dict, "list": list, "int": int, "str": str, "LRUCache": LRUCache}
 
@@ -94,7 +98,14 @@ def _instances() -> dict[str, Any]:
     """One throwaway instance of each class whose attributes are used here (no server, no queue started)."""
     return {"Queue": Queue(live_updates=False, concurrency_count=1, update_intervals=1, max_size=None, blocks=None),
             "BlockFunction": BlockFunction(_probe_handler, [], [], False, False, False, [(None, "load")], 0),
-            "StateHolder": StateHolder()}
+            "StateHolder": StateHolder(), "SessionState": SessionState(_probe_blocks())}
+
+
+def _probe_blocks() -> Any:
+    """What ``SessionState`` reads of a Blocks: its page configuration (no component) and its components."""
+    with gr.Blocks() as probe:
+        pass
+    return probe
 
 
 def shape_problems() -> list[str]:
@@ -114,7 +125,7 @@ def shape_problems() -> list[str]:
     try:
         made = _instances()
     except Exception as exc:  # noqa: BLE001 - a changed constructor is one more problem to name
-        return problems + [f"Queue, BlockFunction or StateHolder cannot be made as before ({exc})"]
+        return problems + [f"Queue, BlockFunction, StateHolder or SessionState cannot be made as before ({exc})"]
     for cls, attributes in ATTRIBUTES.items():
         for spec in attributes:
             attr, _, kind = spec.partition(":")
@@ -351,6 +362,53 @@ def compute_summary_every(demo: gr.Blocks, events: int) -> None:
 
     if not os.environ.get("GRADIO_ANALYTICS_CACHE_FREQUENCY"):
         queue_of(demo).ANAYLTICS_CACHE_FREQUENCY = events
+
+
+class _ConfigsOnDemand(dict):
+    """A session's copies of component configurations (``SessionState.config_values``), each made when first read
+    or written. Gradio reads them only for a component an event updates, and all of them for its own
+    deep-link button, which iterates (``items``) and so still gets every one."""
+
+    def __init__(self, state: SessionState, ids) -> None:
+        super().__init__()
+        self._state, self._ids = state, ids
+
+    def __missing__(self, key: int) -> dict:
+        config = self[key] = self._state.blocks_config.config_for_block(key, [], self._state.blocks_config.blocks[key])
+        return config
+
+    def items(self):
+        for key in self._ids:
+            if key in self._state.blocks_config.blocks and not dict.__contains__(self, key):
+                self.__missing__(key)
+        return super().items()
+
+
+_ON_DEMAND: "weakref.WeakSet[gr.Blocks]" = weakref.WeakSet()
+
+
+def configs_on_demand(demo: gr.Blocks) -> None:
+    """A new session of ``demo`` starts without its copy of every component's configuration: Gradio makes them all
+    at a session's first event, on the server's event loop, and a class of 40 arriving at once waits for 40 copies
+    of a page of hundreds of components (about a third of the server's work for 40 first questions)."""
+    _ON_DEMAND.add(demo)
+    if getattr(SessionState.__init__, "_on_demand", False):
+        return
+    original = SessionState.__init__
+
+    def __init__(self, blocks, *args, **kwargs):
+        if blocks not in _ON_DEMAND:
+            return original(self, blocks, *args, **kwargs)
+        # Gradio's own initialisation, with no component to copy, then the copies made on demand
+        bare = types.SimpleNamespace(default_config=blocks.default_config, blocks={})
+        try:
+            original(self, bare, *args, **kwargs)
+        except AttributeError:  # a Gradio whose initialisation reads more of the Blocks: its own way, eagerly
+            return original(self, blocks, *args, **kwargs)
+        self.config_values = _ConfigsOnDemand(self, list(blocks.blocks))
+
+    __init__._on_demand = True
+    SessionState.__init__ = __init__
 
 
 def set_group(demo: gr.Blocks, i: int, group: str, limit: int | None) -> None:

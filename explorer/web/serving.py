@@ -152,6 +152,7 @@ def apply(demo: gr.Blocks, *, openings_later: bool = False) -> gr.Blocks:
             adapter.set_group(demo, i, group, limit)  # a listener registered without **concurrency(name)
     adapter.compute_summary_every(demo, ANALYTICS_EVERY)  # after each event, it costs a class's page loads dearly
     adapter.keep_sessions_with_events(demo)
+    adapter.configs_on_demand(demo)  # a class arriving at once no longer waits for 40 copies of the page's config
     from explorer.web.clients import address_of_request
 
     adapter.cap_queue(demo, adapter.QueueRules(
