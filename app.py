@@ -109,6 +109,9 @@ body.projector .intro:not(.open) .md > :first-child::after {content: " ▸ more"
 /* a phone: nothing wider than the page; each tab's main figure right under its intro, its controls after it (the
    page script marks the branches that hold them: .main-first, .intro-first); a desktop keeps the written order */
 @media (max-width: 640px) {.js-plotly-plot, .plot-container {max-width: 100%; overflow-x: auto}
+  /* a figure's label on one line: wrapped, it covered the figure's own title */
+  label[data-testid="block-label"].float {white-space: nowrap; overflow: hidden; text-overflow: ellipsis;
+    max-width: calc(100% - 16px)}
   [id^="tab-"] .intro-first {order: -2}
   [id^="tab-"] .main-first {order: -1}}
 """
@@ -158,6 +161,42 @@ ON_LOAD_JS = r"""() => {
       return c;
     });
     return [D, L];
+  };
+  // a figure that lays itself out otherwise on a phone carries that layout in layout.meta.narrow (subplots
+  // stacked instead of side by side, titles on shorter lines): merged in under 640 px, arrays replaced whole
+  const merged = (a, b) => {
+    if (!b || typeof b !== 'object' || Array.isArray(b) || !a || typeof a !== 'object' || Array.isArray(a)) return b;
+    const out = Object.assign({}, a);
+    Object.keys(b).forEach(k => { out[k] = merged(a[k], b[k]); });
+    return out;
+  };
+  // ... and any other figure's title broken at its " · " where a line would run past the phone's width
+  const plain = (html) => html.replace(/<[^>]+>/g, '');
+  const wrapTitle = (layout) => {
+    const t = layout.title, text = t && (typeof t === 'string' ? t : t.text);
+    if (typeof text !== 'string') return layout;
+    const size = (t.font && t.font.size) || 1.4 * ((layout.font && layout.font.size) || 12);  // Plotly's title size
+    const fit = Math.max(16, Math.floor((window.innerWidth - 64) / (0.55 * size)));  // characters a line holds
+    let added = 0;
+    const lines = text.split('<br>').map(line => {
+      if (plain(line).length <= fit) return line;
+      const out = [];
+      line.split(' · ').forEach(part => {
+        const last = out.length ? out[out.length - 1] + ' · ' + part : part;
+        if (out.length && plain(last).length > fit) { out.push(part); added += 1; } else out[Math.max(0, out.length - 1)] = last;
+      });
+      return out.join('<br>');
+    });
+    if (!added) return layout;
+    const margin = Object.assign({}, layout.margin, {t: ((layout.margin || {}).t || 60) + 22 * added});
+    const grown = layout.height ? {height: layout.height + 22 * added} : {};
+    return Object.assign({}, layout, grown, {margin, title: Object.assign({}, typeof t === 'string' ? {} : t,
+                                                                            {text: lines.join('<br>')})});
+  };
+  const narrowLayout = (layout) => {
+    if (window.innerWidth >= 640) return layout;
+    const narrow = layout.meta && layout.meta.narrow;
+    return narrow ? merged(layout, narrow) : wrapTitle(layout);
   };
   // Token axes label every token that fits: every k-th category so that labels stand 1.2 font heights apart at
   // the size the figure is drawn (a phone's width, a projector's fitted height, its 16 px), re-thinned on resize
@@ -217,6 +256,7 @@ ON_LOAD_JS = r"""() => {
     const react = P.react;
     P.react = function (el, data, layout, config) {
       if (el && !this.explorerRestyle) el.explorerSource = [data, layout];  // as sent: projector mode off again
+      if (layout) layout = narrowLayout(layout);
       if (document.body.classList.contains('projector') && layout) [data, layout] = projectorSizes(data, layout);
       const panel = document.body.classList.contains('projector') && el && el.closest && el.closest('[id^="tab-"]');
       if (panel && layout && panel.querySelector('[data-testid="plotly"]') === el) {

@@ -568,3 +568,27 @@ def test_python_app_py_serves_a_page_at_once_that_fills_in_by_itself(browser, se
         if not pending:
             print("the page came after the first tab's example: the waiting sentence was not seen")
         page.close()
+
+
+def test_on_a_phone_titles_legends_and_subplot_titles_stand_apart_and_inside_the_figure(app_url, browser):
+    """390×844: the Memory lab's sweep is stacked (memory above time) and none of its titles, axis titles or legend
+    entries overlap; the Attention heatmap's title is whole (broken onto lines) and below the figure's label."""
+    page, panel = _open(browser, f"{app_url}?tab=memory", tab="memory", width=390, height=844)
+    plot = "#tab-memory .js-plotly-plot"
+    texts = (_boxes(page, plot, ".gtitle") + _boxes(page, plot, ".annotation") + _boxes(page, plot, ".g-xtitle")
+             + _boxes(page, plot, ".g-x2title") + _boxes(page, plot, ".legendtext"))
+    assert len(_boxes(page, plot, ".annotation")) == 2 and _boxes(page, plot, ".legendtext")
+    clash = _overlaps(texts)
+    assert not clash, f"overlapping text on a phone's memory sweep: {clash[:3]}"
+    figure = page.locator(plot).first.bounding_box()
+    assert all(figure["x"] - 1 <= b[0] and b[2] <= figure["x"] + figure["width"] + 1 for b in texts
+               if not b[4].startswith(("naive", "SDPA", "tiled"))), "a title runs off the figure"
+    page.close()
+    page, panel = _open(browser, f"{app_url}?tab=attention", tab="attention", width=390, height=844)
+    plot = "#tab-attention .js-plotly-plot"
+    figure = page.locator(plot).first.bounding_box()
+    title = _boxes(page, plot, ".gtitle")[0]
+    label = page.locator("#tab-attention [data-testid='block-label']").first.bounding_box()
+    assert title[2] <= figure["x"] + figure["width"] + 1, f"title runs off the figure: {title}"
+    assert title[1] >= label["y"] + label["height"] - 1, "the figure's label covers its title"
+    page.close()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -201,3 +202,17 @@ def test_log_ticks_name_decades_with_their_unit(values, vals, text):
     got_vals, got_text = log_ticks(values, "MiB")
     np.testing.assert_allclose(got_vals, vals)
     assert got_text == text
+
+
+def test_memory_sweep_on_a_phone_stacks_memory_above_time_each_chart_the_full_width():
+    fig = fm.memory_sweep_figure(sweep_rows(), provenance=PROV, n_heads=8, head_dim=64, n_kv_heads=2)
+    narrow = fig.layout.meta["narrow"]  # app.py's page script merges it in under 640 px
+    assert narrow["xaxis"]["domain"] == narrow["xaxis2"]["domain"] == [0, 1]
+    top, bottom = narrow["yaxis"]["domain"], narrow["yaxis2"]["domain"]
+    assert bottom[1] < top[0]  # time below memory, apart
+    memory, time = narrow["annotations"]
+    assert (memory["text"], time["text"]) == tuple(a.text for a in fig.layout.annotations)
+    assert memory["y"] == top[1] and time["y"] == bottom[1]  # each title on its own chart
+    lines = narrow["title"]["text"].split("<br>")
+    assert lines[0] == "Naive vs flash attention" and all(len(re.sub("<[^>]+>", "", x)) <= 45 for x in lines)
+    assert narrow["margin"]["t"] >= 22 * len(lines)

@@ -95,6 +95,7 @@ def memory_sweep_figure(
         text += f" · peak from {memory_source.split(' allocation')[0]}"
     if sdpa_kernel:
         text += f" · SDPA ran its {sdpa_kernel} kernel"
+    note = text
     base_layout(fig, f"Naive vs flash attention · {n_heads} heads × {head_dim} dims ({kv}) · batch {batch} · "
                      f"{'causal' if causal else 'bidirectional'}<br><sup>{text}</sup>", height=500)
     fig.update_layout(legend=dict(orientation="h", y=-0.2, x=0), margin=dict(t=90, b=150))
@@ -106,7 +107,27 @@ def memory_sweep_figure(
     for col, unit, values in ((1, "MiB", mib), (2, "ms", times)):
         vals, text = log_ticks(values, unit)
         fig.update_yaxes(type="log", tickmode="array", tickvals=vals, ticktext=text, title_text=unit, row=1, col=col)
+    fig.update_layout(meta={"narrow": _stacked(fig, n_heads, head_dim, kv, batch, causal, note)})
     return fig
+
+
+def _stacked(fig: go.Figure, n_heads: int, head_dim: int, kv: str, batch: int, causal: bool, note: str) -> dict:
+    """The sweep's layout for a phone (app.py's page script applies it under 640 px): memory above time, each
+    chart the page's width, the title and its provenance on short lines."""
+    memory, time = (a.to_plotly_json() for a in fig.layout.annotations)
+    lines = [""]
+    for part in note.split(" · "):  # the provenance's parts, on lines of about 45 characters
+        lines[-1:] = [f"{lines[-1]} · {part}"] if lines[-1] and len(lines[-1]) + 3 + len(part) <= 45 else [lines[-1], part]
+    provenance = "<br>".join(line for line in lines if line)
+    return {"height": 980, "margin": {"l": 60, "r": 10, "t": 220, "b": 220},
+            "title": {"font": {"size": 15}, "y": 0.935, "yanchor": "top",  # below the figure's label
+                      "text": f"Naive vs flash attention<br>{n_heads} heads × {head_dim} dims ({kv})<br>batch {batch} · "
+                              f"{'causal' if causal else 'bidirectional'}<br><sup>{provenance}</sup>"},
+            "xaxis": {"domain": [0, 1], "title": {"text": ""}}, "yaxis": {"domain": [0.58, 1]},
+            "xaxis2": {"domain": [0, 1]}, "yaxis2": {"domain": [0, 0.42]},
+            "annotations": [{**memory, "x": 0.5, "y": 1.0, "font": {"size": 14}},
+                            {**time, "x": 0.5, "y": 0.42, "font": {"size": 14}}],
+            "legend": {"y": -0.1, "yanchor": "top", "font": {"size": 11}}}
 
 
 def _finite_or_none(a: np.ndarray, floor: float = -1e30) -> list:
