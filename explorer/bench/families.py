@@ -49,7 +49,7 @@ def interleaved(models: dict[str, Decoder], repeats: int) -> dict[str, dict[str,
     from explorer.state import session
     from explorer.state.cache import results as result_cache
 
-    from .runs import _payload_bytes, app_handler
+    from .runs import payload_bytes, app_handler
     from .targets import APP_PROMPT_TOKENS
 
     demo = app.build_demo()
@@ -67,7 +67,7 @@ def interleaved(models: dict[str, Decoder], repeats: int) -> dict[str, dict[str,
             outputs, seconds = measure.timed(lambda: view(cut, 0, 0, "causal (as trained)", state))
             if r:
                 times[name].append(seconds)
-            payload[name] = _payload_bytes(outputs)
+            payload[name] = payload_bytes(outputs)
     first = next(iter(models))
     return {name: {"parameters": models[name].num_parameters(), "seconds": statistics.median(t),
                    "fastest_seconds": min(t), "payload_bytes": payload[name],

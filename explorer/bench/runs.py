@@ -195,7 +195,7 @@ def weight_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
     return read * measure.element_size(dtype)
 
 
-def _payload_bytes(outputs) -> int:
+def payload_bytes(outputs) -> int:
     """Bytes of JSON the browser receives for one update: plotly figures as JSON, the rest as Gradio sends it."""
     import gradio as gr
 
@@ -272,7 +272,7 @@ def bench_app(models: dict[str, Decoder | Callable[[], Decoder]], settings) -> d
             follow.append(measure.timed(lambda: attention_impls(cut, causal, state))[1])
             switched, seconds = measure.timed(lambda: attention_view(cut, layer, head, causal, state))
             switches.append(seconds)
-            payload = max(_payload_bytes(outputs), _payload_bytes(switched))
+            payload = max(payload_bytes(outputs), payload_bytes(switched))
             n_tokens = len(outputs.tokens)
         prompt_ids = [row[2] for row in outputs.tokens]
         labels = [f"{i}·{tok}" for i, tok, _ in outputs.tokens]
