@@ -396,4 +396,4 @@ def build_formats(demo: gr.Blocks, state: gr.State) -> None:
     # computed with the other openings (python app.py: after the first tab's), once, on the shipped model
     demo.load(cached_opening("formats_example", formats_example), [prompt, state], outputs,
               api_name="formats_example", api_visibility="private")
-    links.follow_model_loads(demo, formats_after_load, [state], outputs, api_name="formats_after_load")
+    links.follow_model_loads(demo, formats_after_load, [state], outputs, api_name="clear_formats_after_load")

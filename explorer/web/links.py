@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from explorer.state.openings import cached_opening
-from explorer.web.serving import concurrency
+from explorer.web.groups import concurrency
 
 MAX_TEXT = 2000  # characters of a prompt carried by a link; the handlers' own limits apply after
 RESERVED = ("tab", "present", "__theme", "focus")

@@ -48,63 +48,27 @@ import weakref
 import gradio as gr
 
 from explorer.web import gradio_adapter as adapter
+from explorer.web import links
 from explorer.web import middleware
 from explorer.web import sweeper
-
-
-def _env_int(name: str, default: int, lo: int = 1) -> int:
-    try:
-        return max(lo, int(os.environ.get(name, "") or default))
-    except ValueError:  # a bad setting must not stop the app from starting
-        return default
+from explorer.web.groups import (GROUPS, LONG_GROUPS, VIEW_CONCURRENCY, concurrency, env_int,  # noqa: F401
+                                 group_of)
 
 
 #: Events per session in the queue at once (queued or running): a link's page load sends 3.
-SESSION_QUEUE_CAP = _env_int("EXPLORER_SESSION_QUEUE_CAP", 24)
+SESSION_QUEUE_CAP = env_int("EXPLORER_SESSION_QUEUE_CAP", 24)
 #: Events per client address in the queue at once: a class behind one school address opening a link (3 events
 #: each) and asking questions fits.
-CLIENT_QUEUE_CAP = _env_int("EXPLORER_CLIENT_QUEUE_CAP", 256)
+CLIENT_QUEUE_CAP = env_int("EXPLORER_CLIENT_QUEUE_CAP", 256)
 #: The whole queue: room for a class's page loads many times over, and at most half of Gradio's per-session
 #: message books (``apply`` lowers it to that), so a session with an event pending always has its place there.
-QUEUE_MAX_SIZE = _env_int("EXPLORER_QUEUE_SIZE", 1024)
-#: Cheap views run this many at a time per group.
-VIEW_CONCURRENCY = _env_int("EXPLORER_VIEW_CONCURRENCY", 4)
-
+QUEUE_MAX_SIZE = env_int("EXPLORER_QUEUE_SIZE", 1024)
 #: Gradio's timing summary (its monitoring page) is recomputed after this many events, not after each one.
 ANALYTICS_EVERY = 1000
 
 #: ``demo.queue(**QUEUE)``: room for the events of 64 sessions' page loads at once, views a few at a time.
 QUEUE = {"max_size": QUEUE_MAX_SIZE, "default_concurrency_limit": VIEW_CONCURRENCY}
 
-# (api_name prefix, group, limit); first match wins, anything unmatched is a view.
-GROUPS: list[tuple[str, str, int | None]] = [
-    ("memory_compare", "measure", 1),
-    ("formats", "measure", 1),
-    ("experiment_sweep", "measure", 1),
-    ("generate", "generation", 2),
-    ("lora_finetune", "finetune", 1),
-    ("memory_trace_play", "play", 16),
-]
-#: The lanes of long jobs: a session holds at most one event of these at once.
-LONG_GROUPS = frozenset({"measure", "generation", "finetune"})
-
-
-def group_of(api_name: str | None) -> tuple[str | None, int | None]:
-    """(concurrency group, limit) for an event; (None, VIEW_CONCURRENCY) keeps the event its own group."""
-    for prefix, group, limit in GROUPS:
-        if (api_name or "").startswith(prefix):
-            return group, limit
-    return None, VIEW_CONCURRENCY
-
-
-def concurrency(api_name: str, handler=None) -> dict:
-    """The listener arguments that put the event ``api_name`` in its group: ``run.click(fn, ..., api_name=name,
-    **concurrency(name))``. A view takes the queue's default limit in its function's group (Gradio's default);
-    a listener given a wrapper of ``handler`` (a cached opening) names ``handler``, to wait in its group."""
-    group, limit = group_of(api_name)
-    if group is not None:
-        return {"concurrency_id": group, "concurrency_limit": limit}
-    return {} if handler is None else {"concurrency_id": adapter.default_group(handler)}
 
 
 def refused_sentence(cap: int) -> str:
@@ -200,7 +164,6 @@ def close(demo: gr.Blocks, timeout: float = 120.0) -> list[str]:
 def open_in_page(demo: gr.Blocks) -> dict[str, float]:
     """Every opening example computed now, once, into the page (``explorer.web.opening``); the panels' page-load
     events then no longer run per visitor. Returns the seconds each took, by event name."""
-    from explorer.web import links
     from explorer.web import opening
 
     roots = adapter.page_load_events(demo)
@@ -215,7 +178,6 @@ _LATER: "weakref.WeakKeyDictionary[gr.Blocks, list[int]]" = weakref.WeakKeyDicti
 
 def _detach_openings(demo: gr.Blocks) -> list[int]:
     """The page-load events no longer run per visitor (``start_openings`` computes them once); the opening events."""
-    from explorer.web import links
 
     roots = adapter.page_load_events(demo)
     adapter.detach_page_loads(demo, roots)
