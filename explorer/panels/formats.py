@@ -293,6 +293,7 @@ def formats_example(prompt, state):
     return view._replace(notes=opening + view.notes)
 
 
+@user_errors
 def formats_after_load(state):
     """After a model load: the section's figures belonged to the previous model, so they are cleared and the
     notes say how to measure the new one (a measurement takes up to ~30 s, too long to start unasked)."""
