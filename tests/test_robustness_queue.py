@@ -68,15 +68,15 @@ def test_one_session_flooding_the_queue_is_capped_and_others_are_answered(app_ur
 def test_events_run_in_groups_by_what_they_hold(app_url):
     """Measurements share one group of one; generation and fine-tunes have lanes of their own (issue 31), so a
     generation never waits behind queued fine-tunes or sweeps; views get more than one place each."""
-    from explorer.web import serving
+    from explorer.web import groups
 
-    assert serving.group_of("memory_compare") == ("measure", 1)
-    assert serving.group_of("formats") == ("measure", 1)
-    assert serving.group_of("generate")[0] == "generation"
-    assert serving.group_of("lora_finetune") == ("finetune", 1)
-    assert {"measure", "generation", "finetune"} == serving.LONG_GROUPS
-    assert serving.group_of("attention_example") == (None, serving.VIEW_CONCURRENCY)
-    assert serving.VIEW_CONCURRENCY > 1
+    assert groups.group_of("memory_compare") == ("measure", 1)
+    assert groups.group_of("formats") == ("measure", 1)
+    assert groups.group_of("generate")[0] == "generation"
+    assert groups.group_of("lora_finetune") == ("finetune", 1)
+    assert {"measure", "generation", "finetune"} == groups.LONG_GROUPS
+    assert groups.group_of("attention_example") == (None, groups.VIEW_CONCURRENCY)
+    assert groups.VIEW_CONCURRENCY > 1
 
 
 @pytest.mark.parametrize("api_name, args", [

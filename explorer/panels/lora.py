@@ -13,7 +13,8 @@ from typing import Any, NamedTuple
 import gradio as gr
 import torch
 
-from explorer.web import links, serving
+from explorer.web import links
+from explorer.web.groups import concurrency
 from lens.device import gpu
 from explorer import finetune, glossary, measure, probes
 from explorer.state import session
@@ -520,7 +521,7 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     cmp_outputs = [cmp_plot, before_text, after_text, cmp_md]
     ft_event = train.click(lora_finetune, [rank, alpha, targets, text, steps, lr, max_seconds, state],
                            outputs_of(FinetuneUpdate, curve=loss_plot, status=ft_md, state=state),
-                           api_name="lora_finetune", **serving.concurrency("lora_finetune"))
+                           api_name="lora_finetune", **concurrency("lora_finetune"))
     ft_event.success(lambda: "on", None, [mode], api_name="lora_mode_after_finetune", api_visibility="private").then(
         lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_finetune", api_visibility="private")
     # Gradio's cancel closes the stream at once (the worker ends inside its step); this request says where it ended

@@ -8,7 +8,8 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
-from explorer.web import links, serving
+from explorer.web import links
+from explorer.web.groups import concurrency
 from lens import device as dev
 from lens.device import gpu
 from explorer import measure
@@ -344,7 +345,7 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
     sweep_inputs = [max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype]
     sweep_outputs = [plot, summary, table]
     event = run.click(memory_compare, sweep_inputs, sweep_outputs, api_name="memory_compare",
-                      **serving.concurrency("memory_compare"))
+                      **concurrency("memory_compare"))
     stop.click(None, None, None, cancels=[event], api_name="memory_stop", api_visibility="private")
     trace_inputs = [t_len, t_block, t_causal, t_head]
     trace_outputs = outputs_of(TraceView, trace=trace_state, block=block, figure=trace_plot, info=trace_info)
@@ -353,7 +354,7 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
                 show_progress="hidden")
     play.click(user_errors(memory_trace_play), [trace_state, t_head], [block, trace_plot],
                api_name="memory_trace_play", api_visibility="private", show_progress="hidden",
-               **serving.concurrency("memory_trace_play"))
+               **concurrency("memory_trace_play"))
     t_head.input(memory_trace_step, [trace_state, block, t_head], [trace_plot], api_name="memory_trace_head",
                  api_visibility="private")
     budget_inputs = [n_heads, head_dim, n_kv_heads, impls, causal, dtype]
@@ -365,7 +366,7 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
                    focus=dict(sweep=plot, tiles=trace_plot))
     demo.load(cached_opening("memory_trace_example", memory_trace), trace_inputs, trace_outputs,
               api_name="memory_trace_example", api_visibility="undocumented",
-              **serving.concurrency("memory_trace_example", memory_trace))
+              **concurrency("memory_trace_example", memory_trace))
 
 
 def _warm_opening() -> None:

@@ -13,7 +13,7 @@ line never waits behind another lane's:
                 a few side by side; runs on one model still serialise on its model lock (explorer.state.locks)
 
 So a generation starts as soon as the generation lane is free, whatever fine-tunes and sweeps wait. A listener
-takes its group as ``**concurrency(api_name)``; views take the queue's default (``QUEUE``).
+takes its group as ``**concurrency(api_name)`` (``explorer.web.groups``); views take the queue's default (``QUEUE``).
 
 Caps, checked at each join (``explorer.web.gradio_adapter.cap_queue``), each refusal a sentence:
     a session (one browser tab or API client) holds at most ``EXPLORER_SESSION_QUEUE_CAP`` events in the queue
@@ -40,7 +40,6 @@ idle sessions are swept by ``explorer.web.sweeper``.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
@@ -51,8 +50,7 @@ from explorer.web import gradio_adapter as adapter
 from explorer.web import links
 from explorer.web import middleware
 from explorer.web import sweeper
-from explorer.web.groups import (GROUPS, LONG_GROUPS, VIEW_CONCURRENCY, concurrency, env_int,  # noqa: F401
-                                 group_of)
+from explorer.web.groups import LONG_GROUPS, VIEW_CONCURRENCY, env_int, group_of
 
 
 #: Events per session in the queue at once (queued or running): a link's page load sends 3.
@@ -68,7 +66,6 @@ ANALYTICS_EVERY = 1000
 
 #: ``demo.queue(**QUEUE)``: room for the events of 64 sessions' page loads at once, views a few at a time.
 QUEUE = {"max_size": QUEUE_MAX_SIZE, "default_concurrency_limit": VIEW_CONCURRENCY}
-
 
 
 def refused_sentence(cap: int) -> str:
@@ -178,7 +175,6 @@ _LATER: "weakref.WeakKeyDictionary[gr.Blocks, list[int]]" = weakref.WeakKeyDicti
 
 def _detach_openings(demo: gr.Blocks) -> list[int]:
     """The page-load events no longer run per visitor (``start_openings`` computes them once); the opening events."""
-
     roots = adapter.page_load_events(demo)
     adapter.detach_page_loads(demo, roots)
     return links.opening_events(demo) + roots
