@@ -182,8 +182,9 @@ ON_LOAD_JS = r"""() => {
       if (plain(line).length <= fit) return line;
       const out = [];
       line.split(' · ').forEach(part => {
-        const last = out.length ? out[out.length - 1] + ' · ' + part : part;
-        if (out.length && plain(last).length > fit) { out.push(part); added += 1; } else out[Math.max(0, out.length - 1)] = last;
+        const joined = out.length ? out[out.length - 1] + ' · ' + part : null;
+        if (joined !== null && plain(joined).length <= fit) out[out.length - 1] = joined;
+        else { added += out.length ? 1 : 0; out.push(part); }
       });
       return out.join('<br>');
     });

@@ -108,8 +108,8 @@ def iter_finetune(
 ) -> Iterator[dict]:
     """Train the model's trainable parameters (the LoRA adapters) on ``ids``; yield after every step.
 
-    lr: None picks ``default_lr(d_model)``. clock: a function returning seconds, read for the time limit
-    (``time.perf_counter``; a test passes a fake one).
+    lr: None picks ``default_lr(d_model)``. clock: a function returning seconds, read for the time limit;
+    ``time.perf_counter`` unless a test passes a fake one.
 
     Each yielded dict: ``step`` (1-based), ``loss`` (this step's batch, nats/token), ``seconds`` since the
     start, ``step_seconds`` (this step's), ``lr``, ``rows`` (how many windows the text gave), ``tokens`` (target

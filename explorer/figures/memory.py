@@ -95,9 +95,9 @@ def memory_sweep_figure(
         text += f" · peak from {memory_source.split(' allocation')[0]}"
     if sdpa_kernel:
         text += f" · SDPA ran its {sdpa_kernel} kernel"
-    note = text
-    base_layout(fig, f"Naive vs flash attention · {n_heads} heads × {head_dim} dims ({kv}) · batch {batch} · "
-                     f"{'causal' if causal else 'bidirectional'}<br><sup>{text}</sup>", height=500)
+    heading = ["Naive vs flash attention", f"{n_heads} heads × {head_dim} dims ({kv})",
+               f"batch {batch} · {'causal' if causal else 'bidirectional'}"]
+    base_layout(fig, f"{' · '.join(heading)}<br><sup>{text}</sup>", height=500)
     fig.update_layout(legend=dict(orientation="h", y=-0.2, x=0), margin=dict(t=90, b=150))
     lens = sorted({int(r["seq_len"]) for r in rows})
     for col in (1, 2):
@@ -105,24 +105,25 @@ def memory_sweep_figure(
                          ticktext=[str(t) for t in lens], row=1, col=col)
     # named ticks (1 MiB, 10 MiB, ...): Plotly's own log ticks label the steps between decades "2" and "5"
     for col, unit, values in ((1, "MiB", mib), (2, "ms", times)):
-        vals, text = log_ticks(values, unit)
-        fig.update_yaxes(type="log", tickmode="array", tickvals=vals, ticktext=text, title_text=unit, row=1, col=col)
-    fig.update_layout(meta={"narrow": _stacked(fig, n_heads, head_dim, kv, batch, causal, note)})
+        vals, names = log_ticks(values, unit)
+        fig.update_yaxes(type="log", tickmode="array", tickvals=vals, ticktext=names, title_text=unit, row=1, col=col)
+    fig.update_layout(meta={"narrow": _stacked(fig, heading, text)})
     return fig
 
 
-def _stacked(fig: go.Figure, n_heads: int, head_dim: int, kv: str, batch: int, causal: bool, note: str) -> dict:
+def _stacked(fig: go.Figure, heading: list[str], provenance: str) -> dict:
     """The sweep's layout for a phone (app.py's page script applies it under 640 px): memory above time, each
-    chart the page's width, the title and its provenance on short lines."""
+    chart the page's width, the heading one part a line and the provenance on lines of about 45 characters."""
     memory, time = (a.to_plotly_json() for a in fig.layout.annotations)
-    lines = [""]
-    for part in note.split(" · "):  # the provenance's parts, on lines of about 45 characters
-        lines[-1:] = [f"{lines[-1]} · {part}"] if lines[-1] and len(lines[-1]) + 3 + len(part) <= 45 else [lines[-1], part]
-    provenance = "<br>".join(line for line in lines if line)
+    lines: list[str] = []
+    for part in provenance.split(" · "):
+        if lines and len(lines[-1]) + 3 + len(part) <= 45:
+            lines[-1] += " · " + part
+        else:
+            lines.append(part)
     return {"height": 980, "margin": {"l": 60, "r": 10, "t": 220, "b": 220},
             "title": {"font": {"size": 15}, "y": 0.935, "yanchor": "top",  # below the figure's label
-                      "text": f"Naive vs flash attention<br>{n_heads} heads × {head_dim} dims ({kv})<br>batch {batch} · "
-                              f"{'causal' if causal else 'bidirectional'}<br><sup>{provenance}</sup>"},
+                      "text": "<br>".join(heading) + f"<br><sup>{'<br>'.join(lines)}</sup>"},
             "xaxis": {"domain": [0, 1], "title": {"text": ""}}, "yaxis": {"domain": [0.58, 1]},
             "xaxis2": {"domain": [0, 1]}, "yaxis2": {"domain": [0, 0.42]},
             "annotations": [{**memory, "x": 0.5, "y": 1.0, "font": {"size": 14}},
