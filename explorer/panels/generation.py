@@ -25,6 +25,7 @@ from explorer.state import text
 from explorer.state.cache import results, weights_key
 from explorer.state.text import PromptTooLong
 from models.config import ModelConfig
+from models.generate import check_sampling
 
 from . import as_number, as_whole, outputs_of, short, user_errors
 
@@ -63,30 +64,16 @@ Configurations come from each model's published config.json."""
 
 
 def check_settings(max_new_tokens, temperature, top_k, top_p, seed, context: int, decode=DEFAULT_DECODE) -> dict:
-    """The sampling settings as clean numbers and the decode path; ValueError with what to change otherwise."""
+    """The sampling settings as clean numbers and the decode path; ValueError with what to change otherwise (the
+    sampling rules themselves are ``models.generate.check_sampling``'s)."""
     max_new = as_whole(max_new_tokens, "new tokens", 1, MAX_NEW_TOKENS)
     temperature = as_number(temperature, "temperature", finite=False)
-    if temperature < 0:
-        raise ValueError(f"temperature must be 0 (greedy) or positive, got {temperature:g}.")
-    if math.isinf(temperature) or temperature > 1e12:
-        raise ValueError("temperature must be at most 1e12; 100 already samples almost uniformly.")
-    if 0 < temperature < 1e-9:  # logits / 1e-300 overflow float32 to inf and the softmax to NaN
-        raise ValueError(f"temperature must be 0 (greedy) or at least 1e-9, got {temperature:g}: below that the "
-                         "softmax overflows; use 0 for greedy decoding.")
-    if top_k in (None, ""):
-        top_k = None
-    else:
-        top_k = as_number(top_k, "top-k", finite=False)
-        if top_k < 1 or not top_k.is_integer():
-            raise ValueError(f"top-k must be a whole number of at least 1 (or blank for no cut-off), got {top_k:g}.")
-        top_k = int(top_k)
-    if top_p in (None, ""):
-        top_p = None
-    else:
-        top_p = as_number(top_p, "top-p", finite=False)
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top-p must lie in (0, 1] (1 = no cut-off), got {top_p:g}.")
-        top_p = None if top_p == 1 else top_p
+    top_k = None if top_k in (None, "") else as_number(top_k, "top-k", finite=False)
+    if top_k is not None and top_k.is_integer():
+        top_k = int(top_k)  # a box sends 50.0; the sampler takes whole numbers
+    top_p = None if top_p in (None, "") else as_number(top_p, "top-p", finite=False)
+    check_sampling(temperature, top_k, top_p)
+    top_p = None if top_p == 1 else top_p
     seed = 0 if seed in (None, "") else as_whole(seed, "seed", 0, 2**31 - 1)
     decode = DEFAULT_DECODE if decode in (None, "") else decode
     if decode not in DECODE_CHOICES:
