@@ -78,6 +78,20 @@ def check_adapter(rank, alpha, targets, config) -> tuple[int, float, tuple[str, 
     return rank, alpha, targets
 
 
+def check_finetune(rank, alpha, targets, steps, lr, max_seconds, config) -> tuple:
+    """A fine-tune's settings as clean values: (rank, alpha, targets, steps, lr, max_seconds, seq_len); ValueError
+    with what to change otherwise."""
+    rank, alpha, targets = check_adapter(rank, alpha, targets, config)
+    steps = as_whole(steps, "steps", 1, finetune.MAX_STEPS)
+    # a blank box: the rate for this model's width (the box's default only fits the default model)
+    lr = None if lr is None or lr == "" else as_number(lr, "learning rate")
+    if not lr:  # blank, or 0 (what a browser sends for a cleared box): chosen from the model's width
+        lr = finetune.default_lr(config.d_model)
+    max_seconds = as_number(max_seconds, "time limit")
+    finetune.check_settings(steps, lr, max_seconds, 2, 1)
+    return rank, alpha, targets, steps, lr, max_seconds, min(config.max_seq_len - 1, FT_SEQ_LEN)
+
+
 def _total_sentence(model, counted: dict) -> str:
     """Why the total here is not the Model tab's: it counts the adapter too (said only when the counts say so)."""
     own = model.num_parameters()
@@ -153,16 +167,9 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
     as after the last completed step. The Stop button's own request (``lora_stop``) says which step that was.
     """
     model, tokenizer, _ = session.get_model(state)
-    rank, alpha, targets = check_adapter(rank, alpha, targets, model.config)
-    steps = as_whole(steps, "steps", 1, finetune.MAX_STEPS)
-    # a blank box: the rate for this model's width (the box's default only fits the default model)
-    lr = None if lr is None or lr == "" else as_number(lr, "learning rate")
-    if not lr:  # blank, or 0 (what a browser sends for a cleared box): chosen from the model's width
-        lr = finetune.default_lr(model.config.d_model)
-    max_seconds = as_number(max_seconds, "time limit")
-    finetune.check_settings(steps, lr, max_seconds, 2, 1)
+    rank, alpha, targets, steps, lr, max_seconds, seq_len = check_finetune(rank, alpha, targets, steps, lr,
+                                                                           max_seconds, model.config)
     ids, notice = _encode_text(tokenizer, text)
-    seq_len = min(model.config.max_seq_len - 1, FT_SEQ_LEN)
     rows = finetune.make_rows(ids, seq_len)
     finetune.check_step_memory(model.config, rows)  # before any copy or allocation
     model, tokenizer, name = session.private_model(state)  # the user's own copy; the shared model is never touched
