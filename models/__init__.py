@@ -15,7 +15,7 @@ ModelConfig.from_hf / to_hf hand over to families.py):
     decoder.py     Decoder (Llama and the families above) and check_tokens
     encoder.py     Encoder (classic, bidirectional)
     kv_cache.py    the preallocated cache written at explicit positions (a ring per sliding-window layer)
-    generate.py    prefill, decode_one, sampling, generate
+    generate.py    prefill, decode_one, sampling, the loop (generate_steps) and generate
     lora.py        low-rank adapters and their off / on / merged modes
     quant.py       weight-only int8
     loading.py     transformers checkpoints (safetensors) in and out

@@ -9,7 +9,7 @@ Notation: B batch, T prompt length, V vocabulary.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Iterator, NamedTuple, Optional
 
 import torch
 
@@ -20,17 +20,47 @@ from .kv_cache import KVCache
 # to let the modules compute this step (it must return None for any model it does not compute exactly).
 Step = Callable[[torch.nn.Module, torch.Tensor, KVCache, int], Optional[torch.Tensor]]
 
+# Besides 0 (greedy), the temperatures accepted: for realistic logits 1e-9 already samples greedily and 1e12
+# uniformly, so nothing beyond them is worth the extremes of float32 division.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-9, 1e12
+
+
+def _shown(x) -> str:
+    return f"{x:g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else repr(x)
+
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Raise ValueError, saying what to change, for settings that cannot sample."""
-    if not isinstance(temperature, (int, float)) or math.isnan(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be 0 (greedy) or positive, got {temperature!r}.")
-    if math.isinf(temperature):
-        raise ValueError("temperature must be finite; use a large value such as 100 for near-uniform sampling.")
+    """Raise ValueError, saying what to change, for settings that cannot sample (the one place these rules live:
+    the app's generation tab turns its boxes into numbers and asks here)."""
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or math.isnan(temperature):
+        raise ValueError(f"temperature must be a number, got {_shown(temperature)}.")
+    if temperature < 0:
+        raise ValueError(f"temperature must be 0 (greedy) or positive, got {_shown(temperature)}.")
+    if temperature > MAX_TEMPERATURE:
+        raise ValueError("temperature must be at most 1e12 (a finite number); 100 already samples almost "
+                         "uniformly.")
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be 0 (greedy) or at least 1e-9, got {_shown(temperature)}: below that "
+                         "the softmax overflows; use 0 for greedy decoding.")
     if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}.")
-    if top_p is not None and (not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0):
-        raise ValueError(f"top_p must lie in (0, 1], got {top_p!r}.")
+        raise ValueError(f"top-k must be a whole number of at least 1 (blank or None for no cut-off), got "
+                         f"{_shown(top_k)}.")
+    if top_p is not None and (not isinstance(top_p, (int, float)) or isinstance(top_p, bool)
+                              or not 0.0 < top_p <= 1.0):
+        raise ValueError(f"top-p must lie in (0, 1] (1 = no cut-off), got {_shown(top_p)}.")
+
+
+def check_lengths(model, tokens: torch.Tensor, max_new_tokens: int) -> None:
+    """Raise ValueError, saying what to change, unless ``tokens`` (B, T) holds ids the model reads and T plus
+    ``max_new_tokens`` fits its context. The ids are read here, once: no step after it validates them, which on
+    a GPU would wait for the device at every token."""
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}.")
+    check_tokens(tokens, model.config)
+    T, context = tokens.shape[1], model.config.max_seq_len
+    if T + max_new_tokens > context:
+        raise ValueError(f"prompt ({T}) + new tokens ({max_new_tokens}) exceed the model's context of {context}: "
+                         f"ask for at most {context - T} new tokens.")
 
 
 def sampling_probs(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
@@ -84,6 +114,68 @@ def decode_one(model, token: torch.Tensor, cache: KVCache, pos: int, step: Step 
     return model(token, start_pos=pos, cache=cache, last_only=True)[:, -1]  # (B, 1, V) -> (B, V)
 
 
+class NewToken(NamedTuple):
+    """One step of ``generate_steps``: the tokens chosen and what they were chosen from."""
+    index: int  # 0 for the first new token (chosen from the prompt's forward)
+    position: int  # where the tokens go in the sequence: T + index
+    token: torch.Tensor  # (B,) int64
+    logits: torch.Tensor  # (B, V): the next-token logits the tokens were drawn from
+    cache: KVCache | None  # the KV cache after this step's forward (None without a cache)
+    fast: bool  # True when ``step`` computed ``logits`` (never for the prompt's forward)
+
+
+def generate_steps(model, tokens: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
+                   top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
+                   use_cache: bool = True, stop_tokens: Iterable[int] | None = None,
+                   step: Step | None = None) -> Iterator[NewToken]:
+    """The generation loop, one new token per ``next()``: continue ``tokens`` (B, T) by up to ``max_new_tokens``.
+
+    Everything is checked here, before the first step (``check_sampling``, ``check_lengths``). Each ``next()``
+    computes one step (the prompt's prefill, or one token's decode) and samples from it, so a caller that times or
+    locks around ``next()`` times or locks exactly one step; nothing runs while the caller holds a ``NewToken``.
+
+    stop_tokens: ids that end a sequence. The loop ends once every row has produced one (that step included); a
+    row that ended earlier repeats its stop token while the others go on, so the batch stays rectangular.
+    use_cache=False recomputes the whole sequence every step (the slow way the cache exists to avoid).
+    step: a faster one-token path for the cached decode steps (``models.speed.fast_step``); None runs the modules.
+    """
+    check_sampling(temperature, top_k, top_p)
+    check_lengths(model, tokens, max_new_tokens)
+    return _steps(model, tokens, max_new_tokens, temperature, top_k, top_p, generator, use_cache,
+                  sorted(set(stop_tokens or ())), step)
+
+
+@torch.inference_mode()
+def _steps(model, tokens, max_new_tokens, temperature, top_k, top_p, generator, use_cache, stop_ids, step):
+    B, T = tokens.shape
+    out = torch.empty((B, T + max_new_tokens), dtype=torch.long, device=tokens.device)
+    out[:, :T] = tokens
+    stop = torch.tensor(stop_ids, dtype=torch.long, device=tokens.device)
+    finished = torch.zeros(B, dtype=torch.bool, device=tokens.device)
+    cache = None
+    for i in range(max_new_tokens):
+        pos, fast = T + i, False  # the new token goes at pos; the one before it is the last one fed
+        if i == 0:
+            cache = model.new_cache(B, T + max_new_tokens) if use_cache else None
+            logits = prefill(model, tokens, cache) if use_cache else model(tokens, last_only=True)[:, -1]
+        elif use_cache:
+            logits = None if step is None else step(model, out[:, pos - 1:pos], cache, pos - 1)
+            fast = logits is not None
+            if not fast:
+                logits = decode_one(model, out[:, pos - 1:pos], cache, pos - 1)
+        else:
+            logits = model(out[:, :pos], last_only=True)[:, -1]  # (B, V): the whole sequence again
+        nxt = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B,)
+        if len(stop):
+            nxt = torch.where(finished, out[:, pos - 1], nxt)  # a finished row repeats its stop token
+        out[:, pos] = nxt
+        yield NewToken(i, pos, nxt, logits, cache, fast)
+        if len(stop):
+            finished |= torch.isin(nxt, stop)
+            if bool(finished.all()):  # one device sync per step, only when stop tokens were asked for
+                return
+
+
 @torch.inference_mode()
 def generate(
     model,
@@ -100,56 +192,16 @@ def generate(
 ) -> torch.Tensor:
     """Continue ``tokens`` (B, T) by up to ``max_new_tokens``; returns (B, T + n), n <= max_new_tokens.
 
-    stop_tokens: ids that end a sequence (the model's end-of-text / end-of-turn tokens). Generation ends
-    once every row has produced one (that token included); a row that ended earlier repeats its stop token
-    while the others go on, so the batch stays rectangular.
-
-    use_cache=False recomputes the whole sequence every step (the slow way the cache exists to avoid).
-    seed makes sampling repeatable. on_step(step, logits (B, V), next_token (B,), cache or None) is
-    called after each token is chosen.
-
-    The prompt is checked here, once (``check_tokens``): no step after it validates ids, which on a GPU
-    would wait for the device at every token.
-
-    step: a faster one-token path for the cached decode steps (``models.speed.fast_step``); None (the default)
-    runs the modules at every step. The prompt always runs through the modules.
+    ``generate_steps`` run to the end (its arguments, and what stop_tokens, use_cache and step do, are described
+    there). seed makes sampling repeatable. on_step(index, logits (B, V), next_token (B,), cache or None) is called
+    after each token is chosen.
     """
-    check_sampling(temperature, top_k, top_p)
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}.")
-    check_tokens(tokens, model.config)
-    B, T = tokens.shape
-    total = T + max_new_tokens
-    if total > model.config.max_seq_len:
-        raise ValueError(f"prompt ({T}) + new tokens ({max_new_tokens}) exceed the model's context of "
-                         f"{model.config.max_seq_len}: ask for at most {model.config.max_seq_len - T} new tokens.")
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=tokens.device).manual_seed(seed)
-    out = torch.empty((B, total), dtype=torch.long, device=tokens.device)
-    out[:, :T] = tokens
-    if max_new_tokens == 0:
-        return out
-    stop = torch.tensor(sorted(set(stop_tokens or ())), dtype=torch.long, device=tokens.device)
-    finished = torch.zeros(B, dtype=torch.bool, device=tokens.device)
-    cache = model.new_cache(B, total) if use_cache else None
-    logits = prefill(model, tokens, cache) if use_cache else model(tokens, last_only=True)[:, -1]
-    for i in range(max_new_tokens):
-        nxt = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B,)
-        if len(stop):
-            nxt = torch.where(finished, out[:, T + i - 1], nxt)  # a finished row repeats its stop token
-        out[:, T + i] = nxt
+    generator = None if seed is None else torch.Generator(device=tokens.device).manual_seed(seed)
+    steps = generate_steps(model, tokens, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                           generator=generator, use_cache=use_cache, stop_tokens=stop_tokens, step=step)
+    new = []
+    for st in steps:
+        new.append(st.token)
         if on_step is not None:
-            on_step(i, logits, nxt, cache)
-        if len(stop):
-            finished |= torch.isin(nxt, stop)
-            if bool(finished.all()):  # one device sync per step, only when stop tokens were asked for
-                return out[:, :T + i + 1]
-        if i == max_new_tokens - 1:
-            break
-        pos = T + i
-        if use_cache:
-            logits = decode_one(model, out[:, pos:pos + 1], cache, pos, step)
-        else:
-            logits = model(out[:, :pos + 1], last_only=True)[:, -1]
-    return out
+            on_step(st.index, st.logits, st.token, st.cache)
+    return torch.cat([tokens.long(), *(t[:, None] for t in new)], dim=1)  # (B, T + n)

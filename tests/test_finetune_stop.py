@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from explorer import finetune as ft
+from explorer.jobs import finetune as finetune_job
 from explorer.state.threads import Stopped, stoppable
 from models.config import ModelConfig
 from models.decoder import Decoder
@@ -133,7 +134,7 @@ def test_the_stop_button_ends_the_tabs_fine_tune_inside_a_step_and_says_after_wh
         if module.training and torch.is_grad_enabled():
             watch.append(adapter(module))
             if len(watch) == 3:  # inside step 3's forward: what the Stop button's request does
-                panel._RUNS[state[panel.RUN_KEY]].stop.set()
+                finetune_job.find(state).stop.set()
 
     model.register_forward_pre_hook(begin)
     updates = list(panel.lora_finetune(4, 8, ["q_proj", "v_proj"], panel.DEFAULT_TEXT, 20, 1e-2, 30, state,
@@ -186,7 +187,7 @@ def test_gradios_cancel_ends_a_long_step_before_it_finishes(served):  # noqa: F8
             break
     assert entered.is_set()
     run.close()  # what Gradio's cancel does (SyncToAsyncIterator.aclose)
-    record = panel._RUNS[state[panel.RUN_KEY]]
+    record = finetune_job.find(state)
     release.set()
     assert record.finished.wait(60)
     assert record.outcome == "stopped" and record.steps == 1 and state["lora"]["trained_steps"] == 1

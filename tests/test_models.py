@@ -346,9 +346,9 @@ def test_sampling_distribution_top_k_top_p_and_extreme_temperatures():
     (dict(temperature=-1.0), "temperature"),
     (dict(temperature=float("nan")), "temperature"),
     (dict(temperature=float("inf")), "finite"),
-    (dict(temperature=1.0, top_k=0), "top_k"),
-    (dict(temperature=1.0, top_p=0.0), "top_p"),
-    (dict(temperature=1.0, top_p=1.5), "top_p"),
+    (dict(temperature=1.0, top_k=0), "top-k"),
+    (dict(temperature=1.0, top_p=0.0), "top-p"),
+    (dict(temperature=1.0, top_p=1.5), "top-p"),
 ])
 def test_generate_rejects_bad_sampling_settings(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -3,34 +3,27 @@ probabilities at each step, the cache filling up, time per token with and withou
 calculator for real model configurations (MHA / GQA / MQA)."""
 from __future__ import annotations
 
-import math
-import statistics
-import threading
-import weakref
 from typing import Any, NamedTuple
 
 import gradio as gr
 
 from explorer.web import links
 from lens.device import gpu
-from explorer import measure, probes
+from explorer import jobs, measure, probes
 from explorer.probes import families
 from explorer.state import session
 from explorer.figures import generation as figs
 from models.lora import adapter_mode
-from explorer.state.locks import MEASURE_LOCK
-from lens.hooks import model_lock
-from explorer import glossary
 from explorer.state import text
 from explorer.state.cache import results, weights_key
 from explorer.state.text import PromptTooLong
 from models.config import ModelConfig
+from models.generate import check_sampling
 
 from . import as_number, as_whole, outputs_of, short, user_errors
+from . import generation_text as prose
 
 MAX_NEW_TOKENS = 128
-MIN_COMPARED_STEPS = 3  # decode steps timed both ways before the summary says which was faster
-MIN_TOKENS_TO_COMPARE = 16  # new tokens that give that many (uncached_schedule times 8 of them)
 DEFAULT_NEW_TOKENS = 64  # long enough that recomputing the sequence costs clearly more than a cached step
 MAX_CONTEXT = 1024  # prompt + new tokens: bounds the uncached run's time and its (T × vocab) logits on big models
 TOP = 10  # candidates shown per step
@@ -63,30 +56,16 @@ Configurations come from each model's published config.json."""
 
 
 def check_settings(max_new_tokens, temperature, top_k, top_p, seed, context: int, decode=DEFAULT_DECODE) -> dict:
-    """The sampling settings as clean numbers and the decode path; ValueError with what to change otherwise."""
+    """The sampling settings as clean numbers and the decode path; ValueError with what to change otherwise (the
+    sampling rules themselves are ``models.generate.check_sampling``'s)."""
     max_new = as_whole(max_new_tokens, "new tokens", 1, MAX_NEW_TOKENS)
     temperature = as_number(temperature, "temperature", finite=False)
-    if temperature < 0:
-        raise ValueError(f"temperature must be 0 (greedy) or positive, got {temperature:g}.")
-    if math.isinf(temperature) or temperature > 1e12:
-        raise ValueError("temperature must be at most 1e12; 100 already samples almost uniformly.")
-    if 0 < temperature < 1e-9:  # logits / 1e-300 overflow float32 to inf and the softmax to NaN
-        raise ValueError(f"temperature must be 0 (greedy) or at least 1e-9, got {temperature:g}: below that the "
-                         "softmax overflows; use 0 for greedy decoding.")
-    if top_k in (None, ""):
-        top_k = None
-    else:
-        top_k = as_number(top_k, "top-k", finite=False)
-        if top_k < 1 or not top_k.is_integer():
-            raise ValueError(f"top-k must be a whole number of at least 1 (or blank for no cut-off), got {top_k:g}.")
-        top_k = int(top_k)
-    if top_p in (None, ""):
-        top_p = None
-    else:
-        top_p = as_number(top_p, "top-p", finite=False)
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top-p must lie in (0, 1] (1 = no cut-off), got {top_p:g}.")
-        top_p = None if top_p == 1 else top_p
+    top_k = None if top_k in (None, "") else as_number(top_k, "top-k", finite=False)
+    if top_k is not None and top_k.is_integer():
+        top_k = int(top_k)  # a box sends 50.0; the sampler takes whole numbers
+    top_p = None if top_p in (None, "") else as_number(top_p, "top-p", finite=False)
+    check_sampling(temperature, top_k, top_p)
+    top_p = None if top_p == 1 else top_p
     seed = 0 if seed in (None, "") else as_whole(seed, "seed", 0, 2**31 - 1)
     decode = DEFAULT_DECODE if decode in (None, "") else decode
     if decode not in DECODE_CHOICES:
@@ -94,12 +73,6 @@ def check_settings(max_new_tokens, temperature, top_k, top_p, seed, context: int
                          f"{short(repr(decode), 40)}.")
     return {"max_new_tokens": max_new, "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
             "context": context, "decode": decode}
-
-
-def _settings_text(s: dict) -> str:
-    t = "greedy (temperature 0)" if s["temperature"] == 0 else f"temperature {s['temperature']:g}"
-    return (f"{t} · top-k {s['top_k'] if s['top_k'] else 'off'} · top-p {s['top_p'] if s['top_p'] else 'off'}"
-            f" · seed {s['seed']}")
 
 
 def _step_view(view: dict, step: int):
@@ -114,29 +87,6 @@ def _with_adapter(model, name: str) -> str:
     """The model's name, plus the user's LoRA adapter and its state when one is attached."""
     mode = adapter_mode(model)
     return name if mode is None else f"{name} + your LoRA adapter ({mode})"
-
-
-# The models (and decode paths) already warmed up, so that only a model's first generation pays the one-off costs; a
-# model leaves with its last user (weak keys), and past _WARMED_MAX models the oldest is forgotten (warmed again).
-_warmed: "weakref.WeakKeyDictionary[Any, set]" = weakref.WeakKeyDictionary()
-_WARMED_MAX = 64
-_warmed_lock = threading.Lock()
-
-
-def _warm_up(model, ids: list[int], decode: str) -> None:
-    """One short untimed run per model and path, so the first visitor's timings do not include one-off
-    start-up costs (first allocations, kernel selection, the fast step choosing its products' library)."""
-    if decode in _warmed.get(model, ()):
-        return
-    step = probes.generation.DECODE_PATHS[decode]
-    for use_cache in (True, False):
-        probes.generation_trace(model, ids[:8], 2, use_cache=use_cache, step=step)
-    with _warmed_lock:
-        if model not in _warmed:
-            while len(_warmed) >= _WARMED_MAX:
-                _warmed.pop(next(iter(_warmed)), None)
-            _warmed[model] = set()
-        _warmed[model].add(decode)
 
 
 class GenerationView(NamedTuple):
@@ -198,79 +148,26 @@ def _tokens_before(tokenizer, ids: list[int], segments: list) -> int:
 
 
 def _run(model, tokenizer, name, prompt, s: dict, chat):
-    """Stream one generation: yields (steps so far, done, context) after every token."""
+    """Stream one generation (``jobs.generation``): yields (the run so far, what the panel says about the prompt)."""
     c = model.config
     room = min(c.max_seq_len, MAX_CONTEXT) - s["max_new_tokens"]
     if room < 1:
         raise ValueError(f"ask for fewer new tokens: the model's context is {c.max_seq_len} tokens in all.")
     ids, use_chat = _encode_prompt(tokenizer, prompt, chat, room, c.max_seq_len, s["max_new_tokens"])
-    stops = text.stop_token_ids(tokenizer, c)
-    step = probes.generation.DECODE_PATHS[s["decode"]]
-    with session.default_threads(), model_lock(model):
-        _warm_up(model, ids, s["decode"])
-        stood_aside = None if step is None else step.why_not(model)  # under the lock: no other user's hooks on it
-    schedule = probes.uncached_schedule(s["max_new_tokens"])
-    steps: list[dict] = []
-    stream = probes.stream_generation(
-        model, ids, s["max_new_tokens"], temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"],
-        seed=s["seed"], stop_tokens=stops, uncached_at=schedule, top=TOP, step_lock=model_lock(model),
-        measure_lock=MEASURE_LOCK, step=step)
-    ctx = {"ids": ids, "chat": use_chat, "user_text": prompt if use_chat else None, "chat_ignored": bool(chat) and not use_chat, "stops": stops,
-           "schedule": schedule, "name": name, "stood_aside": stood_aside, "check": None}
-    with session.default_threads():
-        for st in stream:
-            steps.append(st)
-            yield steps, False, ctx
-        if any(st["fast_step"] for st in steps):  # the fast step's tokens, checked against the modules
-            with model_lock(model):
-                ctx["check"] = probes.generation.modules_check(model, ids, steps)
-    yield steps, True, ctx
+    ctx = {"chat": use_chat, "user_text": prompt if use_chat else None, "chat_ignored": bool(chat) and not use_chat,
+           "name": name}
+    for run in jobs.generation.stream(
+            model, ids, max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], top_k=s["top_k"],
+            top_p=s["top_p"], seed=s["seed"], decode=s["decode"], stops=text.stop_token_ids(tokenizer, c), top=TOP):
+        yield run, ctx
 
 
-def _path_text(steps: list[dict], ctx: dict, s: dict) -> str:
-    """Which code computed the tokens, and, for the fast step's, whether the modules pick the same ones."""
-    decode = len(steps) - 1  # the steps after the prompt's
-    fast = sum(st["fast_step"] for st in steps)
-    if s["decode"] == probes.generation.MODULES:
-        return ("**Computed by the modules**: every token went through the model's own modules (models/layers.py, "
-                "attention.py, ...), the code the other tabs show.")
-    if decode == 0:
-        return ("**Computed by the modules**: the one new token comes from the prompt's forward, which always runs "
-                "through the modules (the fast step computes only the tokens after it).")
-    if fast == 0:
-        why = ctx["stood_aside"] or "a hook or an edit appeared"
-        return (f"**Computed by the modules**: you chose the fast step, but it does not compute this model exactly "
-                f"({why}), so it stepped aside and the modules computed every token.")
-    check = ctx["check"]
-    where = (f"the prompt and the first new token through the modules, the {decode} tokens after it through **the "
-             "fast step**" if fast == decode else
-             f"the prompt, the first new token and {decode - fast} of the {decode} after it through the modules, "
-             f"{fast} through **the fast step** (it stepped aside where a hook or an edit appeared)")
-    head = (f"**Computed by the fast step** (models/speed: the same math as flat array operations, not the modules' "
-            f"code): {where}. One forward of the modules over the finished sequence "
-            f"({check['seconds'] * 1e3:.0f} ms) ")
-    if s["temperature"] == 0:
-        differ = [i for i, ok in enumerate(check["same_greedy"]) if not ok]
-        if not differ:
-            return head + ("picks the same greedy token at every step: **same tokens as the modules on this "
-                           f"prompt** (probabilities within {check['max_abs_dprob']:.1g}).")
-        return head + (f"picks **another token at step {differ[0]}** ({len(differ)} steps differ): these are not "
-                       "the modules' tokens (an edit of the teaching code, which the fast step cannot see, or a "
-                       "near-tie rounding broke). Choose “the modules” to see theirs.")
-    agree = sum(check["same_top"])
-    return head + (f"ranks the same token first at {agree} of {len(steps)} steps, probabilities within "
-                   f"{check['max_abs_dprob']:.1g} of the fast step's. Sampled at temperature {s['temperature']:g}, "
-                   "the draws decide the tokens: whether the modules would have drawn the same ones is not "
-                   "checked here; set temperature 0 to check.")
-
-
-def _final_view(model, tokenizer, steps: list[dict], ctx: dict, s: dict) -> GenerationView:
-    c = model.config
-    ids = ctx["ids"]
+def _final_view(model, tokenizer, run, ctx: dict, s: dict) -> GenerationView:
+    c, ids, steps = model.config, run.ids, run.steps
     new_ids = [st["token"] for st in steps]
     text_of = dict.fromkeys(i for st in steps for i in st["top_ids"] + [st["token"]])
     text_of = dict(zip(text_of, session.token_strings(tokenizer, list(text_of))))
-    view = {"settings": _settings_text(s), "steps": [
+    view = {"settings": prose.settings_text(s), "steps": [
         {"top_ids": st["top_ids"], "top_text": [text_of[i] for i in st["top_ids"]], "top_probs": st["top_probs"],
          "model_probs": st["model_probs"], "token": st["token"], "token_text": text_of[st["token"]]}
         for st in steps]}
@@ -286,64 +183,12 @@ def _final_view(model, tokenizer, steps: list[dict], ctx: dict, s: dict) -> Gene
               st["chosen_rank"], st["cache_length"], round(st["seconds"] * 1e3, 3),
               round(st["uncached_seconds"] * 1e3, 3) if st["uncached_seconds"] is not None else None]
              for st in steps]
-    dlogit = max(st["uncached_max_abs_dlogit"] for st in measured)
-    differ = [st["step"] for st in measured if not st["uncached_same_top"]]
-    same = ("**identical tokens**: the recomputed logits rank the same token first at every measured step"
-            if not differ else f"**the tokens differ** at step {differ[0]} (rounding moved a near-tie)")
-    # Step 0 is the prefill, the same forward with or without the cache: compared are the decode steps, by
-    # their medians (one step slowed by another process on a shared CPU cannot turn the verdict around).
-    compared = [st for st in measured if st["step"] > 0] or measured
-    on_ms = statistics.median(st["seconds"] for st in compared) * 1e3
-    off_ms = statistics.median(st["uncached_seconds"] for st in compared) * 1e3
-    decode_compared = sum(st["step"] > 0 for st in measured)
-    if decode_compared < MIN_COMPARED_STEPS:
-        # One or two decode steps carry the first call's costs and a shared CPU's noise: a ratio from them
-        # contradicted the lesson on a short chat answer ("the cache was 1.4x slower").
-        verdict = (f"too short to compare ({decode_compared} decode step(s) measured both ways; generate at least "
-                   f"{MIN_TOKENS_TO_COMPARE} new tokens for a verdict)")
-    elif on_ms > 0 and off_ms >= on_ms:
-        verdict = f"the cache was **{off_ms / on_ms:.1f}× faster**"
-    elif on_ms > 0:
-        verdict = (f"the cache was **{on_ms / off_ms:.1f}× slower** on this machine: with a model this small and "
-                   "a sequence this short, recomputing costs less than the cache's bookkeeping")
-    else:
-        verdict = "too fast to compare"
-    total = sum(st["seconds"] for st in steps)
-    decode = [st["seconds"] for st in steps[1:]]
-    tps = len(decode) / sum(decode) if decode and sum(decode) > 0 else float("nan")
-    ended = ("stopped at the end token " + text_of[steps[-1]["token"]]
-             if steps[-1]["token"] in ctx["stops"] else f"{len(steps)} of {s['max_new_tokens']} new tokens")
-    shared = sum(st["shared_cores"] for st in steps)
-    used = steps[-1]["cache_bytes_used_per_layer"] * c.n_layers
-    alloc = steps[0]["cache_bytes_allocated_per_layer"] * c.n_layers
-    summary = (
-        _path_text(steps, ctx, s) + "\n\n"
-        f"**Model:** {ctx['name']} · prompt {len(ids)} tokens"
-        + (" (wrapped by the chat template)" if ctx["chat"] else "")
-        + (" (as plain text: this model's tokenizer has no chat template)"
-           if ctx["chat_ignored"] else "") + f" + {len(steps)} new ({ended}) · "
-        f"{view['settings']}\n\n"
-        f"With the cache: {total * 1e3:.1f} ms in all (prefill {steps[0]['seconds'] * 1e3:.1f} ms"
-        + (f", then {tps:.0f} tokens/s" if math.isfinite(tps) else "") + "). "
-        f"Without the cache, the whole sequence was recomputed at {len(measured)} of the {len(steps)} steps "
-        f"(steps {', '.join(str(st['step']) for st in measured)}; not at the others, so the run does not take "
-        f"twice as long): a median {off_ms:.1f} ms per token there vs {on_ms:.1f} ms with the cache at the same "
-        f"steps" + (" (the prefill, step 0, is the same forward either way)" if len(compared) < len(measured)
-                    else "") + f": {verdict}. "
-        f"The recomputed next-token {glossary.term('logit', 'logits')} differ from the cached ones by at most "
-        f"{dlogit:.2g} ({glossary.term('max |Δlogit|')}): {same}.\n\n"
-        f"Cache: {measure.format_bytes(used)} filled of {measure.format_bytes(alloc)} allocated ({c.n_layers} "
-        f"layers × {c.n_kv_heads} {glossary.term('KV head', 'KV heads')} × {c.head_dim} dims × 2 (K, V) × "
-        f"{prov['dtype']}). Measured on "
-        f"{prov['device']}, torch {prov['torch']}."
-        + (f" During {shared} of the {len(steps)} steps another measurement was running on the same cores: "
-           "those timings may be slower than alone." if shared else ""))
     last = len(steps) - 1
     slider = gr.Slider(minimum=0, maximum=max(last, 1), value=0, step=1, interactive=last > 0,
                        label=f"step (0–{last})")
     return GenerationView(text=_highlighted(tokenizer, ids, new_ids, ctx["user_text"]), view=view, step=slider,
-                          probs=_step_view(view, 0), cache=cache_fig, timing=timing_fig, summary=summary,
-                          table=table)
+                          probs=_step_view(view, 0), cache=cache_fig, timing=timing_fig,
+                          summary=prose.summary(run, ctx, s, text_of, c, prov), table=table)
 
 
 @user_errors
@@ -366,13 +211,14 @@ def generate_stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, sta
     model, tokenizer, name = session.get_model(state)
     name = _with_adapter(model, name)
     s = check_settings(max_new_tokens, temperature, top_k, top_p, seed, model.config.max_seq_len, decode)
-    for steps, done, ctx in _run(model, tokenizer, name, prompt, s, chat):
-        if done:
-            yield _final_view(model, tokenizer, steps, ctx, s)
+    for run, ctx in _run(model, tokenizer, name, prompt, s, chat):
+        if run.done:
+            yield _final_view(model, tokenizer, run, ctx, s)
             return
+        steps = run.steps
         progress = (f"Generating… token {len(steps)} of at most {s['max_new_tokens']} "
                     f"(last: {steps[-1]['seconds'] * 1e3:.1f} ms with the cache). The charts follow at the end.")
-        yield GenerationView(text=_highlighted(tokenizer, ctx["ids"], [st["token"] for st in steps], ctx["user_text"]),
+        yield GenerationView(text=_highlighted(tokenizer, run.ids, [st["token"] for st in steps], ctx["user_text"]),
                              view=gr.skip(), step=gr.skip(), probs=gr.skip(), cache=gr.skip(), timing=gr.skip(),
                              summary=progress, table=gr.skip())
 
@@ -386,10 +232,10 @@ def generate_example(prompt, max_new_tokens, temperature, top_k, top_p, seed, st
     s = check_settings(max_new_tokens, temperature, top_k, top_p, seed, model.config.max_seq_len, decode)
 
     def compute():
-        steps = ctx = None
-        for steps, done, ctx in _run(model, tokenizer, name, prompt, s, chat):
+        run = ctx = None
+        for run, ctx in _run(model, tokenizer, name, prompt, s, chat):
             pass
-        return _final_view(model, tokenizer, steps, ctx, s)
+        return _final_view(model, tokenizer, run, ctx, s)
 
     key = ("generation_example", weights_key(model), str(prompt), tuple(sorted(s.items())), bool(chat))
     view = results.get_or_compute(key, compute)

@@ -3,11 +3,9 @@ user's own copy of the model on text they paste (live loss curve, Stop button), 
 off, on and merged, with one head's attention and a greedy continuation before and after, side by side."""
 from __future__ import annotations
 
+import functools
 import math
-import threading
 import time
-import uuid
-from collections import OrderedDict
 from typing import Any, NamedTuple
 
 import gradio as gr
@@ -16,7 +14,7 @@ import torch
 from explorer.web import links
 from explorer.web.groups import concurrency
 from lens.device import gpu
-from explorer import finetune, glossary, measure, probes
+from explorer import finetune, glossary, jobs, measure, probes
 from explorer.state import session
 from explorer.figures import lora as figs
 from explorer.figures.common import head_label
@@ -24,13 +22,11 @@ from models.lora import adapter_mode, check_lora, set_adapter_mode
 from lens.hooks import model_lock
 from models.generate import generate as generate_tokens
 from models.block import PROJECTIONS
-from models.lora import attach_lora, detach_lora
 
-from explorer.measure.run import STILL_RUNNING, abandonable
-from explorer.state.threads import stop_between_ops
 from explorer.panels.controls import as_index, as_number, as_whole, head_choices, layer_choices, outputs_of
 from explorer.panels.errors import user_errors
 from explorer.state.openings import cached_opening
+from . import lora_text as prose
 from .formats import build_formats
 
 MAX_RANK = 64
@@ -80,6 +76,20 @@ def check_adapter(rank, alpha, targets, config) -> tuple[int, float, tuple[str, 
     shapes = measure.projection_shapes(config)  # (in, out) by name
     check_lora(rank, alpha, shapes=[(shapes[t][1], shapes[t][0]) for t in targets])
     return rank, alpha, targets
+
+
+def check_finetune(rank, alpha, targets, steps, lr, max_seconds, config) -> tuple:
+    """A fine-tune's settings as clean values: (rank, alpha, targets, steps, lr, max_seconds, seq_len); ValueError
+    with what to change otherwise."""
+    rank, alpha, targets = check_adapter(rank, alpha, targets, config)
+    steps = as_whole(steps, "steps", 1, finetune.MAX_STEPS)
+    # a blank box: the rate for this model's width (the box's default only fits the default model)
+    lr = None if lr is None or lr == "" else as_number(lr, "learning rate")
+    if not lr:  # blank, or 0 (what a browser sends for a cleared box): chosen from the model's width
+        lr = finetune.default_lr(config.d_model)
+    max_seconds = as_number(max_seconds, "time limit")
+    finetune.check_settings(steps, lr, max_seconds, 2, 1)
+    return rank, alpha, targets, steps, lr, max_seconds, min(config.max_seq_len - 1, FT_SEQ_LEN)
 
 
 def _total_sentence(model, counted: dict) -> str:
@@ -147,134 +157,33 @@ class FinetuneUpdate(NamedTuple):
     state: dict  # the user's session state (their own model, the adapter's settings)
 
 
-class _Run:
-    """One fine-tune's worker, as the Stop button's request finds it: its stop, whether it ended and how, and the
-    steps it completed (the adapter on the model is the one after exactly that many)."""
-
-    def __init__(self) -> None:
-        self.stop = threading.Event()
-        self.finished = threading.Event()
-        self.steps = 0
-        self.outcome: str | None = None  # None while running; then "done", "diverged", "stopped" or "failed"
-
-
-#: Fine-tunes by the token a session's state keeps (``RUN_KEY``); the newest ``_KEEP_RUNS`` are kept after they end,
-#: so a Stop that lands just after its run ended still says where it ended. No model or state is held here.
-_RUNS: "OrderedDict[str, _Run]" = OrderedDict()
-_RUNS_LOCK = threading.Lock()
-_KEEP_RUNS = 1024
-RUN_KEY = "finetune_run"
-STOP_WAIT_S = 10.0  # how long the Stop button's request waits for the worker to end (it ends within an operation)
-
-
-def _new_run(state: dict) -> _Run:
-    run, token = _Run(), uuid.uuid4().hex
-    with _RUNS_LOCK:
-        _RUNS[token] = run
-        while len(_RUNS) > _KEEP_RUNS:
-            _RUNS.popitem(last=False)
-    state[RUN_KEY] = token
-    return run
-
-
-def _fit_sentence(record: dict, steps: int, max_seconds: float) -> str:
-    """What the pace so far says, when not every step fits the time limit: "40 steps would take ~84 s here; 14
-    steps fit the 30 s limit" (empty when they all fit)."""
-    fit = record.get("fit_steps", steps)
-    if fit >= steps:
-        return ""
-    return (f" At {record['step_seconds']:.1f} s a step, {steps} steps would take ~{record['projected_seconds']:.0f} s "
-            f"here; {fit} step{'s' if fit != 1 else ''} fit the {max_seconds:g} s limit, so the run ends after step "
-            f"{fit}.")
-
-
-def _stopped_status(head: str, steps: int, name: str) -> str:
-    if steps == 0:
-        return (f"{head}**Stopped after step 0**, before any update: the adapter is still the fresh one (B = 0), so "
-                f"your copy of {name} computes exactly the base model.")
-    return (f"{head}**Stopped after step {steps}**: the adapter in your copy of {name} is exactly the one after step "
-            f"{steps} (a step cut short by Stop changes nothing), and it is **on**.")
-
-
-def _training(run: _Run, model, lock, state: dict, rows, targets, rank: int, alpha: float, ids, settings: dict):
-    """The fine-tune's work, on ``abandonable``'s worker thread (where a Stop reaches it inside a step): yields
-    ("start", loss before), ("step", record) per completed step, then ("end", loss after). The session's state
-    and ``run`` say the steps completed as soon as each completes; a diverged run's adapter is removed here, before
-    its step is shown."""
-    try:
-        with session.threads_for(model):  # a defined thread count: the same numbers under load as alone
-            with lock:
-                detach_lora(model)  # the adapter swap itself is never cut by a Stop: it is whole, and the state says so
-                attach_lora(model, targets, rank=rank, alpha=alpha)
-                state["lora"] = {"rank": rank, "alpha": alpha, "targets": list(targets), "mode": "on",
-                                 "trained_steps": 0}
-                with stop_between_ops():
-                    start_loss = finetune.evaluate_loss(model, rows)
-            yield "start", start_loss
-            gen = finetune.iter_finetune(model, ids, **settings)
-            try:
-                while True:
-                    with lock:  # per step: the session's other requests on its model run between steps
-                        record = next(gen, None)
-                    if record is None:
-                        break
-                    if not math.isfinite(record["loss"]) or record["stopped"] == "diverged":
-                        with lock:
-                            detach_lora(model)
-                        state.pop("lora", None)
-                        run.outcome = "diverged"
-                        yield "step", record
-                        return
-                    run.steps = state["lora"]["trained_steps"] = record["step"]
-                    yield "step", record
-            finally:
-                with lock:
-                    gen.close()
-            with lock, stop_between_ops():
-                end_loss = finetune.evaluate_loss(model, rows)
-            run.outcome = "done"
-            yield "end", end_loss
-    finally:
-        if run.outcome is None:
-            run.outcome = "stopped" if run.stop.is_set() else "failed"
-        run.finished.set()
-
-
 @user_errors
 @gpu(120)
 def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, progress=gr.Progress()):
     """Fine-tune a fresh adapter on the user's own copy; yields the loss curve as it falls.
 
-    The training runs on a worker thread (``abandonable``): this generator yields often, so Gradio's cancel (Stop)
+    The training runs on a worker thread (``jobs.finetune``): this generator yields often, so Gradio's cancel (Stop)
     closes it within a fraction of a second, and the worker then ends inside the step it is in, the adapter left
     as after the last completed step. The Stop button's own request (``lora_stop``) says which step that was.
     """
     model, tokenizer, _ = session.get_model(state)
-    rank, alpha, targets = check_adapter(rank, alpha, targets, model.config)
-    steps = as_whole(steps, "steps", 1, finetune.MAX_STEPS)
-    # a blank box: the rate for this model's width (the box's default only fits the default model)
-    lr = None if lr is None or lr == "" else as_number(lr, "learning rate")
-    if not lr:  # blank, or 0 (what a browser sends for a cleared box): chosen from the model's width
-        lr = finetune.default_lr(model.config.d_model)
-    max_seconds = as_number(max_seconds, "time limit")
-    finetune.check_settings(steps, lr, max_seconds, 2, 1)
+    rank, alpha, targets, steps, lr, max_seconds, seq_len = check_finetune(rank, alpha, targets, steps, lr,
+                                                                           max_seconds, model.config)
     ids, notice = _encode_text(tokenizer, text)
-    seq_len = min(model.config.max_seq_len - 1, FT_SEQ_LEN)
     rows = finetune.make_rows(ids, seq_len)
     finetune.check_step_memory(model.config, rows)  # before any copy or allocation
     model, tokenizer, name = session.private_model(state)  # the user's own copy; the shared model is never touched
     prov = measure.runtime_info(model)
-    run = _new_run(state)
-    work = _training(run, model, model_lock(model), state, rows, targets, rank, alpha, ids,
-                     dict(steps=steps, lr=lr, max_seconds=max_seconds, seq_len=seq_len, batch=finetune.DEFAULT_BATCH))
+    run, items = jobs.finetune.start(
+        state, model, rows=rows, ids=ids, targets=targets, rank=rank, alpha=alpha,
+        settings=dict(steps=steps, lr=lr, max_seconds=max_seconds, seq_len=seq_len, batch=finetune.DEFAULT_BATCH))
     xs, ys = [0], []
     head = f"{notice} " if notice else ""
     last_yield = time.perf_counter()
     record, end_loss = None, None
-    items = abandonable(work, stop=run.stop)
     try:
         for item in items:
-            if item is STILL_RUNNING:
+            if item is jobs.STILL_RUNNING:
                 yield FinetuneUpdate(gr.skip(), gr.skip(), gr.skip())
                 continue
             kind, value = item
@@ -301,58 +210,34 @@ def lora_finetune(rank, alpha, targets, text, steps, lr, max_seconds, state, pro
                                                    provenance=prov)
                     yield FinetuneUpdate(curve, f"{head}Step {record['step']}/{steps}: loss {record['loss']:.3f} "
                                                 f"({record['seconds']:.1f} s)."
-                                                f"{_fit_sentence(record, steps, max_seconds)}", state)
+                                                f"{prose.fit_sentence(record, steps, max_seconds)}", state)
     finally:
         items.close()  # closed by Gradio's cancel: the worker is told at once, not when this is collected
-    seconds = record["seconds"] if record else 0.0
+    curve = functools.partial(figs.loss_curve_figure, xs, ys, max_steps=steps, provenance=prov)
     if run.outcome == "diverged":
-        why = "diverged"
-        status = (f"{head}**Diverged, stopped at step {record['step']}**: the loss rose to {record['loss']:.3f}, "
-                  f"over {finetune.DIVERGE_RATIO:g}× the first step's {ys[1]:.3f} nats/token, at learning rate "
-                  f"{lr:g}. The adapter was removed, so your copy of {name} is the base model again. Try a lower "
-                  f"learning rate (the default for this model's width {model.config.d_model} is "
-                  f"{finetune.default_lr(model.config.d_model):g}).")
-        yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov), status,
-                             state)
-        return
-    if end_loss is None:  # the Stop button's request ended the worker while this stream was still open
-        why = f"stopped after step {run.steps}"
-        yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov),
-                             _stopped_status(head, run.steps, name), state)
-        return
-    timed_out = bool(record and record["stopped"] == "time")
-    why = "stopped at the time limit" if timed_out else "done"
-    limit = ""
-    if timed_out:
-        limit = (f" {steps} steps would take ~{record['projected_seconds']:.0f} s here "
-                 f"({record['step_seconds']:.1f} s a step); {record['step']} fit the {max_seconds:g} s limit, so the "
-                 f"run ended before a step that would pass it, and the adapter is the one after step "
-                 f"{record['step']}. For a run that finishes, set steps to {record['step']} or raise the time limit "
-                 f"(up to {finetune.MAX_SECONDS:g} s).")
-    status = (f"{head}**{why}**: {len(xs) - 1} of {steps} steps in {seconds:.1f} s at learning rate {lr:g}.{limit} "
-              f"Loss on your text {ys[0]:.3f} → **{end_loss:.3f}** {glossary.term('nats/token')}. The adapter is "
-              f"**on** in your copy of {name}; other tabs now show your adapted model, other visitors still see the "
-              "original.")
-    yield FinetuneUpdate(figs.loss_curve_figure(xs, ys, max_steps=steps, status=why, provenance=prov), status, state)
+        status = prose.diverged_status(head, record, ys[1], lr, name, model.config.d_model)
+        yield FinetuneUpdate(curve(status="diverged"), status, state)
+    elif end_loss is None:  # the Stop button's request ended the worker while this stream was still open
+        yield FinetuneUpdate(curve(status=f"stopped after step {run.steps}"),
+                             prose.stopped_status(head, run.steps, name), state)
+    else:
+        why, status = prose.finished_status(head, record, len(xs) - 1, steps, max_seconds, lr, ys[0], end_loss,
+                                            name)
+        yield FinetuneUpdate(curve(status=why), status, state)
 
 
 def lora_stop(state):
     """The Stop button's request (beside Gradio's cancel of the fine-tune's stream): stop this session's running
     fine-tune, wait for its worker to end (within an operation) and say which step its adapter is the one after.
     Nothing running, or a run that ended on its own: nothing changes on screen."""
-    state = state if isinstance(state, dict) else {}
-    token = state.get(RUN_KEY)
-    with _RUNS_LOCK:
-        run = _RUNS.get(token) if isinstance(token, str) else None
-    if run is None or run.outcome in ("done", "diverged", "failed"):
+    run = jobs.finetune.stop(state)
+    if run is None:
         return gr.skip()
-    run.stop.set()
-    if not run.finished.wait(STOP_WAIT_S):
+    if not run.finished.is_set():
         return f"Stopping: the adapter so far is the one after step {run.steps}."
     if run.outcome != "stopped":  # it ended on its own just before the Stop arrived
         return gr.skip()
-    name = state.get("name") or "the model"
-    return _stopped_status("", run.steps, name)
+    return prose.stopped_status("", run.steps, state.get("name") or "the model")
 
 
 # --- adapter switch and comparison -------------------------------------------------------------------

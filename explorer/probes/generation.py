@@ -1,4 +1,4 @@
-"""The generation trace: every step of ``models.generate.generate`` recorded, with and without the KV cache.
+"""The generation trace: every step of ``models.generate.generate_steps`` recorded, with and without the KV cache.
 
 Notation: ``T`` prompt tokens, ``V`` vocabulary.
 """
@@ -13,7 +13,7 @@ from lens.device import synchronize
 from torch import nn
 
 from explorer.measure import runtime_info
-from models.generate import check_sampling, generate, sampling_probs
+from models.generate import NewToken, generate_steps, sampling_probs
 from models.speed import fast_step
 
 from lens.hooks import as_tokens, effective_impl
@@ -79,10 +79,11 @@ def provenance(model: nn.Module) -> dict[str, str]:
     return {**runtime_info(model), "attn_impl": effective_impl(model, None), "threads": str(torch.get_num_threads())}
 
 
+@torch.inference_mode()
 def generation_trace(model: nn.Module, tokens, max_new_tokens: int, *, temperature: float = 0.0,
                      top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                      use_cache: bool = True, top: int = 10, step=None) -> GenerationTrace:
-    """Generate from one prompt and record every step. Built on ``models.generate.generate``'s ``on_step``.
+    """Generate from one prompt and record every step of ``models.generate.generate_steps``.
 
     Returns a ``GenerationTrace``:
         prompt, tokens (prompt + new), new_tokens: lists of ids.
@@ -106,51 +107,24 @@ def generation_trace(model: nn.Module, tokens, max_new_tokens: int, *, temperatu
 
     step: the one-token path for the cached steps (``DECODE_PATHS``' values; None: the modules).
     """
-    check_sampling(temperature, top_k, top_p)
     if not isinstance(top, int) or top < 1:
         raise ValueError(f"top must be a positive integer, got {top!r}.")
-    tokens = as_tokens(model, tokens)
-    if tokens.shape[0] != 1:
-        raise ValueError(f"generation_trace follows one prompt; got a batch of {tokens.shape[0]}: pass one row.")
+    tokens = _one_prompt(model, tokens, "generation_trace")
     T = tokens.shape[1]
+    run = generate_steps(model, tokens, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                         generator=_generator(seed, tokens), use_cache=use_cache, step=step)
     steps: list[GenerationStep] = []
-    last = [0.0]
-    final_cache = [None]
-
-    def on_step(step: int, logits: torch.Tensor, nxt: torch.Tensor, cache) -> None:
-        synchronize(logits.device)  # on a GPU the step's work is queued: the clock waits for it
-        seconds = time.perf_counter() - last[0]
-        row = logits[0].float()  # (V,)
-        probs = sampling_probs(logits[:1], temperature=temperature, top_k=top_k, top_p=top_p)[0]  # (V,)
-        plain = torch.softmax(row, dim=-1)
-        top_ids = torch.topk(row, min(top, row.shape[-1])).indices
-        chosen = int(nxt[0])
-        n_layers = cache.n_layers if cache is not None else model.config.n_layers
-        steps.append(GenerationStep(**{
-            "step": step,
-            "position": T + step,
-            "token": chosen,
-            "top_ids": top_ids.tolist(),
-            "top_probs": probs[top_ids].tolist(),
-            "model_probs": plain[top_ids].tolist(),
-            "chosen_prob": float(probs[chosen]),
-            "chosen_rank": int((row > row[chosen]).sum()),
-            "positions_computed": T if step == 0 else (1 if cache is not None else T + step),
-            "cache_length": cache.length if cache is not None else 0,
-            "cache_bytes_allocated_per_layer": cache.bytes_per_layer() if cache is not None else 0,
-            "cache_bytes_used_per_layer": cache.bytes_used // n_layers if cache is not None else 0,
-            "seconds": seconds,
-        }))
-        final_cache[0] = cache
-        last[0] = time.perf_counter()
-
+    cache = None
     synchronize(tokens.device)
-    last[0] = time.perf_counter()
-    out = generate(model, tokens, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                   use_cache=use_cache, seed=seed, on_step=on_step, step=step)
+    last = time.perf_counter()
+    for new in run:
+        synchronize(tokens.device)  # on a GPU the step's work is queued: the clock waits for it
+        seconds = time.perf_counter() - last
+        steps.append(_record(model, new, T, seconds, top, temperature, top_k, top_p))
+        cache = new.cache
+        last = time.perf_counter()
     seconds = [s["seconds"] for s in steps]
     decode = seconds[1:]
-    cache = final_cache[0]
     totals = GenerationTotals(**{
         "new_tokens": len(steps),
         "seconds": float(sum(seconds)),
@@ -160,7 +134,7 @@ def generation_trace(model: nn.Module, tokens, max_new_tokens: int, *, temperatu
         "cache_bytes_allocated": cache.nbytes if cache is not None else 0,
         "cache_bytes_used": cache.bytes_used if cache is not None else 0,
     })
-    out_list = out[0].tolist()
+    out_list = tokens[0].tolist() + [s["token"] for s in steps]
     return GenerationTrace(**{
         "prompt": out_list[:T],
         "tokens": out_list,
@@ -170,6 +144,44 @@ def generation_trace(model: nn.Module, tokens, max_new_tokens: int, *, temperatu
         "settings": {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
                      "use_cache": use_cache, "max_new_tokens": max_new_tokens},
         "provenance": provenance(model),
+    })
+
+
+def _one_prompt(model: nn.Module, tokens, caller: str) -> torch.Tensor:
+    tokens = as_tokens(model, tokens)
+    if tokens.shape[0] != 1:
+        raise ValueError(f"{caller} follows one prompt; got a batch of {tokens.shape[0]}: pass one row.")
+    return tokens
+
+
+def _generator(seed: int | None, tokens: torch.Tensor) -> torch.Generator | None:
+    return None if seed is None else torch.Generator(device=tokens.device).manual_seed(seed)
+
+
+def _record(model: nn.Module, new: NewToken, T: int, seconds: float, top: int, temperature: float,
+            top_k: int | None, top_p: float | None) -> GenerationStep:
+    """One step of a one-prompt generation as a ``GenerationStep`` (the fields are described in
+    ``generation_trace``)."""
+    row = new.logits[0].float()  # (V,)
+    probs = sampling_probs(new.logits[:1], temperature=temperature, top_k=top_k, top_p=top_p)[0]  # (V,)
+    plain = torch.softmax(row, dim=-1)
+    top_ids = torch.topk(row, min(top, row.shape[-1])).indices
+    chosen = int(new.token[0])
+    cache = new.cache
+    return GenerationStep(**{
+        "step": new.index,
+        "position": new.position,
+        "token": chosen,
+        "top_ids": top_ids.tolist(),
+        "top_probs": probs[top_ids].tolist(),
+        "model_probs": plain[top_ids].tolist(),
+        "chosen_prob": float(probs[chosen]),
+        "chosen_rank": int((row > row[chosen]).sum()),
+        "positions_computed": T if new.index == 0 else (1 if cache is not None else new.position),
+        "cache_length": cache.length if cache is not None else 0,
+        "cache_bytes_allocated_per_layer": cache.bytes_per_layer() if cache is not None else 0,
+        "cache_bytes_used_per_layer": cache.bytes_used // cache.n_layers if cache is not None else 0,
+        "seconds": seconds,
     })
 
 
@@ -208,7 +220,7 @@ def stream_generation(model: nn.Module, tokens, max_new_tokens: int, *, temperat
                       top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                       stop_tokens=(), uncached_at: set[int] = frozenset(), top: int = 10,
                       step_lock=None, measure_lock=None, step=None):
-    """``models.generate``'s prefill / decode_one loop, one step per ``next()``: yields a ``GenerationStep``
+    """``models.generate.generate_steps`` with the KV cache, one step per ``next()``: yields a ``GenerationStep``
     as each token is chosen, plus ``uncached_seconds``, ``uncached_max_abs_dlogit`` and ``uncached_same_top``
     (the whole sequence recomputed without the cache: its time, its next-token logits vs the cached ones, and
     whether both rank the same token first) at the steps in ``uncached_at``
@@ -221,77 +233,40 @@ def stream_generation(model: nn.Module, tokens, max_new_tokens: int, *, temperat
     the caller holds the step, so a stopped or slow consumer blocks nobody; measure_lock is only tried,
     never waited for.
     """
-    from models.decoder import check_tokens
-    from models.generate import decode_one, prefill, sample
-
-    check_sampling(temperature, top_k, top_p)
-    tokens = as_tokens(model, tokens)
-    if tokens.shape[0] != 1:
-        raise ValueError(f"stream_generation follows one prompt; got a batch of {tokens.shape[0]}: pass one row.")
-    check_tokens(tokens, model.config)
+    tokens = _one_prompt(model, tokens, "stream_generation")
     T = tokens.shape[1]
-    if T + max_new_tokens > model.config.max_seq_len:
-        raise ValueError(f"prompt ({T}) + new tokens ({max_new_tokens}) exceed the model's context of "
-                         f"{model.config.max_seq_len}: ask for at most {model.config.max_seq_len - T} new tokens.")
-    generator = torch.Generator(device=tokens.device).manual_seed(seed) if seed is not None else None
-    stop = set(stop_tokens)
-    seq = tokens.new_empty((1, T + max_new_tokens))
+    run = generate_steps(model, tokens, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                         generator=_generator(seed, tokens), stop_tokens=stop_tokens, step=step)
+    seq = tokens.new_empty((1, T + max_new_tokens))  # the sequence so far, for the uncached forward
     seq[:, :T] = tokens
-    cache = None
-    logits = None
     step_lock = step_lock or _NoLock()
-    ran = []  # whether ``step`` computed each decode step (it returns None where it steps aside)
-
-    def counted(*args):
-        logits = step(*args)
-        ran.append(logits is not None)
-        return logits
-
-    path = counted if step is not None else None
-    for i in range(max_new_tokens):
+    while True:
         with step_lock:
             shared = measure_lock is not None and not measure_lock.acquire(blocking=False)
             try:
                 synchronize(tokens.device)
                 start = time.perf_counter()
-                if i == 0:
-                    cache = model.new_cache(1, T + max_new_tokens)
-                    logits = prefill(model, tokens, cache)
-                else:
-                    logits = decode_one(model, seq[:, T + i - 1:T + i], cache, T + i - 1, path)
-                nxt = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+                new = next(run, None)
+                if new is None:
+                    return
                 synchronize(tokens.device)
                 seconds = time.perf_counter() - start
-                seq[:, T + i] = nxt
+                seq[:, new.position] = new.token
                 uncached_seconds = dlogit = same_top = None
-                if i in uncached_at:
+                if new.index in uncached_at:
                     start = time.perf_counter()
-                    full = model(seq[:, :T + i], last_only=True)[:, -1]  # the same logits, recomputed
+                    full = model(seq[:, :new.position], last_only=True)[:, -1]  # the same logits, recomputed
                     synchronize(tokens.device)
                     uncached_seconds = time.perf_counter() - start
-                    dlogit = float((full.float() - logits.float()).abs().max())
-                    same_top = bool(full.argmax(-1) == logits.argmax(-1))
+                    dlogit = float((full.float() - new.logits.float()).abs().max())
+                    same_top = bool(full.argmax(-1) == new.logits.argmax(-1))
             finally:
                 if measure_lock is not None and not shared:
                     measure_lock.release()
-            row = logits[0].float()
-            probs = sampling_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p)[0]
-            plain = torch.softmax(row, dim=-1)
-            top_ids = torch.topk(row, min(top, row.shape[-1])).indices
-            chosen = int(nxt[0])
-            item = {
-                "step": i, "position": T + i, "token": chosen, "top_ids": top_ids.tolist(),
-                "top_probs": probs[top_ids].tolist(), "model_probs": plain[top_ids].tolist(),
-                "chosen_prob": float(probs[chosen]), "chosen_rank": int((row > row[chosen]).sum()),
-                "positions_computed": T if i == 0 else 1, "cache_length": cache.length,
-                "cache_bytes_allocated_per_layer": cache.bytes_per_layer(),
-                "cache_bytes_used_per_layer": cache.bytes_used // cache.n_layers, "seconds": seconds,
-                "uncached_seconds": uncached_seconds, "uncached_max_abs_dlogit": dlogit, "uncached_same_top": same_top,
-                "shared_cores": shared, "fast_step": i > 0 and bool(ran) and ran[-1],
-            }
+            item = {**_record(model, new, T, seconds, top, temperature, top_k, top_p),
+                    "uncached_seconds": uncached_seconds, "uncached_max_abs_dlogit": dlogit,
+                    "uncached_same_top": same_top, "shared_cores": shared, "fast_step": new.fast}
         yield item
-        if chosen in stop:
-            return
 
 
 @torch.inference_mode()
