@@ -8,7 +8,7 @@ import torch
 
 from explorer.measure import formats as fm
 from models.decoder import Decoder
-from models.speed import fast_step, optimize_for_decode
+from models.speed import fast_step
 from models.generate import generate
 
 from .targets import HF_TOKENS
@@ -25,7 +25,7 @@ def bench_formats(model: Decoder, hf, prompt: torch.Tensor, settings: dict[str, 
     rows: dict[str, dict[str, Any]] = {}
     speeds = {}
     for fmt in fm.FORMATS:
-        m = model if fmt == "fp32" else optimize_for_decode(fm.convert(model, fmt))
+        m = model if fmt == "fp32" else fm.convert(model, fmt)
         speeds[f"ours {fmt}"] = (fm.decode_speed(lambda n, m=m: generate(m, prompt, n, step=fast_step), HF_TOKENS,
                                                  repeats=settings["decode_repeats"], device=prompt.device),
                                  fm.bytes_per_token(m, kv_len), fm.int8_kernel(m))

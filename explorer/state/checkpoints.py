@@ -14,7 +14,6 @@ from typing import Any
 
 from lens.device import place
 from models import Decoder, ModelConfig, load_pretrained
-from models.speed import optimize_for_decode
 from models.loading import REPO_ID, fetch_hub, load_tokenizer
 
 from explorer import measure
@@ -60,11 +59,9 @@ def budget_setting(config: ModelConfig) -> str:
 
 
 def prepare(model: Decoder) -> Decoder:
-    """``model`` on the app's device and dtype, and laid out for the fast one-token decode (``models.fast``) when it
-    is plain Llama. That step computes Llama's block and nothing else: a model of another family (biases, QK-norm,
-    GeGLU, sandwich norms, sliding windows, ...) keeps the modules' own path, which applies every switch."""
-    model = place(model)
-    return optimize_for_decode(model) if not model.config.differences_from_llama() else model
+    """``model`` on the app's device and dtype, its weights exactly as ``load_pretrained`` made them: the fast
+    one-token decode (``models.speed``) prepares its own layout of them the first time it runs."""
+    return place(model)
 
 
 def default_model_dir() -> Path:

@@ -84,7 +84,7 @@ def private_model(state: dict) -> tuple[Decoder, Any, str]:
     if is_shared(model):
         with PRIVATE_LOCK:
             reserve_private(model_bytes(model), "Your own copy of the model")
-            model = prepared_copy(model)  # a deepcopy, laid out for decoding again (models.speed)
+            model = prepared_copy(model)  # a deepcopy (the weights stay plain, as loaded)
             add_private(model)
             state["model"], state["tokenizer"] = model, tokenizer
             private_models.register_owner(state)
