@@ -176,7 +176,7 @@ class _Run(NamedTuple):
     watch: HookWatch | None  # hooks and edits on every module checked, seen at each step
     attentions: tuple  # each layer's Attention: set_attn_impl swaps no module, so impl is read at each step
     requires_grad: bool  # under autograd the modules, which record a graph, run instead
-    layout: DecodeLayout | None  # the step's own layout of the weights (models.speed.layout), None where it stands aside
+    layout: DecodeLayout | None  # the step's own layout of the weights (None where it stands aside)
     plan: _Plan | None  # the CPU step's view of that layout and of the norms (None: not on the CPU)
     kv: list  # [KVArrays] once the CPU step has run on this cache: its arrays, made once per generation
 
