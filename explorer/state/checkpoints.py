@@ -12,15 +12,15 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from lens.device import place
 from models import Decoder, ModelConfig, load_pretrained
 from models.loading import REPO_ID, fetch_hub, load_tokenizer
 
 from explorer import measure
 from . import private_models
 from .private_models import PRIVATE_LOCK, add_private, reserve_private
+from . import snapshots
+from .folders import REPO_ROOT, default_model_dir, default_model_name, prepare  # noqa: F401
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def max_load_parameters() -> int:
@@ -56,26 +56,6 @@ def budget_setting(config: ModelConfig) -> str:
     if need <= private_models.DEFAULT_BUDGET_BYTES:
         return "default"
     return f"EXPLORER_PRIVATE_MODELS_BUDGET={math.ceil(need / 2**30)}GiB"
-
-
-def prepare(model: Decoder) -> Decoder:
-    """``model`` on the app's device and dtype, its weights exactly as ``load_pretrained`` made them: the fast
-    one-token decode (``models.speed``) prepares its own layout of them the first time it runs."""
-    return place(model)
-
-
-def default_model_dir() -> Path:
-    return Path(os.environ.get("EXPLORER_DEFAULT_MODEL", REPO_ROOT / "assets" / "default-model"))
-
-
-def default_model_name() -> str:
-    """How the default model is named on screen: the shipped folder, or the folder the environment chose."""
-    folder = default_model_dir()
-    try:
-        shown = folder.resolve().relative_to(REPO_ROOT)
-    except ValueError:
-        shown = folder
-    return f"default model ({shown})"
 
 
 def model_root() -> Path:
@@ -174,8 +154,6 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
     Hub ids are fetched only when the Hub is reachable; offline (``HF_HUB_OFFLINE=1`` or no network)
     raises ValueError and the caller keeps the model the user had.
     """
-    from . import snapshots  # it imports this module
-
     step = snapshots.parse_name(source) if isinstance(source, str) else None
     if step is not None:  # the default model as it was at a step of its training
         kind, cleaned = "local", str(snapshots.snapshot_folder(snapshots.check_step(step)).resolve())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from models import Decoder, load_pretrained
 
-from .checkpoints import default_model_dir, prepare
+from .folders import default_model_dir, prepare
 from .threads import run_threads
 
 SNAPSHOT_DIR = "checkpoints"
