@@ -25,6 +25,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .sizes import bytes_setting
+
 DEFAULT_CACHE_BYTES = 512 * 2**20
 DEFAULT_CACHE_ENTRIES = 512
 
@@ -161,8 +163,6 @@ class ResultCache:
 
 
 def _cache_bytes() -> int:
-    from explorer.measure.units import bytes_setting
-
     return bytes_setting("EXPLORER_RESULT_CACHE", DEFAULT_CACHE_BYTES)
 
 

@@ -15,10 +15,10 @@ from typing import Any
 from models import Decoder, ModelConfig, load_pretrained
 from models.loading import REPO_ID, fetch_hub, load_tokenizer
 
-from explorer import measure
 from . import private_models
 from .private_models import PRIVATE_LOCK, add_private, reserve_private
 from . import snapshots
+from .sizes import format_bytes, parameter_count
 from .folders import REPO_ROOT, default_model_dir, default_model_name, prepare  # noqa: F401
 
 
@@ -39,7 +39,7 @@ def rope_table_bytes(config: ModelConfig) -> int:
 
 def load_bytes(config: ModelConfig) -> int:
     """Bytes a load of ``config`` reserves from the visitors' budget: its float32 weights and rotary tables."""
-    return 4 * measure.parameter_count(config)["total"] + rope_table_bytes(config)
+    return 4 * parameter_count(config)["total"] + rope_table_bytes(config)
 
 
 def budget_needed(config: ModelConfig) -> int:
@@ -189,8 +189,8 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
         config = ModelConfig.from_hf(hf)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as exc:
         raise ValueError(f"{name}: config.json is not a readable Llama config ({exc}).") from exc
-    budget, format_bytes = private_models.PRIVATE_MODELS_BUDGET_BYTES, measure.format_bytes
-    n = measure.parameter_count(config)["total"]
+    budget = private_models.PRIVATE_MODELS_BUDGET_BYTES
+    n = parameter_count(config)["total"]
     limit = max_load_parameters()
     if n > limit:
         raise ValueError(f"{name} has about {n / 1e6:.0f} M parameters ({format_bytes(4 * n)} in float32); this "
