@@ -51,11 +51,12 @@ def bench_formats(model: Decoder, hf, prompt: torch.Tensor, settings: dict[str, 
 
 
 def bench_formats_view(model: Decoder, log) -> dict[str, Any]:
-    """The "Weight formats" view's whole measurement (``explorer.panels.formats._measure``: three formats,
-    transformers, the summary rows) on ``model``, once, with the shipped tokenizer's ids for its prompt: what a
-    visitor waits for after "Measure"."""
+    """The "Weight formats" view's whole measurement (``explorer.measure.weight_formats.measure_formats``: three
+    formats, transformers, the summary rows) on ``model``, once, with the shipped tokenizer's ids for its prompt:
+    what a visitor waits for after "Measure"."""
     import time
 
+    from explorer.measure.weight_formats import measure_formats
     from explorer.panels import formats as panel
     from explorer.state import session
 
@@ -64,7 +65,7 @@ def bench_formats_view(model: Decoder, log) -> dict[str, Any]:
         return {"skipped": "the model cannot read the shipped tokenizer's ids (the tiny test model)"}
     ids = tokenizer(panel.DEFAULT_PROMPT)["input_ids"][:panel.MAX_PROMPT_TOKENS]
     t0 = time.perf_counter()
-    numbers = panel._measure(model, tokenizer, ids)
+    numbers = measure_formats(model, tokenizer, ids)
     seconds = time.perf_counter() - t0
     rows = dict(numbers["formats"], **({"transformers": numbers["transformers"]} if numbers["transformers"] else {}))
     log(f"formats view: {seconds:.1f} s (" + ", ".join(

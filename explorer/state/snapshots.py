@@ -111,8 +111,8 @@ def forget_shared() -> None:
 
 
 def read_snapshot(step: int) -> Decoder:
-    """The snapshot's weights, in float32 on the app's device, gradients off. Read on one intra-op thread: for
-    a 1 M-parameter model, two threads on two shared cores took 5x longer here (155 vs 26 ms, median of 26)."""
+    """The snapshot's weights, in float32 on the app's device, gradients off. Read on one intra-op thread: a
+    snapshot is small, and more threads on shared cores only wait for each other (bench/notes/training-tab.md)."""
     with run_threads(1):
         model = prepare(load_pretrained(snapshot_folder(step)))
     for p in model.parameters():

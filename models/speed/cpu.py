@@ -213,8 +213,8 @@ def run_cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products:
         torch.set_num_threads(threads)
 
 
-# Measuring which library is faster takes 8 steps (a second for a 135M model), so its answer is kept for each
-# model shape and thread count this process decodes; a few shapes at most, the oldest forgotten past 16.
+# A table of machine facts, not a result cache: which library is faster depends only on the machine, the model's
+# shape and the thread count, and measuring it takes 8 steps, so each answer is kept (at most 16, oldest out first).
 _CHOSEN: dict[tuple, Products] = {}
 _CHOSEN_MAX = 16
 
@@ -242,7 +242,7 @@ def cpu_products(model: nn.Module, plan: _Plan | None = None) -> Products:
 def _measure_products(plan: _Plan) -> Products:
     """The library whose step on ``plan`` (one token, a scratch cache) took less time: one warm-up and the median
     of three steps each, torch's first. Not interleaved: OpenBLAS's threads keep spinning for a while after a
-    product (on the order of 0.1 s), and a torch step run meanwhile measured 4x slower than alone."""
+    product and slow a torch step run meanwhile (bench/notes/decode-step.md)."""
     H, Hkv, D = plan.heads
     scratch = KVCache(len(plan.layers), 1, Hkv, 1, D)
     seconds = {}

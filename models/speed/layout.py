@@ -12,6 +12,7 @@ costs. Measurements: bench/notes/decode-step.md.
 from __future__ import annotations
 
 import copy
+import operator
 import threading
 import weakref
 from typing import NamedTuple
@@ -111,14 +112,20 @@ class DecodeLayout(NamedTuple):
     layers: list[Layer]
     lm_head: torch.Tensor  # (V, C)
     sources: tuple[torch.Tensor, ...]  # the model's own tensors the step reads (these matrices' and the rest)
-    versions: list[tuple[int, int]]  # each source's storage and in-place write count when the layout was made
+    pointers: list[int]  # where each source's memory was when the layout was made ...
+    versioned: tuple[torch.Tensor, ...]  # ... and, for each source that counts its writes (not an inference tensor),
+    versions: list[int]  # how many in-place writes it had had
     nbytes: int  # bytes of the copies this layout holds (a matrix already laid out in the model is viewed: 0)
 
 
-def _version(t: torch.Tensor) -> tuple[int, int]:
-    # An in-place write (``copy_``, ``+=`` under no_grad, an optimizer step) bumps the counter; ``.data =`` moves
-    # the storage. A write through ``.data`` does neither, as for every cache keyed on the weights.
-    return t.data_ptr(), (-1 if t.is_inference() else t._version)
+# An in-place write (``copy_``, ``+=`` under no_grad, an optimizer step) bumps a tensor's version counter and
+# ``.data =`` moves its memory; a write through ``.data`` does neither, as for every cache keyed on the weights.
+_VERSION = operator.attrgetter("_version")
+
+
+def _state(tensors: tuple[torch.Tensor, ...]) -> tuple[list[int], tuple[torch.Tensor, ...], list[int]]:
+    versioned = tuple(t for t in tensors if not t.is_inference())
+    return list(map(torch.Tensor.data_ptr, tensors)), versioned, list(map(_VERSION, versioned))
 
 
 def sources(model: nn.Module) -> tuple[torch.Tensor, ...]:
@@ -134,28 +141,36 @@ def sources(model: nn.Module) -> tuple[torch.Tensor, ...]:
 
 def layout_current(layout: DecodeLayout, tensors: tuple[torch.Tensor, ...] | None = None) -> bool:
     """Whether ``tensors`` (default: the ones ``layout`` was made from) are where, and as written, as when it was
-    made: a few hundred integer reads, cheap enough for every step."""
-    return list(map(_version, layout.sources if tensors is None else tensors)) == layout.versions
+    made: two integer reads a tensor, cheap enough for every step."""
+    if tensors is None:
+        return list(map(torch.Tensor.data_ptr, layout.sources)) == layout.pointers and \
+            list(map(_VERSION, layout.versioned)) == layout.versions
+    pointers, _, versions = _state(tensors)
+    return pointers == layout.pointers and versions == layout.versions
 
 
 def _stacked(ws: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
     """(sum of outs, in) rows of ``ws`` stacked, lying (in, sum of outs) in memory, and the bytes copied (0 when
-    ``optimize_for_decode`` already laid them out so in the model)."""
+    ``optimize_for_decode`` already laid them out so in the model, or for a narrowing matrix, read as it is)."""
     total = sum(w.shape[0] for w in ws)
     first = ws[0]
     if all(w.stride() == (1, total) for w in ws) and \
             [w.data_ptr() for w in ws] == [first.data_ptr() + sum(v.shape[0] for v in ws[:i]) * first.element_size()
                                            for i in range(len(ws))]:
         return first.detach().as_strided((total, first.shape[1]), (1, total)), 0
-    if len(ws) == 1 and ws[0].shape[0] < ws[0].shape[1]:
-        return ws[0].detach(), 0  # a narrowing matrix streams faster in (out, in) order: the module's own
-    side_by_side = torch.cat([w.detach().t() for w in ws], dim=1)  # (in, sum of outs)
+    if len(ws) == 1 and first.shape[0] < first.shape[1]:
+        return first.detach(), 0  # a narrowing matrix streams faster in (out, in) order: the module's own
+    side_by_side = torch.empty((first.shape[1], total), dtype=first.dtype, device=first.device)  # (in, sum of outs)
+    start = 0
+    for w in ws:
+        side_by_side[:, start:start + w.shape[0]].copy_(w.detach().t())  # copy_ transposes faster than cat
+        start += w.shape[0]
     return side_by_side.t(), side_by_side.numel() * side_by_side.element_size()
 
 
 def _make_layout(model: nn.Module) -> DecodeLayout:
     tensors = sources(model)
-    versions = list(map(_version, tensors))
+    pointers, versioned, versions = _state(tensors)
     layers, nbytes = [], 0
     with torch.inference_mode(False), torch.no_grad():  # plain tensors, whatever mode the first decode runs in
         for block in model.blocks:
@@ -166,7 +181,7 @@ def _make_layout(model: nn.Module) -> DecodeLayout:
             layers.append(Layer(*(m for m, _ in parts)))
             nbytes += sum(n for _, n in parts)
         lm_head, n = _stacked([model.lm_head.weight])
-    return DecodeLayout(layers, lm_head, tensors, versions, nbytes + n)
+    return DecodeLayout(layers, lm_head, tensors, pointers, versioned, versions, nbytes + n)
 
 
 class _Layouts:
