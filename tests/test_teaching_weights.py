@@ -129,6 +129,14 @@ def test_a_model_laid_out_in_place_costs_no_copy_and_the_number_of_copies_is_bou
     for m in models:
         decode_layout(m)
     assert [decode_layout_bytes(m) > 0 for m in models] == [False, False, True, True]  # the oldest forgotten
+    one = decode_layout_bytes(models[3])
+    monkeypatch.setattr(layout_module, "_layouts", layout_module._Layouts(max_models=4, max_bytes=int(2.5 * one)))
+    for m in models:
+        decode_layout(m)
+    assert [decode_layout_bytes(m) > 0 for m in models] == [False, False, True, True]  # bounded in bytes too
+    monkeypatch.setattr(layout_module, "_layouts", layout_module._Layouts(max_bytes=one // 2))
+    decode_layout(models[0])
+    assert decode_layout_bytes(models[0]) == one  # the copy in use is kept, even over the bound
 
 
 @pytest.mark.parametrize("kw", [dict(n_kv_heads=6, tie_embeddings=False), dict(n_heads=8, n_kv_heads=2, head_dim=32)],

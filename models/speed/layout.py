@@ -186,11 +186,11 @@ def _make_layout(model: nn.Module) -> DecodeLayout:
 
 class _Layouts:
     """The fast step's copies, one per model (weak keys: a copy goes when its model goes), made again when the
-    model's weights change; at most ``max_models`` at once, the least recently decoded forgotten first (made again
-    if it decodes again)."""
+    model's weights change; at most ``max_models`` at once and ``max_bytes`` of copies (the copy being used always
+    kept), the least recently decoded forgotten first (made again if it decodes again)."""
 
-    def __init__(self, max_models: int = 4) -> None:
-        self.max_models = max_models
+    def __init__(self, max_models: int = 4, max_bytes: int = 2**30) -> None:
+        self.max_models, self.max_bytes = max_models, max_bytes
         self._held: "weakref.WeakKeyDictionary[nn.Module, DecodeLayout]" = weakref.WeakKeyDictionary()
         self._guard = threading.Lock()  # held while a copy is made: two first decodes of one model make one copy
 
@@ -200,7 +200,8 @@ class _Layouts:
             if layout is None or not layout_current(layout, sources(model)):
                 layout = None  # the old copy is dropped before the new one is made
                 layout = _make_layout(model)
-            while len(self._held) >= self.max_models:
+            while self._held and (len(self._held) >= self.max_models or
+                                  sum(held.nbytes for held in self._held.values()) + layout.nbytes > self.max_bytes):
                 self._held.pop(next(iter(self._held)), None)
             self._held[model] = layout  # last in: the most recently decoded
             return layout
