@@ -190,7 +190,8 @@ class FastStep:
     The full check (``why_not``, a few ms) runs once per generation, at the first step with a new ``cache``; every
     step re-checks what can change between two tokens in microseconds: a hook or an edit on any module checked
     (``models.hooks.HookWatch``), a process-wide hook, the attention implementation, autograd, and whether any
-    weight the CPU step views was replaced. A "no" holds for the rest of that generation.
+    weight was written or replaced since the step's own layout of them was made (``models.speed.layout``: then the
+    model is checked and laid out again). A "no" holds for the rest of that generation.
 
     ``cpu=False`` (``torch_step``) always takes the torch step, never the numpy one.
     """
