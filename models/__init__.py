@@ -21,8 +21,8 @@ ModelConfig.from_hf / to_hf hand over to families.py):
     loading.py     transformers checkpoints (safetensors) in and out
 
 Optional, and imported only by callers that ask for speed (never by the files above):
-    speed/         the weight layout for decoding (optimize_for_decode) and the fast step, a second
-                   implementation of one decode step that ``generate(..., step=fast_step)`` takes when passed
+    speed/         the fast step, a second implementation of one decode step that
+                   ``generate(..., step=fast_step)`` takes when passed, with its own copy of the weights' layout
 
 Notation in every shape comment: B batch, T positions (queries), S keys, H query heads, Hkv key/value
 heads, D head dim, C model dim, V vocabulary.

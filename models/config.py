@@ -14,57 +14,17 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+# The transformers families that load (MODEL_TYPES) and RoPE scaling as config.json spells it are config.json's
+# facts: they live with its reader, which knows nothing of this class.
+from .families import MODEL_TYPES, ROPE_SCALING_KEYS, check_rope_scaling, config_to_hf, settings_from_hf  # noqa: F401
+
 ATTN_IMPLS = ("naive", "sdpa", "tiled")
-# The parameters each supported RoPE scaling needs, under transformers' names (``rope_parameters``).
-ROPE_SCALING_KEYS = {
-    "linear": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-}
-
-
-def check_rope_scaling(scaling: dict[str, Any] | None) -> dict[str, Any] | None:
-    """None for plain RoPE, else ``{"rope_type": ..., <its parameters>}`` with numbers checked.
-
-    Raises ValueError naming what is supported for any other ``rope_type`` (yarn, dynamic, longrope, ...)
-    or a missing or out-of-range parameter.
-    """
-    if not scaling:
-        return None
-    if not isinstance(scaling, dict):
-        raise ValueError(f"rope_scaling must be None or a dict with a 'rope_type', got {scaling!r}.")
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind in ("default", None):
-        return None
-    if kind not in ROPE_SCALING_KEYS:
-        raise ValueError(f"RoPE scaling {kind!r} is not supported: only plain RoPE and the scalings "
-                         f"{sorted(ROPE_SCALING_KEYS)} load.")
-    out: dict[str, Any] = {"rope_type": kind}
-    for key in ROPE_SCALING_KEYS[kind]:
-        value = scaling.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{kind} RoPE scaling needs a number for {key!r}, got {value!r}.")
-        out[key] = int(value) if key == "original_max_position_embeddings" else float(value)
-    if out["factor"] < 1.0:
-        raise ValueError(f"the RoPE scaling factor must be at least 1, got {out['factor']:g}.")
-    if kind == "llama3":
-        if not 0 < out["low_freq_factor"] < out["high_freq_factor"]:
-            raise ValueError("llama3 RoPE scaling needs 0 < low_freq_factor < high_freq_factor, got "
-                             f"{out['low_freq_factor']:g} and {out['high_freq_factor']:g}.")
-        if out["original_max_position_embeddings"] <= 0:
-            raise ValueError("llama3 RoPE scaling needs a positive original_max_position_embeddings, got "
-                             f"{out['original_max_position_embeddings']}.")
-    return out
-
-
 def check_attn_impl(name: str) -> str:
     if name not in ATTN_IMPLS:
         raise ValueError(f"attention implementation must be one of {ATTN_IMPLS}, got {name!r}.")
     return name
 
 
-# The transformers families that load (``models.families`` reads and writes their config.json): Llama, and the
-# families that change it in a few named ways (FAMILY_SWITCHES).
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 # The MLP gate's activation, by transformers' ``hidden_act`` names: SiLU makes SwiGLU (Llama, Qwen), the tanh
 # approximation of GELU makes GeGLU (Gemma).
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -237,14 +197,10 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
         """From a transformers ``config.json`` dict of a family that loads (``models.families.FAMILIES``)."""
-        from .families import config_from_hf
-
-        return config_from_hf(hf)
+        return cls(**settings_from_hf(hf))
 
     def to_hf(self) -> dict[str, Any]:
         """A transformers ``config.json`` dict whose model_type is this config's ``family`` (``models.families``)."""
-        from .families import config_to_hf
-
         return config_to_hf(self)
 
 

@@ -1,4 +1,6 @@
-"""Model families: each transformers ``config.json`` read into ``ModelConfig``'s switches, and written back.
+"""Model families: each transformers ``config.json`` read into ``ModelConfig``'s switches, and written back. This
+module knows nothing of ``ModelConfig`` (``models.config`` builds itself from what it reads here), so the two
+never import each other.
 
 Llama is the baseline. Each other family that loads is Llama with a few switches (``config.FAMILY_SWITCHES``)
 set otherwise; the model code applies each switch at the one place where it acts:
@@ -21,8 +23,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .config import MODEL_TYPES, ModelConfig, check_rope_scaling
-
 FAMILIES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -30,7 +30,49 @@ FAMILIES = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
 }
-assert tuple(FAMILIES) == MODEL_TYPES
+# The transformers families that load: Llama, and those that change it in a few named ways (FAMILY_SWITCHES).
+MODEL_TYPES = tuple(FAMILIES)
+
+# The parameters each supported RoPE scaling needs, under transformers' names (``rope_parameters``).
+ROPE_SCALING_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+
+
+def check_rope_scaling(scaling: dict[str, Any] | None) -> dict[str, Any] | None:
+    """None for plain RoPE, else ``{"rope_type": ..., <its parameters>}`` with numbers checked.
+
+    Raises ValueError naming what is supported for any other ``rope_type`` (yarn, dynamic, longrope, ...)
+    or a missing or out-of-range parameter.
+    """
+    if not scaling:
+        return None
+    if not isinstance(scaling, dict):
+        raise ValueError(f"rope_scaling must be None or a dict with a 'rope_type', got {scaling!r}.")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("default", None):
+        return None
+    if kind not in ROPE_SCALING_KEYS:
+        raise ValueError(f"RoPE scaling {kind!r} is not supported: only plain RoPE and the scalings "
+                         f"{sorted(ROPE_SCALING_KEYS)} load.")
+    out: dict[str, Any] = {"rope_type": kind}
+    for key in ROPE_SCALING_KEYS[kind]:
+        value = scaling.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{kind} RoPE scaling needs a number for {key!r}, got {value!r}.")
+        out[key] = int(value) if key == "original_max_position_embeddings" else float(value)
+    if out["factor"] < 1.0:
+        raise ValueError(f"the RoPE scaling factor must be at least 1, got {out['factor']:g}.")
+    if kind == "llama3":
+        if not 0 < out["low_freq_factor"] < out["high_freq_factor"]:
+            raise ValueError("llama3 RoPE scaling needs 0 < low_freq_factor < high_freq_factor, got "
+                             f"{out['low_freq_factor']:g} and {out['high_freq_factor']:g}.")
+        if out["original_max_position_embeddings"] <= 0:
+            raise ValueError("llama3 RoPE scaling needs a positive original_max_position_embeddings, got "
+                             f"{out['original_max_position_embeddings']}.")
+    return out
+
 
 
 def family_names() -> str:
@@ -40,9 +82,10 @@ def family_names() -> str:
 
 
 # --- reading ------------------------------------------------------------------------------------------------------
-def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
-    """The ``ModelConfig`` of a transformers ``config.json`` dict. Raises ValueError naming the families that load
-    for any other ``model_type``, and for settings of a loading family that the model code does not implement."""
+def settings_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
+    """``ModelConfig``'s keyword arguments for a transformers ``config.json`` dict (``ModelConfig.from_hf``).
+    Raises ValueError naming the families that load for any other ``model_type``, and for settings of a loading
+    family that the model code does not implement."""
     model_type = hf.get("model_type", "llama")
     if model_type == "gemma3":
         raise ValueError("This is a Gemma 3 image-and-text checkpoint (model_type 'gemma3'): only Gemma 3's text-only "
@@ -77,7 +120,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     )
     if model_type != "qwen2":  # Qwen2 always has q, k, v biases (below); the others one switch for all four
         common.update(qkv_bias=bool(hf.get("attention_bias")), o_bias=bool(hf.get("attention_bias")))
-    return ModelConfig(**common, **_READERS[model_type](hf))
+    return {**common, **_READERS[model_type](hf)}
 
 
 def _rope(params: dict[str, Any], default_theta: float) -> tuple[float, dict[str, Any] | None]:
@@ -167,8 +210,9 @@ _READERS = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "qwen3": _qwe
 
 
 # --- writing ------------------------------------------------------------------------------------------------------
-def misfits(config: ModelConfig, model_type: str) -> list[str]:
-    """Why ``model_type``'s transformers class cannot hold ``config`` (one sentence per switch); [] when it can."""
+def misfits(config: Any, model_type: str) -> list[str]:
+    """Why ``model_type``'s transformers class cannot hold ``config``, a ``ModelConfig`` (one sentence per
+    switch); [] when it can."""
     c, out = config, []
     gemma = model_type == "gemma3_text"
 
@@ -209,9 +253,10 @@ def misfits(config: ModelConfig, model_type: str) -> list[str]:
     return out
 
 
-def config_to_hf(config: ModelConfig) -> dict[str, Any]:
-    """A transformers ``config.json`` dict that ``config.family``'s class loads. Raises ValueError, naming the
-    families that could hold it, when a switch is set in a way that class cannot express."""
+def config_to_hf(config: Any) -> dict[str, Any]:
+    """A transformers ``config.json`` dict that ``config.family``'s class loads (``config`` a ``ModelConfig``).
+    Raises ValueError, naming the families that could hold it, when a switch is set in a way that class cannot
+    express."""
     c, model_type = config, config.family
     problems = misfits(c, model_type)
     if problems:

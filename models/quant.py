@@ -37,7 +37,7 @@ class Int8Linear(nn.Module):
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
         w = linear.weight.detach().float()  # (out, in)
         scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)  # (out,)
-        # contiguous (out, in): the int8 kernel reads rows; a weight re-laid out by models.fast is not
+        # contiguous (out, in): the int8 kernel reads rows; a weight laid out by optimize_for_decode is not
         q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()  # (out, in) / (out, 1)
         bias = None if linear.bias is None else linear.bias.detach().clone()
         return cls(q, scale, bias)

@@ -14,7 +14,7 @@ import torch
 from lens import device as dev
 from explorer import measure
 from models.decoder import Decoder
-from models.speed import decode_blas, optimize_for_decode
+from models.speed import decode_blas
 from models.loading import load_pretrained
 
 from .experiments import bench_experiments
@@ -51,7 +51,6 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
 
     torch.manual_seed(0)
     model = Decoder(cfg).to(device=device, dtype=torch_dtype).eval()  # N(0, 0.02) weights from the initializer
-    optimize_for_decode(model)  # the (in, out) weight layout the app serves
     report["machine"]["decode_blas"] = decode_blas(model)  # the fast step's products' library (models.speed.cpu)
     n_params = model.num_parameters()
     report["model"] = {"config": cfg.to_dict(), "parameters": n_params,
@@ -81,8 +80,6 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
 
     if (default_model_dir() / "config.json").is_file():
         shipped = load_pretrained(default_model_dir())
-        if not shipped.config.differences_from_llama():  # the fast step computes plain Llama only
-            optimize_for_decode(shipped)
         app_models = {SHIPPED_NAME: shipped, **app_models}
         report["induction"] = bench_induction(shipped, shipped.config.bos_token_id)
         if not dev.is_cuda(device) and torch_dtype == torch.float32:  # the tab serves float32 on the CPU

@@ -78,8 +78,6 @@ def interleaved(models: dict[str, Decoder], repeats: int) -> dict[str, dict[str,
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     import os
 
-    from models.speed import optimize_for_decode
-
     from .runs import model_config, settings_for
     from .targets import APP_PROMPT_TOKENS, SMOL_NAME
 
@@ -89,7 +87,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(measure.cpu_cores())  # the handler sets the app's own count for each answer anyway
     torch.manual_seed(0)
     smol = Decoder(model_config(settings_for(False, False, HOST))).eval()
-    optimize_for_decode(smol)  # as run_bench serves it
     models = {SMOL_NAME: smol, **{name: build() for name, build in family_models().items()}}
     load = os.getloadavg()[0]
     rows = interleaved(models, args.repeats)

@@ -8,7 +8,7 @@ import torch
 
 from explorer.measure import formats as fm
 from models.decoder import Decoder
-from models.speed import fast_step, optimize_for_decode
+from models.speed import fast_step
 from models.generate import generate
 
 from .targets import HF_TOKENS
@@ -25,7 +25,7 @@ def bench_formats(model: Decoder, hf, prompt: torch.Tensor, settings: dict[str, 
     rows: dict[str, dict[str, Any]] = {}
     speeds = {}
     for fmt in fm.FORMATS:
-        m = model if fmt == "fp32" else optimize_for_decode(fm.convert(model, fmt))
+        m = model if fmt == "fp32" else fm.convert(model, fmt)
         speeds[f"ours {fmt}"] = (fm.decode_speed(lambda n, m=m: generate(m, prompt, n, step=fast_step), HF_TOKENS,
                                                  repeats=settings["decode_repeats"], device=prompt.device),
                                  fm.bytes_per_token(m, kv_len), fm.int8_kernel(m))
@@ -51,11 +51,12 @@ def bench_formats(model: Decoder, hf, prompt: torch.Tensor, settings: dict[str, 
 
 
 def bench_formats_view(model: Decoder, log) -> dict[str, Any]:
-    """The "Weight formats" view's whole measurement (``explorer.panels.formats._measure``: three formats,
-    transformers, the summary rows) on ``model``, once, with the shipped tokenizer's ids for its prompt: what a
-    visitor waits for after "Measure"."""
+    """The "Weight formats" view's whole measurement (``explorer.measure.weight_formats.measure_formats``: three
+    formats, transformers, the summary rows) on ``model``, once, with the shipped tokenizer's ids for its prompt:
+    what a visitor waits for after "Measure"."""
     import time
 
+    from explorer.measure.weight_formats import measure_formats
     from explorer.panels import formats as panel
     from explorer.state import session
 
@@ -64,7 +65,7 @@ def bench_formats_view(model: Decoder, log) -> dict[str, Any]:
         return {"skipped": "the model cannot read the shipped tokenizer's ids (the tiny test model)"}
     ids = tokenizer(panel.DEFAULT_PROMPT)["input_ids"][:panel.MAX_PROMPT_TOKENS]
     t0 = time.perf_counter()
-    numbers = panel._measure(model, tokenizer, ids)
+    numbers = measure_formats(model, tokenizer, ids)
     seconds = time.perf_counter() - t0
     rows = dict(numbers["formats"], **({"transformers": numbers["transformers"]} if numbers["transformers"] else {}))
     log(f"formats view: {seconds:.1f} s (" + ", ".join(

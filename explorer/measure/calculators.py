@@ -16,40 +16,11 @@ from models.config import ModelConfig
 from models.block import PROJECTIONS
 
 from .units import element_size
+# What the shared state counts before it loads a model lives there; these are the calculators' too.
+from explorer.state.sizes import as_config as _cfg, module_bytes, parameter_count, projection_shapes  # noqa: F401
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 REAL_CONFIGS_PATH = DATA_DIR / "real_configs.json"
-
-
-def _cfg(config: ModelConfig | dict) -> ModelConfig:
-    if isinstance(config, ModelConfig):
-        return config
-    if isinstance(config, dict):
-        return ModelConfig.from_hf(config) if "hidden_size" in config else ModelConfig.from_dict(config)
-    raise ValueError(f"expected a ModelConfig or a config dict, got {type(config).__name__}.")
-
-
-def projection_shapes(config: ModelConfig | dict) -> dict[str, tuple[int, int]]:
-    """(in_features, out_features) of each per-layer projection, by transformers' Llama name."""
-    c = _cfg(config)
-    hd = c.head_dim
-    return {"q_proj": (c.d_model, c.n_heads * hd), "k_proj": (c.d_model, c.n_kv_heads * hd),
-            "v_proj": (c.d_model, c.n_kv_heads * hd), "o_proj": (c.n_heads * hd, c.d_model),
-            "gate_proj": (c.d_model, c.d_ff), "up_proj": (c.d_model, c.d_ff), "down_proj": (c.d_ff, c.d_model)}
-
-
-def parameter_count(config: ModelConfig | dict) -> dict[str, int]:
-    """Parameters by part: embedding V·C, per layer (projections, their biases if any, two norms, or four with
-    sandwich norms, and QK-norm's two D-wide norms), final norm, untied LM head."""
-    c = _cfg(config)
-    embedding = c.vocab_size * c.d_model
-    biases = c.qkv_bias * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim + c.o_bias * c.d_model
-    norms = (4 if c.sandwich_norm else 2) * c.d_model + (2 * c.head_dim if c.qk_norm else 0)
-    per_layer = sum(i * o for i, o in projection_shapes(c).values()) + biases + norms
-    lm_head = 0 if c.tie_embeddings else c.vocab_size * c.d_model
-    total = embedding + c.n_layers * per_layer + c.d_model + lm_head
-    return {"embedding": embedding, "per_layer": per_layer, "layers": c.n_layers * per_layer, "final_norm": c.d_model,
-            "lm_head": lm_head, "total": total}
 
 
 def parameter_memory(config: ModelConfig | dict) -> dict[str, int]:
@@ -179,9 +150,3 @@ def parameters_by_component(model: torch.nn.Module) -> dict[str, int]:
             parts.setdefault(key, 0)
         parts[key] += p.numel()
     return parts
-
-
-def module_bytes(model: torch.nn.Module) -> dict[str, int]:
-    """Bytes a module holds: ``parameters`` (weights) and ``buffers`` (e.g. the rotary tables)."""
-    return {"parameters": sum(p.numel() * p.element_size() for p in model.parameters()),
-            "buffers": sum(b.numel() * b.element_size() for b in model.buffers())}

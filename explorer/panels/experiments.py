@@ -27,6 +27,7 @@ from lens.device import gpu, to_host
 
 from . import outputs_of, user_errors
 from . import vote
+from .heads import HOWS, head_options, head_value, parse_heads  # noqa: F401 (the tab's names)
 
 MAX_TOKENS = 64
 # A list of words given twice: the second time through, a model with induction heads copies (the shipped
@@ -35,7 +36,6 @@ DEFAULT_PROMPT = "apple river green chair moon seven bread lamp apple river gree
 CLEAN = "apple river green chair moon seven bread lamp apple river green"
 CORRUPT = "apple river green table moon seven bread lamp apple river green"
 GOOD, BAD = " chair", " table"
-HOWS = {"zero (output set to 0)": "zero", "mean (output set to its mean over the prompt)": "mean"}
 CIRCUIT_SPAN = 32
 CIRCUIT_ROWS = 8
 TOP_K = 5
@@ -45,31 +45,6 @@ A head's scores say what it *looks like*; knocking it out says what it *does*. P
 **Knock out**: the chart shows how surprised the model is by each next token (its loss, in nats) with and
 without them. **Each head in turn** sets every head's effect beside its scores. **Patch** runs a corrupted prompt
 with one activation taken from a clean one and shows how much of the clean answer comes back."""
-
-
-def head_value(layer: int, head: int) -> str:
-    return f"{layer}.{head}"
-
-
-def head_options(model) -> list[tuple[str, str]]:
-    c = model.config
-    return [(f"layer {layer} · {head_label(h, c.n_heads, c.n_kv_heads)}", head_value(layer, h))
-            for layer in range(c.n_layers) for h in range(c.n_heads)]
-
-
-def parse_heads(values, model) -> list[tuple[int, int]]:
-    """The dropdown's "layer.head" values (or a link's) as (layer, head) pairs, checked against the model."""
-    if isinstance(values, str):
-        values = [v for v in values.replace(";", ",").split(",") if v.strip()]
-    pairs = []
-    for v in values or []:
-        text = str(v).strip()
-        try:
-            layer, head = (int(x) for x in text.split("."))
-        except ValueError:
-            raise ValueError(f"a head is written layer.head (e.g. 1.0), got {text[:40]!r}.") from None
-        pairs.append((layer, head))
-    return iv.check_heads(model, pairs)
 
 
 def check_how(how) -> str:

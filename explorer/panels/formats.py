@@ -7,12 +7,9 @@ Every number comes from ``explorer.measure`` on the loaded model when the button
 """
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import gradio as gr
-import torch
 
 from explorer import measure
 
@@ -20,30 +17,15 @@ from explorer.state import session
 from explorer.state.cache import results, weights_key
 from explorer.figures import formats as figs
 from explorer.figures.common import provenance_text
-from explorer.state.locks import MEASURE_LOCK
-from lens.hooks import model_lock
 from explorer.measure import formats as fm
-from models.speed import decode_blas, fast_step
-from models.generate import generate
+from explorer.measure.weight_formats import (  # noqa: F401 (STAGES: what the progress bar says, read by tests)
+    DECODE_SECONDS, FLASH_LENGTHS, LORA_RANK, LORA_TARGETS, NEW_TOKENS, REPEATS, STAGES, measure_formats)
 
 from explorer.panels.errors import user_errors
 from explorer.state.openings import cached_opening
 from explorer.web import links
 
-ROOT = Path(__file__).resolve().parents[2]
-HELD_OUT_PATH = ROOT / "assets" / "encoder-model" / "held_out_stories.txt"
-HELD_OUT_TOKENS = 256  # the fixed text's first tokens (fewer when the model's context is shorter)
 MAX_PROMPT_TOKENS = 64
-NEW_TOKENS = 64  # greedy agreement and decode speed are measured over at most this many new tokens
-REPEATS = 3
-# each format's decoding (and transformers') is timed for about this long, so that the whole view fits 30 s:
-# fewer tokens and runs where a format decodes slowly (bf16 without native kernels), each row saying how many
-DECODE_SECONDS = 3.0
-CACHE_TOKENS = 32  # the KV-caching row: decode with and without the cache, over at most this many tokens
-CACHE_SECONDS = 2.0  # ... the cached decode timed for about this long (fewer tokens where it is slow), the
-# uncached one then over as many tokens
-FLASH_LENGTHS = (1024, 2048)  # the FlashAttention row: peak memory at two lengths, to see how it grows
-LORA_RANK, LORA_TARGETS = 8, ("q_proj", "v_proj")
 DEFAULT_PROMPT = "Once upon a time, there was a happy girl named Lily. She had a"
 TRANSFORMERS = "transformers fp32"
 CACHE_SIZED = 64 * 2**20  # weights under this may stay in the CPU's caches between steps
@@ -78,38 +60,6 @@ class FormatsView(NamedTuple):
     notes: str  # markdown: bandwidth and how it was measured, prefill for contrast, kernels
     summary: list[list[Any]]  # the tutorial's five rows, SUMMARY_HEADERS
     numbers: dict  # the measured values behind both tables (small: numbers and short lists)
-
-
-def held_out_ids(tokenizer, max_len: int) -> list[int]:
-    """The fixed held-out text's first tokens (at most ``max_len``)."""
-    text = HELD_OUT_PATH.read_text()[:20_000]  # far more characters than HELD_OUT_TOKENS tokens need
-    return list(tokenizer(text, add_special_tokens=True, truncation=True, max_length=max_len)["input_ids"])
-
-
-def _copies(model) -> dict[str, torch.nn.Module]:
-    """fp32, bf16 and int8 versions of ``model`` (an fp32 model serves as its own fp32 version), the copies kept
-    in the shared cache (bounded; the weights' key changes with every in-place write, so a trained LoRA model
-    never meets a stale copy). Raises ValueError when the copies would not fit the memory budget."""
-    n = model.num_parameters()
-    sizes = {"fp32": 4 * n, "bf16": 2 * n, "int8": measure.parameter_memory(model.config)["int8_models_quant"]}
-    fp32 = model.embed_tokens.weight.dtype == torch.float32
-    need = sum(v for k, v in sizes.items() if k != "fp32" or not fp32)
-    if need > measure.MEMORY_BUDGET_BYTES:
-        raise ValueError(f"Converting this model needs {measure.format_bytes(need)} for its copies, over the "
-                         f"{measure.format_bytes(measure.MEMORY_BUDGET_BYTES)} one request may use: load a smaller "
-                         "model (SmolLM2-135M fits) to compare formats.")
-    key = weights_key(model)
-    out = {}
-    for fmt in fm.FORMATS:
-        if fmt == "fp32" and fp32:
-            out[fmt] = model
-            continue
-
-        def build(fmt=fmt):
-            with model_lock(model):  # no LoRA write half-way through the copy
-                return fm.convert(model, fmt)
-        out[fmt] = results.get_or_compute(("format_copy", key, fmt), build, nbytes=sizes[fmt])
-    return out
 
 
 def _summary(model, numbers: dict) -> list[list[Any]]:
@@ -158,97 +108,6 @@ def _summary(model, numbers: dict) -> list[list[Any]]:
     return rows
 
 
-#: What the progress bar says, stage by stage (the stages, not a time estimate: decoding takes most of it).
-STAGES = ("converting the model to bf16 and int8", "measuring memory read bandwidth",
-          f"decoding in fp32, bf16 and int8, about {DECODE_SECONDS:.0f} s each (up to {NEW_TOKENS} tokens, up to "
-          f"{REPEATS} runs; the longest stage)",
-          "fp32 prefill speed", "transformers on the same weights", "decoding with and without the cache",
-          "attention memory at two lengths")
-
-
-def _measure(model, tokenizer, ids: list[int], progress=None) -> dict:
-    c = model.config
-    device = model.embed_tokens.weight.device
-    prompt = torch.tensor([ids], device=device)
-    held = torch.tensor([held_out_ids(tokenizer, min(HELD_OUT_TOKENS, c.max_seq_len))], device=device)
-
-    def stage(i: int) -> None:
-        if progress is not None:
-            progress((i, len(STAGES)), desc=STAGES[i], unit="stages")
-
-    stage(0)
-    copies = _copies(model)
-    with session.default_threads(), MEASURE_LOCK:  # one measurement on the cores at a time
-        stage(1)
-        bandwidth = fm.read_bandwidth(repeats=7, device=device)
-        # decoded as the benchmark decodes: the fast step where it computes the model exactly, else the modules
-        stage(2)
-        reference = fm.held_out_logits(copies["fp32"], held)  # (1, T', V): fp32's row, its |Δlogit| and transformers'
-        measured = fm.compare_formats(copies, prompt, held, new_tokens=NEW_TOKENS, repeats=REPEATS, step=fast_step,
-                                      budget_s=DECODE_SECONDS, reference_logits=reference)
-        stage(3)
-        # fp32's only: the screen contrasts it with decoding; bf16 and int8 took 30 s more on SmolLM2-135M
-        prefill = {"fp32": fm.prefill_speed(copies["fp32"], held, repeats=REPEATS)}
-        hf_speed = None
-        stage(4)
-        with tempfile.TemporaryDirectory() as tmp:
-            hf = fm.transformers_copy(copies["fp32"], Path(tmp))
-            if hf is not None:
-                hf_speed = fm.decode_speed(fm.transformers_generate_fn(hf, prompt), NEW_TOKENS, repeats=REPEATS,
-                                           budget_s=DECODE_SECONDS)
-                hf_speed.update(fm.transformers_against(copies["fp32"], hf, held, ours_logits=reference))
-                del hf
-        del reference
-        fp32 = copies["fp32"]
-        stage(5)
-        kv_on = fm.decode_speed(lambda n: generate(fp32, prompt, n, step=fast_step), CACHE_TOKENS, repeats=1,
-                                budget_s=CACHE_SECONDS)
-        kv_off = fm.decode_speed(lambda n: generate(fp32, prompt, n, use_cache=False), kv_on["new_tokens"],
-                                 repeats=1)
-        flash = {impl: [] for impl in ("naive", "sdpa")}
-        stage(6)
-        for T in FLASH_LENGTHS:
-            r = measure.attention_memory(T, c.n_heads, c.head_dim, n_kv_heads=c.n_kv_heads, impls=("naive", "sdpa"),
-                                         repeats=1, device=device)
-            for impl in flash:
-                flash[impl].append(r[impl]["peak_bytes"])
-    formula = measure.kv_cache_bytes(c, seq_len=c.max_seq_len, dtype=torch.float32)
-    variants = measure.attention_variants(c, seq_len=c.max_seq_len, dtype=torch.float32)
-    lora = measure.lora_parameters(c, LORA_RANK, LORA_TARGETS)
-    numbers = {
-        "bandwidth": {k: bandwidth[k] for k in ("bytes_per_s", "nbytes", "repeats", "seconds", "method")},
-        "formats": {name: {"weight_bytes": r["weight_bytes"], "tokens_per_s": r["tokens_per_s"],
-                           "bytes_per_token": r["bytes_per_token"], "agreement": r["agreement"],
-                           "max_abs_logit_diff": r["max_abs_logit_diff"], "held_out_loss": r["held_out_loss"],
-                           "int8_kernel": r["int8_kernel"], "prefill_tokens_per_s": prefill.get(name),
-                           "new_tokens": r["new_tokens"], "repeats": r["repeats"],
-                           "top": r["top"]} for name, r in measured.items()},
-        "transformers": None if hf_speed is None else {"tokens_per_s": hf_speed["tokens_per_s"],
-                                                       "tokens": hf_speed["tokens"][0].tolist(),
-                                                       "new_tokens": hf_speed["new_tokens"],
-                                                       "repeats": hf_speed["repeats"],
-                                                       "max_abs_logit_diff": hf_speed["max_abs_logit_diff"],
-                                                       "held_out_loss": hf_speed["held_out_loss"]},
-        "kv": {"allocated_bytes_per_position": fm.cache_bytes_per_position(fp32),
-               "formula_bytes_per_token": formula["per_token"], "seq_len": c.max_seq_len,
-               "cached_ms": kv_on["step_seconds"] * 1e3, "uncached_ms": kv_off["step_seconds"] * 1e3,
-               "speedup": kv_off["step_seconds"] / kv_on["step_seconds"], "new_tokens": kv_on["new_tokens"]},
-        "gqa": {"mha_bytes": variants["MHA"]["per_sequence"], "gqa_bytes": variants["GQA"]["per_sequence"],
-                "ratio": variants["MHA"]["per_sequence"] / variants["GQA"]["per_sequence"],
-                "allocated_bytes": fp32.new_cache(1).nbytes, "seq_len": c.max_seq_len},
-        "flash": {**flash, "lengths": list(FLASH_LENGTHS), "naive_growth": flash["naive"][1] / flash["naive"][0],
-                  "sdpa_growth": flash["sdpa"][1] / max(flash["sdpa"][0], 1)},
-        "lora": {k: lora[k] for k in ("trainable", "frozen", "trainable_fraction")},
-        "fp32_tokens": measured["fp32"]["tokens"], "held_out_tokens": held.shape[1], "prompt_tokens": len(ids), "new_tokens": NEW_TOKENS,
-        "runtime": measure.runtime_info(fp32), "decode_blas": decode_blas(fp32),
-    }
-    f32, i8 = numbers["formats"]["fp32"], numbers["formats"]["int8"]
-    numbers["int8"] = {"size_reduction": 1 - i8["weight_bytes"] / f32["weight_bytes"],
-                       "speed_ratio": i8["tokens_per_s"] / f32["tokens_per_s"],
-                       "loss_change": i8["held_out_loss"] - f32["held_out_loss"], "kernel": i8["int8_kernel"]}
-    return numbers
-
-
 def _timed_over(r: dict) -> str:
     """How a row's decode speed was measured: "64 tokens × 3 runs"."""
     runs = r["repeats"]
@@ -266,7 +125,7 @@ def formats_view(prompt, state, progress=gr.Progress()):
     model, tokenizer, _ = session.get_model(state)
     ids, notice = _prompt_ids(tokenizer, prompt, model)
     numbers = results.get_or_compute(("formats", weights_key(model), tuple(ids)),
-                                     lambda: _measure(model, tokenizer, ids, progress))
+                                     lambda: measure_formats(model, tokenizer, ids, progress))
     return _view(model, tokenizer, ids, notice, numbers)
 
 
@@ -278,13 +137,13 @@ def _prompt_ids(tokenizer, prompt, model) -> tuple[list[int], str]:
 
 @user_errors
 def formats_example(prompt, state):
-    """The section's opening example: the shipped default model measured by ``_measure`` once, when the app
+    """The section's opening example: the shipped default model measured by ``measure_formats`` once, when the app
     starts (after the first tab's example), kept apart from Measure's results so that Measure measures anew."""
     import datetime
 
     model, tokenizer = session.load_default()
     ids, notice = _prompt_ids(tokenizer, prompt, model)
-    numbers = _measure(model, tokenizer, ids)
+    numbers = measure_formats(model, tokenizer, ids)
     view = _view(model, tokenizer, ids, notice, numbers)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M UTC")
     opening = (f"**Opening example: the shipped default model ({session.default_model_name()}), measured when the "
@@ -304,7 +163,7 @@ def formats_after_load(state):
 
 
 def _view(model, tokenizer, ids: list[int], notice: str, numbers: dict) -> FormatsView:
-    """The tables, roofline and notes from ``_measure``'s numbers for ``model`` and the prompt's ``ids``."""
+    """The tables, roofline and notes from ``measure_formats``'s numbers for ``model`` and the prompt's ``ids``."""
     bw = numbers["bandwidth"]["bytes_per_s"]
     table, points = [], []
     for name, r in numbers["formats"].items():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import time
 import weakref
 from functools import reduce
@@ -16,6 +15,7 @@ from plotly.utils import PlotlyJSONEncoder
 from explorer.figures import training as figs
 from explorer.probes import training as probe
 from explorer.state import session, snapshots
+from explorer.state.cache import results
 from explorer.state.openings import cached_opening
 from explorer.state.text import clean_text, encode_with_notice
 from explorer.state.threads import threads_for
@@ -84,22 +84,15 @@ def _continuation(model, tokenizer, ids) -> str:
     return tokenizer.decode(probe.greedy_continuation(model, ids, MAX_NEW, eos), skip_special_tokens=True)
 
 
-_curves_lock = threading.Lock()
-_curves: dict = {}
-
-
 def curves_figure(step: int, span: int):
     """The curves of the training log with ``step`` marked, as ``gr.Plot`` sends them: drawn once per log and
-    span (``figs.mark_step`` adds the step), so the slider's answer does not rebuild them."""
-    key = (snapshots.log_version(), span)
-    with _curves_lock:
-        base = _curves.get(key)
-    if base is None:
+    span and kept in the result cache (``figs.mark_step`` adds the step), so the slider's answer does not rebuild
+    them."""
+    def draw():
         c = probe.curves(snapshots.logged_snapshots(), str(span))
-        base = figs.training_curves(c, probe.phase_change(c), source=CURVES_SOURCE).to_plotly_json()
-        with _curves_lock:
-            _curves.clear()  # one log at a time: a new log replaces the old drawing
-            _curves[key] = base
+        return figs.training_curves(c, probe.phase_change(c), source=CURVES_SOURCE).to_plotly_json()
+
+    base = results.get_or_compute(("training_curves", snapshots.log_version(), span), draw)
     return gradio_adapter.plotly_payload(json.dumps(figs.mark_step(base, step), cls=PlotlyJSONEncoder))
 
 

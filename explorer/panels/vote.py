@@ -28,6 +28,7 @@ from explorer.state import session
 from lens.device import gpu
 
 from .errors import user_errors
+from .heads import HOWS, parse_heads
 
 TALLY_SECONDS = 1.0  # the projector's tally redraw
 POLL_SECONDS = 3.0  # a phone looks for the teacher's next question
@@ -323,8 +324,6 @@ def attention_question(prompt, layer, head, state, max_tokens: int = 64) -> qs.Q
 
 
 def knockout_question(prompt, heads, how, state, max_tokens: int = 64) -> qs.Question:
-    from .experiments import HOWS, parse_heads
-
     model, _, ids = _model_ids(prompt, state, max_tokens)
     chosen = parse_heads(heads, model)
     if not chosen:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from models.layers import LayerNorm, RMSNorm
 
 from explorer import probes
+from explorer.state.cache import results, weights_key
 from lens.device import device_of, place, to_host
 from lens.heldout import (choose_positions, held_out_sequences, held_out_stories, load_encoder_tokenizer,  # noqa: F401
                          masked_accuracy, next_token_accuracy)
@@ -30,7 +31,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _lock = threading.Lock()
 _shared: tuple | None = None
-_accuracy: dict[int, dict] = {}
 
 
 def encoder_dir() -> Path:
@@ -146,31 +146,28 @@ def fill_in_blank(encoder, mask_id: int, ids: list[int], position: int, decoder=
 
 def held_out_accuracy(decoder=None, decoder_tokenizer=None) -> dict:
     """Masked-token top-1 of the shared encoder and next-token top-1 of ``decoder`` (when it shares
-    the encoder's tokenizer) at the same held-out positions. Computed once per process per decoder.
+    the encoder's tokenizer) at the same held-out positions. Computed once per encoder and decoder weights, kept in
+    the result cache (``explorer.state.cache.results``).
 
     Returns {"encoder": float, "decoder": float | None, "positions": int, "stories": int}.
     """
     encoder, tok = shared_encoder()
     use_decoder = decoder is not None and decoder_tokenizer is not None and same_tokenizer(
         decoder_tokenizer, tok)
-    key = id(decoder) if use_decoder else 0
-    with _lock:
-        if key in _accuracy:
-            return _accuracy[key]
+    key = ("held_out_accuracy", weights_key(encoder), weights_key(decoder) if use_decoder else None)
+    return results.get_or_compute(key, lambda: _held_out_accuracy(encoder, tok, decoder if use_decoder else None))
+
+
+def _held_out_accuracy(encoder, tok, decoder) -> dict:
     stories = held_out_stories(encoder_dir())
     max_len = encoder.config.max_seq_len
-    if use_decoder:
+    if decoder is not None:
         max_len = min(max_len, decoder.config.max_seq_len + 1)
     seqs = held_out_sequences(tok, stories, max_len)
     chosen = choose_positions(seqs, tok.all_special_ids)
-    result = {"encoder": masked_accuracy(encoder, seqs, chosen, tok.mask_token_id),
-              "decoder": next_token_accuracy(decoder, seqs, chosen) if use_decoder else None,
-              "positions": int(sum(int(c.sum()) for c in chosen)), "stories": len(stories)}
-    with _lock:
-        while len(_accuracy) >= 4:   # other users' loaded decoders must not pile up entries
-            _accuracy.pop(next(iter(_accuracy)))
-        _accuracy[key] = result
-    return result
+    return {"encoder": masked_accuracy(encoder, seqs, chosen, tok.mask_token_id),
+            "decoder": next_token_accuracy(decoder, seqs, chosen) if decoder is not None else None,
+            "positions": int(sum(int(c.sum()) for c in chosen)), "stories": len(stories)}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .sizes import bytes_setting
+
 DEFAULT_CACHE_BYTES = 512 * 2**20
 DEFAULT_CACHE_ENTRIES = 512
 
@@ -93,8 +95,10 @@ class ResultCache:
                 return self._entries[key][0]
         return default
 
-    def put(self, key: Any, value: Any, nbytes: int | None = None) -> None:
-        size = approx_bytes(value) if nbytes is None else int(nbytes)
+    def put(self, key: Any, value: Any, nbytes: int | Callable[[Any], int] | None = None) -> None:
+        """Keep ``value`` under ``key``; its size is ``nbytes`` (a number, or a function of the value), else
+        ``approx_bytes(value)``."""
+        size = approx_bytes(value) if nbytes is None else int(nbytes(value) if callable(nbytes) else nbytes)
         with self._guard:
             if key in self._entries:
                 self._bytes -= self._entries.pop(key)[1]
@@ -108,7 +112,8 @@ class ResultCache:
                 self._used.pop(old, None)
                 self._bytes -= dropped
 
-    def get_or_compute(self, key: Any, compute: Callable[[], Any], nbytes: int | None = None) -> Any:
+    def get_or_compute(self, key: Any, compute: Callable[[], Any],
+                       nbytes: int | Callable[[Any], int] | None = None) -> Any:
         """The cached value for ``key``, or ``compute()`` stored under it. While one caller computes a key, the
         others asking for it wait for that result (if it fails, each computes for itself)."""
         while True:
@@ -137,6 +142,26 @@ class ResultCache:
             with self._guard:
                 self._pending.pop(key).set()
 
+    def contains(self, key: Any) -> bool:
+        """Whether ``key`` is kept now (without counting a read)."""
+        with self._guard:
+            return key in self._entries
+
+    def count_where(self, match: Callable[[Any], bool]) -> int:
+        with self._guard:
+            return sum(1 for k in self._entries if match(k))
+
+    def drop_where(self, match: Callable[[Any], bool], keep: int = 0) -> int:
+        """Forget the entries whose key ``match`` accepts but the ``keep`` most recently used (one kind of result
+        bounded on its own: the Training tab's snapshots); how many were dropped."""
+        with self._guard:
+            matching = [k for k in self._entries if match(k)]  # least recently used first
+            old = matching[:max(len(matching) - keep, 0)]
+            for k in old:
+                self._bytes -= self._entries.pop(k)[1]
+                self._used.pop(k, None)
+        return len(old)
+
     def clear(self) -> None:
         with self._guard:
             self._entries.clear()
@@ -161,8 +186,6 @@ class ResultCache:
 
 
 def _cache_bytes() -> int:
-    from explorer.measure.units import bytes_setting
-
     return bytes_setting("EXPLORER_RESULT_CACHE", DEFAULT_CACHE_BYTES)
 
 

@@ -12,16 +12,15 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from lens.device import place
 from models import Decoder, ModelConfig, load_pretrained
-from models.speed import optimize_for_decode
 from models.loading import REPO_ID, fetch_hub, load_tokenizer
 
-from explorer import measure
 from . import private_models
 from .private_models import PRIVATE_LOCK, add_private, reserve_private
+from . import snapshots
+from .sizes import format_bytes, parameter_count
+from .folders import REPO_ROOT, default_model_dir, default_model_name, prepare  # noqa: F401
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def max_load_parameters() -> int:
@@ -40,7 +39,7 @@ def rope_table_bytes(config: ModelConfig) -> int:
 
 def load_bytes(config: ModelConfig) -> int:
     """Bytes a load of ``config`` reserves from the visitors' budget: its float32 weights and rotary tables."""
-    return 4 * measure.parameter_count(config)["total"] + rope_table_bytes(config)
+    return 4 * parameter_count(config)["total"] + rope_table_bytes(config)
 
 
 def budget_needed(config: ModelConfig) -> int:
@@ -57,28 +56,6 @@ def budget_setting(config: ModelConfig) -> str:
     if need <= private_models.DEFAULT_BUDGET_BYTES:
         return "default"
     return f"EXPLORER_PRIVATE_MODELS_BUDGET={math.ceil(need / 2**30)}GiB"
-
-
-def prepare(model: Decoder) -> Decoder:
-    """``model`` on the app's device and dtype, and laid out for the fast one-token decode (``models.fast``) when it
-    is plain Llama. That step computes Llama's block and nothing else: a model of another family (biases, QK-norm,
-    GeGLU, sandwich norms, sliding windows, ...) keeps the modules' own path, which applies every switch."""
-    model = place(model)
-    return optimize_for_decode(model) if not model.config.differences_from_llama() else model
-
-
-def default_model_dir() -> Path:
-    return Path(os.environ.get("EXPLORER_DEFAULT_MODEL", REPO_ROOT / "assets" / "default-model"))
-
-
-def default_model_name() -> str:
-    """How the default model is named on screen: the shipped folder, or the folder the environment chose."""
-    folder = default_model_dir()
-    try:
-        shown = folder.resolve().relative_to(REPO_ROOT)
-    except ValueError:
-        shown = folder
-    return f"default model ({shown})"
 
 
 def model_root() -> Path:
@@ -177,8 +154,6 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
     Hub ids are fetched only when the Hub is reachable; offline (``HF_HUB_OFFLINE=1`` or no network)
     raises ValueError and the caller keeps the model the user had.
     """
-    from . import snapshots  # it imports this module
-
     step = snapshots.parse_name(source) if isinstance(source, str) else None
     if step is not None:  # the default model as it was at a step of its training
         kind, cleaned = "local", str(snapshots.snapshot_folder(snapshots.check_step(step)).resolve())
@@ -214,8 +189,8 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
         config = ModelConfig.from_hf(hf)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as exc:
         raise ValueError(f"{name}: config.json is not a readable Llama config ({exc}).") from exc
-    budget, format_bytes = private_models.PRIVATE_MODELS_BUDGET_BYTES, measure.format_bytes
-    n = measure.parameter_count(config)["total"]
+    budget = private_models.PRIVATE_MODELS_BUDGET_BYTES
+    n = parameter_count(config)["total"]
     limit = max_load_parameters()
     if n > limit:
         raise ValueError(f"{name} has about {n / 1e6:.0f} M parameters ({format_bytes(4 * n)} in float32); this "

@@ -12,9 +12,9 @@ The locks:
 
 The rule: take them in the order ``model_lock -> MEASURE_LOCK -> PROFILER_LOCK``, never the other way round.
 Computed views are kept in ``explorer.state.cache.results``, whose own guard is held only to read or write its
-books, never while computing. Module-private guards of a cache (the default model's loader, the private-model
-registry, the memory lab's opening example) are held around their own work only and take no lock from this list
-except in this same order.
+books, never while computing. Module-private guards (the default model's loader, the private-model registry, the
+fast step's layouts in ``models.speed.layout``) are held around their own work only and take no lock from this
+list except in this same order.
 """
 from __future__ import annotations
 

@@ -21,8 +21,7 @@ import weakref
 
 import torch
 
-from explorer.measure import format_bytes, module_bytes
-from explorer.measure.units import bytes_setting
+from .sizes import bytes_setting, format_bytes, module_bytes
 
 DEFAULT_BUDGET_BYTES = 4 * 2**30
 

@@ -25,7 +25,8 @@ from models import Decoder, load_pretrained
 from models.speed import prepared_copy
 from models.loading import load_tokenizer
 
-from .checkpoints import default_model_dir, default_model_name, prepare
+from .checkpoints import is_shared_load
+from .folders import default_model_dir, default_model_name, prepare
 from . import private_models
 from .private_models import PRIVATE_LOCK, add_private, model_bytes, reserve_private
 # Re-exported: what a panel needs to read a user's text and run on their model, from one import.
@@ -72,8 +73,6 @@ def get_model(state: dict | None) -> tuple[Decoder, Any, str]:
 
 def is_shared(model: Decoder) -> bool:
     """Whether sessions share ``model`` (the default, or a checkpoint loaded by several): nobody may change it."""
-    from .checkpoints import is_shared_load
-
     return _default is not None and model is _default[0] or is_shared_load(model)
 
 
@@ -84,7 +83,7 @@ def private_model(state: dict) -> tuple[Decoder, Any, str]:
     if is_shared(model):
         with PRIVATE_LOCK:
             reserve_private(model_bytes(model), "Your own copy of the model")
-            model = prepared_copy(model)  # a deepcopy, laid out for decoding again (models.speed)
+            model = prepared_copy(model)  # a deepcopy (the weights stay plain, as loaded)
             add_private(model)
             state["model"], state["tokenizer"] = model, tokenizer
             private_models.register_owner(state)

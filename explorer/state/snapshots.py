@@ -3,21 +3,23 @@
 measured them.
 
 A snapshot is named ``default@step-700`` in the header picker and the Model tab. The Training tab reads them
-through ``shared_snapshot``: one read-only copy per step in a small bounded cache shared by every session (each is
-about 4 MB in float32), so moving the step slider does not read a file again. A visitor who loads a snapshot for
-every tab gets their own copy (``load_snapshot_checkpoint``), counted like any visitor's model.
+through ``shared_snapshot``: one read-only copy per step in the result cache shared by every session, at most
+``MAX_SHARED`` of them (each is about 4 MB in float32), so moving the step slider does not read a file again. A
+visitor who loads a snapshot for every tab gets their own copy (``load_snapshot_checkpoint``), counted like any
+visitor's model.
 """
 from __future__ import annotations
 
 import json
 import re
 import threading
-from collections import OrderedDict
 from pathlib import Path
 
 from models import Decoder, load_pretrained
 
-from .checkpoints import default_model_dir, prepare
+from .cache import results
+from .folders import default_model_dir, prepare
+from .sizes import module_bytes
 from .threads import run_threads
 
 SNAPSHOT_DIR = "checkpoints"
@@ -77,42 +79,38 @@ def nearest_step(value: float, steps: list[int] | None = None) -> int:
     return min(steps, key=lambda s: (abs(s - value), s))
 
 
-_lock = threading.Lock()
-_shared: "OrderedDict[tuple[str, int], Decoder]" = OrderedDict()
+def _key(step: int) -> tuple:
+    return ("snapshot", str(default_model_dir()), step)
+
+
+def _is_snapshot(key) -> bool:
+    return isinstance(key, tuple) and bool(key) and key[0] == "snapshot"
 
 
 def shared_snapshot(step: int) -> Decoder:
-    """The snapshot at ``step``, shared and read-only (never modify it), from a cache of ``MAX_SHARED``, the least
-    recently used evicted first."""
-    key = (str(default_model_dir()), step)
-    with _lock:
-        model = _shared.get(key)
-        if model is not None:
-            _shared.move_to_end(key)
-            return model
-    model = read_snapshot(check_step(step))
-    with _lock:
-        model = _shared.setdefault(key, model)  # another thread may have read it meanwhile: keep one
-        _shared.move_to_end(key)
-        while len(_shared) > MAX_SHARED:
-            _shared.popitem(last=False)
+    """The snapshot at ``step``, shared and read-only (never modify it), kept in the result cache
+    (``explorer.state.cache.results``); at most ``MAX_SHARED`` at once, the least recently used dropped first."""
+    model = results.get_or_compute(_key(step), lambda: read_snapshot(check_step(step)), nbytes=_model_bytes)
+    results.drop_where(_is_snapshot, keep=MAX_SHARED)
     return model
 
 
+def _model_bytes(model: Decoder) -> int:
+    return sum(module_bytes(model).values())
+
+
 def is_loaded(step: int) -> bool:
-    with _lock:
-        return (str(default_model_dir()), step) in _shared
+    return results.contains(_key(step))
 
 
 def forget_shared() -> None:
     """Drop every shared snapshot (the benchmark times a step read from disk)."""
-    with _lock:
-        _shared.clear()
+    results.drop_where(_is_snapshot)
 
 
 def read_snapshot(step: int) -> Decoder:
-    """The snapshot's weights, in float32 on the app's device, gradients off. Read on one intra-op thread: for
-    a 1 M-parameter model, two threads on two shared cores took 5x longer here (155 vs 26 ms, median of 26)."""
+    """The snapshot's weights, in float32 on the app's device, gradients off. Read on one intra-op thread: a
+    snapshot is small, and more threads on shared cores only wait for each other (bench/notes/training-tab.md)."""
     with run_threads(1):
         model = prepare(load_pretrained(snapshot_folder(step)))
     for p in model.parameters():
@@ -121,8 +119,7 @@ def read_snapshot(step: int) -> Decoder:
 
 
 def cached_count() -> int:
-    with _lock:
-        return len(_shared)
+    return results.count_where(_is_snapshot)
 
 
 _log_lock = threading.Lock()

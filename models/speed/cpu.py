@@ -23,7 +23,7 @@ from torch import nn
 
 from ..kv_cache import KVCache
 from ..rope import rope_matrix
-from .layout import fused
+from .layout import DecodeLayout, decode_layout, layout_current
 
 # Which library computes the CPU step's one-token matrix products: "auto" (measured once per model shape and thread
 # count, see cpu_products), "torch" or "numpy". EXPLORER_DECODE_BLAS sets it for the process.
@@ -31,16 +31,15 @@ DECODE_BLAS = os.environ.get("EXPLORER_DECODE_BLAS", "auto").strip().lower() or 
 
 
 class _Layer(NamedTuple):
-    """One block as ``_cpu_step`` reads it: views of the modules' own memory, nothing copied. Each matrix is
-    (out, in) as ``nn.Linear`` holds it; ``qkv`` and ``gate_up`` are one matrix when ``optimize_for_decode`` laid
-    the projections side by side (else the separate ones, in order)."""
+    """One block as ``_cpu_step`` reads it: the layout's matrices (``models.speed.layout.Layer``) and numpy views of
+    the norms' own weights, nothing copied here."""
     norm1: np.ndarray  # (C,) input_layernorm.weight
     eps1: float
-    qkv: tuple[torch.Tensor, ...]  # ((H + 2 Hkv) D, C), or q (H D, C), k (Hkv D, C), v (Hkv D, C)
+    qkv: torch.Tensor  # ((H + 2 Hkv) D, C): q, k, v rows stacked
     o: torch.Tensor  # (C, H D)
     norm2: np.ndarray  # (C,) post_attention_layernorm.weight
     eps2: float
-    gate_up: tuple[torch.Tensor, ...]  # (2 F, C), or gate (F, C), up (F, C)
+    gate_up: torch.Tensor  # (2 F, C): gate, up rows stacked
     down: torch.Tensor  # (C, F)
 
 
@@ -53,45 +52,30 @@ class _Plan(NamedTuple):
     cos: torch.Tensor  # (T_max, D) RoPE tables
     sin: torch.Tensor
     heads: tuple[int, int, int]  # H, Hkv, D
-    viewed: list[torch.Tensor]  # every parameter and buffer viewed above ...
-    pointers: list[int]  # ... and where its memory was
+    layout: DecodeLayout  # what the matrices were made from, and when
 
 
 def weights_plan(model: nn.Module) -> _Plan | None:
-    """The model's weights as ``_cpu_step`` reads them: views of the modules' own memory, nothing copied, so values
-    changed in place (``load_state_dict``, LoRA's merge) are seen through them; ``plan_current`` says whether a
-    tensor viewed was replaced since. None for a model whose weights are not on the CPU. The model is read through
-    its attributes (``block.attn.q_proj.weight``), as ``models.speed.step.why_not`` checked it."""
+    """The model's weights as ``_cpu_step`` reads them: the fast step's layout of its matrices (``decode_layout``,
+    made once and kept beside the model) and numpy views of its norms, embedding and rotary tables;
+    ``plan_current`` says whether a weight was written or replaced since. None for a model whose weights are not
+    on the CPU. The model is read through its attributes, as ``models.speed.step.why_not`` checked it."""
     if not model.lm_head.weight.is_cpu:
         return None
-    viewed: list[torch.Tensor] = []
-
-    def view(t: torch.Tensor) -> torch.Tensor:
-        viewed.append(t)
-        return t.detach()
-
-    layers = []
-    for block in model.blocks:
-        attn, mlp = block.attn, block.mlp
-        qkv = fused(attn.q_proj, attn.k_proj, attn.v_proj)  # (C, (H + 2 Hkv) D) or None
-        gate_up = fused(mlp.gate_proj, mlp.up_proj)  # (C, 2 F) or None
-        qkv_views = tuple(view(lin.weight) for lin in (attn.q_proj, attn.k_proj, attn.v_proj))
-        gate_up_views = tuple(view(lin.weight) for lin in (mlp.gate_proj, mlp.up_proj))
-        layers.append(_Layer(
-            view(block.input_layernorm.weight).numpy(), block.input_layernorm.eps,
-            qkv_views if qkv is None else (qkv.t(),), view(attn.o_proj.weight),
-            view(block.post_attention_layernorm.weight).numpy(), block.post_attention_layernorm.eps,
-            gate_up_views if gate_up is None else (gate_up.t(),), view(mlp.down_proj.weight)))
+    layout = decode_layout(model)
+    layers = [_Layer(block.input_layernorm.weight.detach().numpy(), block.input_layernorm.eps, lay.qkv, lay.o,
+                     block.post_attention_layernorm.weight.detach().numpy(), block.post_attention_layernorm.eps,
+                     lay.gate_up, lay.down) for block, lay in zip(model.blocks, layout.layers)]
     c = model.config
-    return _Plan(layers, view(model.norm.weight).numpy(), model.norm.eps, view(model.lm_head.weight),
-                 view(model.embed_tokens.weight).numpy(), view(model.rope_cos), view(model.rope_sin),
-                 (c.n_heads, c.n_kv_heads, c.head_dim), viewed, [t.data_ptr() for t in viewed])
+    return _Plan(layers, model.norm.weight.detach().numpy(), model.norm.eps, layout.lm_head,
+                 model.embed_tokens.weight.detach().numpy(), model.rope_cos, model.rope_sin,
+                 (c.n_heads, c.n_kv_heads, c.head_dim), layout)
 
 
 def plan_current(plan: _Plan) -> bool:
-    """Whether every tensor ``plan`` views still has the memory it had (a reassigned ``.data`` or ``.to()`` moves
-    it); 270 pointer reads for a 30-layer model, cheap enough for every step."""
-    return list(map(torch.Tensor.data_ptr, plan.viewed)) == plan.pointers
+    """Whether every weight ``plan`` reads is where, and as written, as when the plan was made (an in-place write
+    or a reassigned ``.data`` changes that)."""
+    return layout_current(plan.layout)
 
 
 class Vec(NamedTuple):
@@ -141,24 +125,11 @@ NUMPY_PRODUCTS = Products("numpy", _numpy_mv, _numpy_mv_add)
 PRODUCTS = {p.name: p for p in (TORCH_PRODUCTS, NUMPY_PRODUCTS)}
 
 
-def _normed_mv(mv, ws: tuple[torch.Tensor, ...], outs: tuple[Vec, ...], x: Vec, weight: np.ndarray, eps: float,
-               h: Vec) -> None:
-    """``out = w @ rms_norm(x)`` for each matrix ``w`` of ``ws`` and its ``out`` (one side-by-side matrix, or
-    several writing consecutive parts of one buffer). RMSNorm's 1 / sqrt(mean(x²) + eps) is one number per token,
-    so it goes to the product as its scale (BLAS's alpha) instead of costing an operation of its own; ``h``
-    receives x * weight."""
+def _normed_mv(mv, w: torch.Tensor, out: Vec, x: Vec, weight: np.ndarray, eps: float, h: Vec) -> None:
+    """``out = w @ rms_norm(x)``. RMSNorm's 1 / sqrt(mean(x²) + eps) is one number per token, so it goes to the
+    product as its scale (BLAS's alpha) instead of costing an operation of its own; ``h`` receives x * weight."""
     np.multiply(x.a, weight, out=h.a)
-    scale = 1.0 / math.sqrt(float(x.a @ x.a) / x.a.shape[0] + eps)
-    for w, out in zip(ws, outs):
-        mv(w, h, out, scale)
-
-
-def _parts(buffer: Vec, ws: tuple[torch.Tensor, ...]) -> tuple[Vec, ...]:
-    """Where each matrix of ``ws`` writes in ``buffer``: the whole of it for one matrix, else consecutive parts."""
-    if len(ws) == 1:
-        return (buffer,)
-    stops = np.cumsum([w.shape[0] for w in ws]).tolist()
-    return tuple(buffer.part(stop - w.shape[0], stop) for w, stop in zip(ws, stops))
+    mv(w, h, out, 1.0 / math.sqrt(float(x.a @ x.a) / x.a.shape[0] + eps))
 
 
 class KVArrays(NamedTuple):
@@ -199,13 +170,12 @@ def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, kv: KVArrays
     z_heads = z.a.reshape(Hkv, g, D)
     gate, up, act = gate_up.a[:d_ff], gate_up.a[d_ff:], a.a  # (F,) each; act is silu(gate) * up
     views = []  # per layer: where the new key and value go, the keys (transposed) and values attended
-    for layer, (keys, values) in zip(plan.layers, kv.arrays):  # (Hkv, S_max, D) each
-        views.append((keys[:, pos], values[:, pos], keys[:, :pos + 1].swapaxes(1, 2), values[:, :pos + 1],
-                      _parts(qkv, layer.qkv), _parts(gate_up, layer.gate_up)))
+    for keys, values in kv.arrays:  # (Hkv, S_max, D) each
+        views.append((keys[:, pos], values[:, pos], keys[:, :pos + 1].swapaxes(1, 2), values[:, :pos + 1]))
     with np.errstate(over="ignore"):  # exp(-gate) is inf for gate < -88: SiLU's limit there, 0, comes out exact
-        for (norm1, eps1, qkv_w, o_w, norm2, eps2, gate_up_w, down_w), (k_at, v_at, keys_t, values, qkv_out,
-                                                                         gate_up_out) in zip(plan.layers, views):
-            _normed_mv(mv, qkv_w, qkv_out, x, norm1, eps1, h)  # q, k, v side by side: ((H + 2 Hkv) D,)
+        for (norm1, eps1, qkv_w, o_w, norm2, eps2, gate_up_w, down_w), (k_at, v_at, keys_t, values) in zip(
+                plan.layers, views):
+            _normed_mv(mv, qkv_w, qkv, x, norm1, eps1, h)  # q, k, v side by side: ((H + 2 Hkv) D,)
             np.matmul(k_new, R, out=k_at)  # the cache write: the key RoPE'd, (Hkv, D)
             np.copyto(v_at, v_new)
             w = (q_new @ Rq) @ keys_t  # (Hkv, g, S) scores of the RoPE'd, scaled query against every cached key
@@ -214,7 +184,7 @@ def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, kv: KVArrays
             w /= w.sum(-1, keepdims=True)  # softmax over the S keys
             np.matmul(w, values, out=z_heads)  # attention output (Hkv, g, D): the heads side by side in z
             mv_add(x, o_w, z)  # x += o_proj(z)
-            _normed_mv(mv, gate_up_w, gate_up_out, x, norm2, eps2, h)  # gate and up side by side: (2 F,)
+            _normed_mv(mv, gate_up_w, gate_up, x, norm2, eps2, h)  # gate and up side by side: (2 F,)
             np.negative(gate, out=act)
             np.exp(act, out=act)
             act += 1
@@ -223,7 +193,7 @@ def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, kv: KVArrays
             mv_add(x, down_w, a)  # x += down_proj(silu(gate) * up)
     cache.length = pos + 1
     logits = Vec.empty(plan.lm_head.shape[0])
-    _normed_mv(mv, (plan.lm_head,), (logits,), x, plan.norm, plan.eps, h)
+    _normed_mv(mv, plan.lm_head, logits, x, plan.norm, plan.eps, h)
     return logits.t[None]  # (1, V)
 
 
@@ -243,8 +213,8 @@ def run_cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products:
         torch.set_num_threads(threads)
 
 
-# Measuring which library is faster takes 8 steps (a second for a 135M model), so its answer is kept for each
-# model shape and thread count this process decodes; a few shapes at most, the oldest forgotten past 16.
+# A table of machine facts, not a result cache: which library is faster depends only on the machine, the model's
+# shape and the thread count, and measuring it takes 8 steps, so each answer is kept (at most 16, oldest out first).
 _CHOSEN: dict[tuple, Products] = {}
 _CHOSEN_MAX = 16
 
@@ -272,7 +242,7 @@ def cpu_products(model: nn.Module, plan: _Plan | None = None) -> Products:
 def _measure_products(plan: _Plan) -> Products:
     """The library whose step on ``plan`` (one token, a scratch cache) took less time: one warm-up and the median
     of three steps each, torch's first. Not interleaved: OpenBLAS's threads keep spinning for a while after a
-    product (on the order of 0.1 s), and a torch step run meanwhile measured 4x slower than alone."""
+    product and slow a torch step run meanwhile (bench/notes/decode-step.md)."""
     H, Hkv, D = plan.heads
     scratch = KVCache(len(plan.layers), 1, Hkv, 1, D)
     seconds = {}

@@ -32,8 +32,8 @@ from ..hooks import HookPoint, HookWatch, has_global_hooks, module_hooked
 from ..kv_cache import KVCache
 from ..layers import RMSNorm, SwiGLU
 from ..rope import rope_matrix
-from .cpu import TORCH_PRODUCTS, KVArrays, _Plan, cpu_products, plan_current, run_cpu_step, weights_plan
-from .layout import fused
+from .cpu import TORCH_PRODUCTS, KVArrays, _Plan, cpu_products, run_cpu_step, weights_plan
+from .layout import DecodeLayout, decode_layout, layout_current
 
 # What the step was written for, spelled out rather than read from the model files: a config option, a module, a
 # parameter or an attribute that is not listed here (a bias, a QK norm, a sliding window, ...) is something the step
@@ -176,7 +176,8 @@ class _Run(NamedTuple):
     watch: HookWatch | None  # hooks and edits on every module checked, seen at each step
     attentions: tuple  # each layer's Attention: set_attn_impl swaps no module, so impl is read at each step
     requires_grad: bool  # under autograd the modules, which record a graph, run instead
-    plan: _Plan | None  # the CPU step's views of the weights (None: not on the CPU)
+    layout: DecodeLayout | None  # the step's own layout of the weights (None where it stands aside)
+    plan: _Plan | None  # the CPU step's view of that layout and of the norms (None: not on the CPU)
     kv: list  # [KVArrays] once the CPU step has run on this cache: its arrays, made once per generation
 
 
@@ -189,7 +190,8 @@ class FastStep:
     The full check (``why_not``, a few ms) runs once per generation, at the first step with a new ``cache``; every
     step re-checks what can change between two tokens in microseconds: a hook or an edit on any module checked
     (``models.hooks.HookWatch``), a process-wide hook, the attention implementation, autograd, and whether any
-    weight the CPU step views was replaced. A "no" holds for the rest of that generation.
+    weight was written or replaced since the step's own layout of them was made (``models.speed.layout``: then the
+    model is checked and laid out again). A "no" holds for the rest of that generation.
 
     ``cpu=False`` (``torch_step``) always takes the torch step, never the numpy one.
     """
@@ -216,10 +218,11 @@ class FastStep:
             return run
         mods, params = [], {}
         reason = _check(model, mods, params)
+        plan = weights_plan(model) if reason is None and self.host_step else None
         run = _Run(weakref.ref(model), reason, HookWatch(mods) if reason is None else None,
                    tuple(b.attn for b in model.blocks) if reason is None else (),
                    reason is None and any(p.requires_grad for p in params.values()),
-                   weights_plan(model) if reason is None and self.host_step else None, [])
+                   plan.layout if plan is not None else decode_layout(model) if reason is None else None, plan, [])
         with self._lock:
             self._runs.pop(cache, None)
             while len(self._runs) >= self._MAX_RUNS:
@@ -235,18 +238,18 @@ class FastStep:
         c = model.config
         if token.dim() != 2 or token.shape[1] != 1 or not 0 <= pos < min(c.max_seq_len, cache.max_len):
             return None  # let the model say what is wrong
+        if not layout_current(run.layout):  # a weight written or replaced mid-generation: check the model again
+            self._runs.pop(cache, None)
+            return self(model, token, cache, pos)
         if run.plan is not None and token.shape[0] == 1 and token.is_cpu and cache.k[0].is_cpu \
                 and cache.k[0].dtype == torch.float32 and cache.k[0].shape[0] == 1:
             token_id = int(token[0, 0])
             if not 0 <= token_id < c.vocab_size:
                 return None
-            if not plan_current(run.plan):  # a weight's storage replaced mid-generation: check the model again
-                self._runs.pop(cache, None)
-                return self(model, token, cache, pos)
             if not (run.kv and run.kv[0].of(cache)):
                 run.kv[:] = [KVArrays.make(cache)]
             return run_cpu_step(run.plan, token_id, cache, pos, cpu_products(model, run.plan), run.kv[0])
-        return _torch_step(model, token, cache, pos)
+        return _torch_step(model, run.layout, token, cache, pos)
 
 
 fast_step = FastStep("fast step")  # one token on the CPU: models.speed.cpu's numpy step; else the torch step
@@ -264,36 +267,28 @@ def decode_blas(model: nn.Module) -> str:
 
 
 # --- anywhere else (a batch, a GPU): the same step as torch operations ------------------------------------------
-def _torch_step(model: nn.Module, token: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor:
+def _torch_step(model: nn.Module, layout: DecodeLayout, token: torch.Tensor, cache: KVCache,
+                pos: int) -> torch.Tensor:
     """The fast step as torch operations, for any batch on any device: RMSNorm as torch's fused kernel, each
-    residual add folded into its product (addmm), q/k/v and gate/up each one product where laid side by side."""
+    residual add folded into its product (addmm), q/k/v and gate/up each one product (``layout``'s matrices)."""
     c = model.config
     B = token.shape[0]
     H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
     R = rope_matrix(model.rope_cos[pos:pos + 1], model.rope_sin[pos:pos + 1])  # (D, D), shared by every layer
     x = F.embedding(token[:, 0], model.embed_tokens.weight)  # (B, C)
-    for layer, block in enumerate(model.blocks):
-        attn, mlp = block.attn, block.mlp
+    for layer, (block, lay) in enumerate(zip(model.blocks, layout.layers)):
         h = _torch_rms_norm(x, block.input_layernorm)
-        qkv = fused(attn.q_proj, attn.k_proj, attn.v_proj)  # (C, (H + 2 Hkv) D) or None
-        if qkv is not None:
-            q, k, v = (h @ qkv).split([H * D, Hkv * D, Hkv * D], dim=1)
-        else:
-            q, k, v = (h @ lin.weight.t() for lin in (attn.q_proj, attn.k_proj, attn.v_proj))
+        q, k, v = (h @ lay.qkv.t()).split([H * D, Hkv * D, Hkv * D], dim=1)  # (B, H D), (B, Hkv D) twice
         q = (q.reshape(B * H, D) @ R).view(B, H, 1, D)  # RoPE'd, (B, H, 1, D)
         k = (k.reshape(B * Hkv, D) @ R).view(B, Hkv, 1, D)  # (B, Hkv, 1, D)
         v = v.reshape(B, Hkv, 1, D)
         keys, values = cache.update(layer, pos, k, v)  # (B, Hkv, pos + 1, D) each
         z = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)  # (B, H, 1, D), no mask: one query
-        x = torch.addmm(x, z.reshape(B, H * D), attn.o_proj.weight.t())  # x + o_proj(z), (B, C)
+        x = torch.addmm(x, z.reshape(B, H * D), lay.o.t())  # x + o_proj(z), (B, C)
         h = _torch_rms_norm(x, block.post_attention_layernorm)
-        gate_up = fused(mlp.gate_proj, mlp.up_proj)  # (C, 2 F) or None
-        if gate_up is not None:
-            gate, up = (h @ gate_up).chunk(2, dim=1)  # (B, F) each
-        else:
-            gate, up = h @ mlp.gate_proj.weight.t(), h @ mlp.up_proj.weight.t()
-        x = torch.addmm(x, F.silu(gate, inplace=True).mul_(up), mlp.down_proj.weight.t())  # x + down(silu(gate) up)
-    return _torch_rms_norm(x, model.norm) @ model.lm_head.weight.t()  # (B, V)
+        gate, up = (h @ lay.gate_up.t()).chunk(2, dim=1)  # (B, F) each
+        x = torch.addmm(x, F.silu(gate, inplace=True).mul_(up), lay.down.t())  # x + down(silu(gate) up)
+    return _torch_rms_norm(x, model.norm) @ layout.lm_head.t()  # (B, V)
 
 
 def _torch_rms_norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
