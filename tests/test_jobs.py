@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from explorer import finetune, jobs, probes
+from explorer import finetune, jobs, measure, probes
 from explorer.jobs import finetune as finetune_job
 from explorer.jobs import generation as generation_job
 from lens.hooks import model_lock
@@ -155,3 +155,16 @@ def test_a_generation_left_between_two_tokens_holds_no_lock():
             break
     stream.close()  # Stop: the stream is closed between two tokens
     assert _lock_is_free(model)
+
+
+def test_the_fast_step_on_a_loaded_model_keeps_its_own_copy_and_the_tab_says_its_size():
+    from explorer.panels.generation_text import path_text
+    from models.speed import decode_layout_bytes
+
+    model = _model()  # as load_pretrained made it: the fast step lays out a copy of its own
+    before = {name: p.data_ptr() for name, p in model.named_parameters()}
+    run = list(_stream(model, decode=probes.generation.FAST))[-1]
+    assert {name: p.data_ptr() for name, p in model.named_parameters()} == before  # the modules' tensors untouched
+    assert run.layout_bytes == decode_layout_bytes(model) > 0
+    text = path_text(run, {"decode": probes.generation.FAST, "temperature": 0.0})
+    assert f"own fused copy of the weights ({measure.format_bytes(run.layout_bytes)}" in text

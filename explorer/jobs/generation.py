@@ -19,6 +19,7 @@ from explorer.state import session
 from explorer.state.cache import model_id, results
 from explorer.state.locks import MEASURE_LOCK
 from lens.hooks import model_lock
+from models.speed import decode_layout_bytes
 
 
 @dataclasses.dataclass
@@ -30,6 +31,7 @@ class GenerationRun:
     stood_aside: str | None  # why the chosen fast step would not compute this model (None: it would, or none chosen)
     steps: list[dict] = dataclasses.field(default_factory=list)  # ``probes.stream_generation``'s records
     check: dict | None = None  # ``probes.generation.modules_check`` of the fast step's tokens, when it computed any
+    layout_bytes: int = 0  # what the fast step's own copy of the weights holds (``models.speed.decode_layout_bytes``)
     done: bool = False
 
 
@@ -65,5 +67,6 @@ def stream(model, ids: list[int], *, max_new_tokens: int, temperature: float, to
         if any(st["fast_step"] for st in run.steps):  # the fast step's tokens, checked against the modules
             with model_lock(model):
                 run.check = probes.generation.modules_check(model, ids, run.steps)
+            run.layout_bytes = decode_layout_bytes(model)
     run.done = True
     yield run

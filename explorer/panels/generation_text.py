@@ -37,8 +37,11 @@ def path_text(run, s: dict) -> str:
              "fast step**" if fast == decode else
              f"the prompt, the first new token and {decode - fast} of the {decode} after it through the modules, "
              f"{fast} through **the fast step** (it stepped aside where a hook or an edit appeared)")
+    # the fast step reads its own fused copy of the weights, so the teaching modules keep load_pretrained's tensors
+    copy = (f" It reads its own fused copy of the weights ({measure.format_bytes(run.layout_bytes)} held beside the "
+            "model's), so the modules the other tabs show keep their own tensors." if run.layout_bytes else "")
     head = (f"**Computed by the fast step** (models/speed: the same math as flat array operations, not the modules' "
-            f"code): {where}. One forward of the modules over the finished sequence "
+            f"code): {where}.{copy} One forward of the modules over the finished sequence "
             f"({check['seconds'] * 1e3:.0f} ms) ")
     if s["temperature"] == 0:
         differ = [i for i, ok in enumerate(check["same_greedy"]) if not ok]
