@@ -108,6 +108,7 @@ def test_an_edit_of_the_teaching_code_changes_what_generate_computes_unless_the_
     assert torch.equal(fast, ref)  # they are the original math's, after an edited prompt
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_generate_imports_no_speed_code():
     source = (REPO / "models" / "generate.py").read_text()
     assert "speed" not in re.sub(r'""".*?"""|#.*', "", source, flags=re.S)  # docstrings and comments may name it
@@ -296,6 +297,7 @@ def test_modules_and_options_the_step_does_not_know_send_decoding_to_the_modules
 
 
 # --- nothing process-wide, nothing private ------------------------------------------------------------------------
+@pytest.mark.slow  # a fresh Python process
 def test_importing_models_registers_nothing_process_wide():
     proc = subprocess.run([sys.executable, "-m", "tests.torch_registries", "models", "models.speed", "lens.hooks",
                            "explorer.probes"], cwd=REPO, capture_output=True, text=True, timeout=240)
