@@ -170,6 +170,7 @@ def test_compare_formats_reports_each_format(model, prompt):
         assert r["bytes_per_token"] == fm.bytes_per_token(models[f], 8 + 3)
 
 
+@pytest.mark.slow  # sleeps through its time budgets
 def test_a_decode_speed_within_a_budget_takes_fewer_tokens_and_runs_for_a_slow_decoder():
     """``decode_speed(..., budget_s=)``: a decoder whose step takes 50 ms, given 1 s for 3 runs of up to 64 tokens,
     is timed over fewer tokens (at least 8), ends near its budget, and still measures its step time; a fast one

@@ -101,6 +101,7 @@ def test_the_page_says_its_opening_examples_were_computed_at_start_up(config):
     assert "what you change is computed now" in label
 
 
+@pytest.mark.slow  # builds and fills in a second whole app
 def test_python_app_py_answers_first_then_fills_in_its_first_tab_then_the_rest(served_model_dir, model_root,
                                                                                 monkeypatch):
     """``python app.py`` builds with ``openings_later``: the page it serves at once says the examples are being
@@ -170,6 +171,7 @@ def test_a_failing_opening_is_named_on_the_page_and_the_others_still_computed(mo
         openings_pending(pages[-1])
 
 
+@pytest.mark.slow  # Measure runs the whole formats measurement
 def test_the_roofline_opens_on_the_shipped_model_measured_at_start_up_and_measure_measures_anew(config, client):
     """The Weight formats section opens on a roofline computed at start-up by ``_measure`` (never a stored one),
     saying which model and when; Measure then measures the loaded model itself, without that sentence."""

@@ -105,6 +105,7 @@ def gen_view():
     return generate("Tom has a red", 4, 0.8, 50, 0.95, 0, fresh()).view
 
 
+@pytest.mark.slow  # many generated examples, each a generation step
 @SETTINGS
 @given(view=st.sampled_from(["real", None, {}, {"steps": []}]), step=st.one_of(st.integers(-2, 6), junk))
 def test_generate_step_any_input(gen_view, view, step):  # the view is server-side state: never hostile

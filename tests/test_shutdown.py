@@ -43,6 +43,7 @@ def _exited_cleanly(done: subprocess.CompletedProcess) -> None:
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_a_stopped_measurement_ends_its_step_before_the_process_exits():
     """Stop closes the sweep while its worker is inside a step; the interpreter exits right after: it waits for
     the step instead of ending the worker inside it."""

@@ -139,7 +139,7 @@ def test_shipped_snapshots_span_the_run_and_are_in_the_log():
     steps = [int(p.name.removeprefix("step-")) for p in SNAPSHOTS]
     assert len(steps) >= 24 and steps[0] == 0 and steps[-1] == log["steps_run"]
     assert sorted(snapshot_entries()) == steps
-    from training.loop import phase_window
+    from training.snapshots import phase_window
 
     lo, hi = phase_window(log["snapshots"], "induction", probe.REFERENCE_SPAN)
     assert all(b - a <= 25 for a, b in zip(steps, steps[1:]) if lo <= a < hi)  # every 25 steps across the change

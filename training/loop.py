@@ -20,7 +20,6 @@ What it does, in order, all from one seed:
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -36,8 +35,8 @@ from . import corpus
 from .card import write_model_card
 from .data import (pool_size, random_background, repeated_span_rows, story_rows, token_pool,
                    unigram_entropy)
-from .evaluate import (PREVIOUS_TOKEN_SPAN, PROBE_ROWS, best, checkpoint_key, evaluate,
-                       spans_that_fit, worst_span_induction)
+from .evaluate import best, evaluate, spans_that_fit, worst_span_induction
+from .snapshots import SNAPSHOT_DIR, Checkpoints, kept_snapshots, save_snapshot
 from .tokenizer import save_tokenizer, train_tokenizer
 
 DEFAULT_OUT = os.path.join("assets", "default-model")
@@ -76,11 +75,9 @@ class TrainSettings:
     late_batch: int = 24
     late_span_batch: int = 8
     pool_start: int = 256
-    # "shuffled": the pool's order is a seeded random permutation, so the first pool holds common
-    # and rare tokens alike; "frequency": the most frequent story tokens first. Measured here with
-    # "frequency": layer 0 split the previous-token job by token frequency (one head for the ~300
-    # commonest tokens, another for the rest, best single head 0.74 on the probe); "shuffled" grew
-    # one previous-token head for every token (0.97) and a lower held-out loss (1.004 vs 1.039).
+    # "shuffled": the pool's order is a seeded random permutation, so the first pool holds common and rare tokens
+    # alike and one previous-token head grows for every token; "frequency": the most frequent story tokens first,
+    # which splits that job between heads by frequency (bench/notes/training.md compares the two).
     pool_order: str = "shuffled"
     pool_grow: tuple[float, float] = (0.2, 0.5)
     held_out_rows: int = 64
@@ -91,9 +88,8 @@ class TrainSettings:
     min_lr: float = 1e-4
     warmup: int = 50
     weight_decay: float = 0.1
-    # Weight decay on the query and key projections (for experiments: it caps how large q·k can
-    # grow, so how sharp a positional head can get). Measured here, best previous-token head on
-    # the seed-123 probe: 0.69 after 1000 steps with 0.0, 0.74 after 1800 steps with 0.1.
+    # Weight decay on the query and key projections, kept as a setting because it caps how large q·k can grow, so
+    # how sharp a positional head can get (bench/notes/training.md has what it measured).
     qk_weight_decay: float = 0.1
     grad_clip: float = 1.0
     # evaluation
@@ -283,88 +279,13 @@ def train_step(model, opt, stories: torch.Tensor, spans: tuple[torch.Tensor, tor
         group["lr"] = lr
     loss_story = next_token_loss(model, stories)
     # The repeated-span loss counts the second copies only: the random first copies and background
-    # cannot be predicted, and their ln(V) nats would drown the copying signal (measured here: with
-    # them counted, 1200 steps of spans with random filler grew no induction head at all).
+    # cannot be predicted, and their ln(V) nats would drown the copying signal (bench/notes/training.md).
     loss_span = next_token_loss(model, *spans)
     opt.zero_grad(set_to_none=True)
     (story_weight * loss_story + (1 - story_weight) * loss_span).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
     opt.step()
     return loss_story.item(), loss_span.item()
-
-
-class Checkpoints:
-    """Every evaluation in order, and a copy of the weights of the best one so far."""
-
-    def __init__(self):
-        self.history: list[dict] = []
-        self.best_entry: dict | None = None
-        self.best_state: dict | None = None
-        self.snapshots: list[dict] = []     # the snapshots written, in order (save_snapshot)
-
-    def consider(self, entry: dict, model) -> None:
-        self.history.append(entry)
-        if self.best_entry is None or checkpoint_key(entry) < checkpoint_key(self.best_entry):
-            self.best_entry = entry
-            self.best_state = copy.deepcopy(model.state_dict())
-
-
-SNAPSHOT_DIR = "checkpoints"
-
-
-def snapshot_folder(out: str, step: int) -> str:
-    return os.path.join(out, SNAPSHOT_DIR, f"step-{step:05d}")
-
-
-def save_snapshot(model, step: int, out: str, held_rows: torch.Tensor, spans, seed: int) -> dict:
-    """Write the decoder as it is at ``step`` in fp16 and measure those saved weights (not the fp32
-    ones being trained), so the log's scores are what loading the snapshot gives."""
-    from lens.loss import repeated_half_loss
-    from models import save_pretrained
-
-    saved = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in saved.parameters():    # what load_pretrained(folder) reads back: fp16 values in fp32
-            p.copy_(p.half().float())
-    folder = snapshot_folder(out, step)
-    save_pretrained(saved, folder, dtype=torch.float16)
-    entry = {"step": step, "folder": os.path.relpath(folder, out),
-             "bytes": os.path.getsize(os.path.join(folder, "model.safetensors")),
-             **evaluate(saved, held_rows, spans, seed)}
-    saved.eval()
-    ref_span = PREVIOUS_TOKEN_SPAN if PREVIOUS_TOKEN_SPAN in spans else max(spans)  # as probe_scores
-    entry["repeated_half_span"] = ref_span
-    entry["repeated_half_loss"] = repeated_half_loss(saved, ref_span, PROBE_ROWS, seed)
-    return entry
-
-
-def phase_window(entries: list[dict], key: str, span: int, lo: float = 0.2, hi: float = 0.8):
-    """(last step under ``lo`` before the first at ``hi`` or more, that first step) of the best head's ``key``
-    score ("induction" at ``span``, or "previous_token"); None when it never reaches ``hi``."""
-    scores = [(e["step"], best(e[key][str(span)] if key == "induction" else e[key])[0]) for e in entries]
-    top = next((step for step, v in scores if v >= hi), None)
-    if top is None:
-        return None
-    below = [step for step, v in scores if v < lo and step < top]
-    return (below[-1] if below else scores[0][0]), top
-
-
-def kept_snapshots(entries: list[dict], s: TrainSettings) -> list[dict]:
-    """The snapshots to keep (see ``TrainSettings.snapshot_steps``): the fixed steps, and every one across the
-    measured phase changes, one more on each side, widened until ``snapshot_min`` are kept."""
-    steps = [e["step"] for e in entries]
-    span = entries[0].get("repeated_half_span", PREVIOUS_TOKEN_SPAN) if entries else PREVIOUS_TOKEN_SPAN
-    windows = [w for w in (phase_window(entries, k, span) for k in ("induction", "previous_token")) if w]
-    if windows:
-        lo, hi = min(w[0] for w in windows), max(w[1] for w in windows)
-        i, j = steps.index(lo), steps.index(hi)
-    else:  # no phase change measured: keep the fixed steps, widened around the middle if too few
-        i = j = len(steps) // 2
-    keep = lambda i, j: set(s.snapshot_steps) | set(steps[max(0, i - 1):j + 2])  # noqa: E731
-    while len(keep(i, j) & set(steps)) < min(s.snapshot_min, len(steps)):
-        i, j = i - 1, j + 1
-    kept = keep(i, j)
-    return [e for e in entries if e["step"] in kept]
 
 
 class Ema:
