@@ -1,5 +1,5 @@
 // Run once on page load (demo.load): projector mode from ?present=1, each tab's intro and a phone's order, the
-// figures kept in step through plotly_wrappers.js, and a page served before its opening examples reloaded once they are.
+// figures kept in step through plotly_wrappers.js, and a page served before its opening examples reloaded when ready.
 () => {
   const on = new URLSearchParams(window.location.search).get('present') === '1';
   document.body.classList.toggle('projector', on);

@@ -2,7 +2,7 @@
 // the page's head (launch(head=...)), so that each exists before the first figure is drawn. Why each exists:
 //   Plotly.react       Gradio redraws through it: phone layouts, projector sizes and the PNG/SVG buttons go in there,
 //                      and a redraw Plotly throws on mid-layout ("axis scaling") is retried once it has settled.
-//   Plots.resize       Gradio resizes right after each redraw: a figure whose redraw threw throws here too until redrawn.
+//   Plots.resize       Gradio resizes after each redraw: a figure whose redraw threw would throw here too.
 //   explorerRestyle    projector mode switched: every drawn figure drawn again from what was sent, at the new sizes.
 //   explorerFit        projector mode: the visible tab's main figure short enough to end inside the window.
 //   explorerThin       token axes label every k-th token, as many as stand apart at the size drawn.
