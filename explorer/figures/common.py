@@ -146,7 +146,7 @@ def thinned(labels: Sequence[str], step: int) -> list[str]:
 def colorbar(title: str, **kwargs) -> dict:
     """Every heatmap's colour bar: its title on the side beside the tick labels, with a pad. Plotly places that
     title after measuring the labels, so the labels must be drawn at the size Plotly knows: projector mode sets
-    its 16 px in the figure's layout (app.py's page script), not only in CSS."""
+    its 16 px in the figure's layout (explorer/web/page/plotly_wrappers.js), not only in CSS."""
     return dict(title=dict(text=title, side="right"), xpad=14, **kwargs)
 
 

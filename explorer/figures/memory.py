@@ -112,7 +112,7 @@ def memory_sweep_figure(
 
 
 def _stacked(fig: go.Figure, heading: list[str], provenance: str) -> dict:
-    """The sweep's layout for a phone (app.py's page script applies it under 640 px): memory above time, each
+    """The sweep's layout for a phone (the page's Plotly wrappers apply it under 640 px): memory above time, each
     chart the page's width, the heading one part a line and the provenance on lines of about 45 characters."""
     memory, time = (a.to_plotly_json() for a in fig.layout.annotations)
     lines: list[str] = []

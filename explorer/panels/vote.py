@@ -25,6 +25,7 @@ from explorer.figures.vote import tally_figure
 from explorer.probes import questions as qs
 from explorer.state import rooms as room_store
 from explorer.state import session
+from explorer.web.page import script
 from lens.device import gpu
 
 from .errors import user_errors
@@ -37,29 +38,9 @@ MAX_URL = 200
 _URL_PATH = re.compile(r"^[A-Za-z0-9/._~-]*$")
 _HOST = re.compile(r"^[A-Za-z0-9.-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:]+\](:\d{1,5})?$")
 
-CSS = """
-body:not(.joining) #join-view {display: none !important}
-body.joining #header-row, body.joining #link-notice, body.joining #glossary, body.joining .tabs,
-body.joining footer {display: none !important}
-body.joining #join-view {max-width: 560px; margin: 0 auto}
-#join-question textarea, #join-question input {font-size: 22px !important; font-weight: 600; line-height: 1.3}
-.vote-choice {font-size: 22px !important; min-height: 64px; white-space: normal !important}
-.room-code p {font-size: 40px; font-weight: 700; letter-spacing: 0.15em; margin: 0}
-"""
-
-# On page load: ?join=... shows the vote view alone and joins the room in the link (?join= alone: type the code).
-JOIN_JS = """() => {
-  const code = new URLSearchParams(window.location.search).get('join');
-  if (code === null) return;
-  document.body.classList.add('joining');
-  if (!code) return;
-  const go = (n) => { const b = document.getElementById('join-go'); if (b) b.click(); else if (n) setTimeout(() => go(n - 1), 100); };
-  setTimeout(() => go(50), 50);
-}"""
-# The Join button sends the typed code, or the link's when nothing is typed.
-JOIN_CODE_JS = "(code, v) => [code || new URLSearchParams(window.location.search).get('join') || '', v]"
-# The Ask button sends the page's own address (the join link is built from it) as its last input.
-PAGE_URL_JS = "(...a) => [...a.slice(0, -1), window.location.origin + window.location.pathname]"
+JOIN_JS = script("join.js")  # on page load: ?join=... shows the vote view alone and joins the room in the link
+JOIN_CODE_JS = script("join_code.js")  # Join sends the typed code, or the link's when nothing is typed
+PAGE_URL_JS = script("page_url.js")  # Ask sends the page's own address, which the join link is built from
 
 
 def page_base(raw, request: gr.Request | None) -> str:

@@ -26,7 +26,6 @@ such as its rope_theta) and re-runs every registered view for the new model.
 """
 from __future__ import annotations
 
-import json
 import math
 import weakref
 from collections.abc import Callable
@@ -36,6 +35,7 @@ import gradio as gr
 
 from explorer.state.openings import cached_opening
 from explorer.web.groups import concurrency
+from explorer.web.page import script
 
 MAX_TEXT = 2000  # characters of a prompt carried by a link; the handlers' own limits apply after
 RESERVED = ("tab", "present", "__theme", "focus")
@@ -321,56 +321,7 @@ def link_js(focus: dict[str, dict[str, list[str]]]) -> str:
     ``focus=<name>`` (``focus``: {tab: {name: [element ids]}}), once the page has been quiet for a moment, the named
     figure and its text are shrunk to fit the window if they must, scrolled to its top and outlined for a few
     seconds; placed again when a later answer redraws them, until the visitor scrolls, clicks or types."""
-    return f"""() => {{
-  const params = new URLSearchParams(window.location.search);
-  if (![...params.keys()].some(k => !{json.dumps(list(PAGE_KEYS))}.includes(k))) return;
-  const own = document.getElementById('{APPLY_LINK_ID}-' + (params.get('tab') || ''));
-  const trigger = own || document.getElementById('{APPLY_LINK_ID}');
-  if (trigger) trigger.click();
-  const ids = (({json.dumps(focus)})[params.get('tab')] || {{}})[params.get('focus')];
-  if (!own || !ids) return;
-  const BUSY = '.progress-text, .progress-level, .eta-bar, .meta-text, .meta-text-center';
-  const started = Date.now();
-  let quiet = 0, placed = 0, flashed = false, stopped = false;
-  const stop = () => {{ stopped = true; }};
-  ['wheel', 'touchstart', 'keydown', 'mousedown'].forEach(e => window.addEventListener(e, stop, {{once: true, passive: true}}));
-  const shown = () => ids.map(id => document.getElementById(id)).filter(el => el && el.offsetParent !== null);
-  const box = (els) => {{
-    const r = els.map(el => el.getBoundingClientRect());
-    return {{top: Math.min(...r.map(b => b.top)), bottom: Math.max(...r.map(b => b.bottom))}};
-  }};
-  const place = async (els) => {{
-    const room = window.innerHeight - 16;
-    let b = box(els);
-    const excess = b.bottom - b.top - room;
-    if (excess > 0 && window.Plotly) {{  // side by side or alone, each figure gives up the excess
-      for (const gd of els.flatMap(el => [...el.querySelectorAll('.js-plotly-plot')])) {{
-        const h = gd._fullLayout && gd._fullLayout.height;
-        if (h && h - excess >= 240) await window.Plotly.relayout(gd, {{height: Math.floor(h - excess)}});
-      }}
-      b = box(els);
-    }}
-    window.scrollTo(0, Math.max(0, b.top + window.scrollY - 8));
-    document.body.dataset.focused = ids.join(' ');  // what the link landed on (tests read it)
-    if (!flashed) {{
-      flashed = true;
-      els.forEach(el => {{ el.classList.add('focus-flash'); setTimeout(() => el.classList.remove('focus-flash'), 3000); }});
-    }}
-  }};
-  const watch = async () => {{
-    if (stopped || Date.now() - started > 180000 || (placed && Date.now() - placed > 30000)) return;
-    const els = shown();
-    const drawn = els.length && els.every(el => !el.querySelector('.js-plotly-plot, .plot-container') ||
-                                                 [...el.querySelectorAll('.js-plotly-plot')].some(gd => gd._fullLayout));
-    quiet = drawn && !document.querySelector(BUSY) ? quiet + 1 : 0;
-    if (quiet >= 5) {{
-      const b = box(els);
-      if (!placed || b.top < 0 || b.bottom > window.innerHeight) {{ await place(els); placed = placed || Date.now(); }}
-    }}
-    setTimeout(watch, 250);
-  }};
-  setTimeout(watch, 250);
-}}"""
+    return script("link.js", PAGE_KEYS=list(PAGE_KEYS), APPLY_LINK_ID=APPLY_LINK_ID, FOCUS=focus)
 
 
 def focus_targets(demo: gr.Blocks) -> dict[str, dict[str, list[str]]]:
@@ -428,28 +379,4 @@ def copy_link_js(demo: gr.Blocks) -> tuple[list, str]:
     # value -> name, for the keys a link gives by name
     named = {tab: {key: {str(v): n for n, v in names.items()} for key, names in view.names.items()}
              for tab, view in registered.items() if view.names}
-    js = f"""(...values) => {{
-  const index = {json.dumps(index)};
-  const named = {json.dumps(named)};
-  let tab = null;
-  for (const id of Object.keys(index)) {{
-    const el = document.getElementById('tab-' + id);
-    if (el && el.offsetParent !== null) {{ tab = id; break; }}
-  }}
-  const url = new URL(window.location.href);
-  url.search = '';
-  if (tab === null) return [url.toString()];
-  url.searchParams.set('tab', tab);
-  for (const [key, i] of Object.entries(index[tab])) {{
-    let v = values[i];
-    if (v === null || v === undefined) continue;
-    const byName = (named[tab] || {{}})[key];
-    if (byName && byName[String(v)] !== undefined) v = byName[String(v)];
-    url.searchParams.set(key, Array.isArray(v) ? v.join(',') : (typeof v === 'boolean' ? (v ? '1' : '0') : String(v)));
-  }}
-  if (document.body.classList.contains('projector')) url.searchParams.set('present', '1');
-  const link = url.toString();
-  if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(link).catch(() => {{}});
-  return [link];
-}}"""
-    return components, js
+    return components, script("copy_link.js", INDEX=index, NAMED=named)
