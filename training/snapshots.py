@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import TYPE_CHECKING
+from typing import Protocol, Sequence
 
 import torch
 
 from .evaluate import PREVIOUS_TOKEN_SPAN, PROBE_ROWS, best, checkpoint_key, evaluate
 
-if TYPE_CHECKING:  # the loop imports this module, so its settings class is named for annotations only
-    from .loop import TrainSettings
+
+class SnapshotSettings(Protocol):
+    """What choosing the snapshots reads of the loop's ``TrainSettings`` (named here: the loop imports this module)."""
+    snapshot_steps: Sequence[int]
+    snapshot_min: int
 
 
 class Checkpoints:
@@ -71,7 +74,7 @@ def phase_window(entries: list[dict], key: str, span: int, lo: float = 0.2, hi: 
     return (below[-1] if below else scores[0][0]), top
 
 
-def kept_snapshots(entries: list[dict], s: TrainSettings) -> list[dict]:
+def kept_snapshots(entries: list[dict], s: SnapshotSettings) -> list[dict]:
     """The snapshots to keep (see ``TrainSettings.snapshot_steps``): the fixed steps, and every one across the
     measured phase changes, one more on each side, widened until ``snapshot_min`` are kept."""
     steps = [e["step"] for e in entries]
