@@ -29,6 +29,7 @@ from models.generate import generate
 from explorer.panels.errors import user_errors
 from explorer.state.openings import cached_opening
 from explorer.web import links
+from explorer.web.groups import MEASURE, lane
 
 ROOT = Path(__file__).resolve().parents[2]
 HELD_OUT_PATH = ROOT / "assets" / "encoder-model" / "held_out_stories.txt"
@@ -393,8 +394,8 @@ def build_formats(demo: gr.Blocks, state: gr.State) -> None:
     with gr.Accordion("The numbers behind both tables", open=False):
         numbers = gr.JSON()
     outputs = [table, top, roofline, notes, summary, numbers]
-    run.click(formats_view, [prompt, state], outputs, api_name="formats")
+    run.click(formats_view, [prompt, state], outputs, api_name="formats", **lane(MEASURE))
     # computed with the other openings (python app.py: after the first tab's), once, on the shipped model
     demo.load(cached_opening("formats_example", formats_example), [prompt, state], outputs,
-              api_name="formats_example", api_visibility="private")
+              api_name="formats_example", api_visibility="private", **lane(MEASURE))
     links.follow_model_loads(demo, formats_after_load, [state], outputs, api_name="clear_formats_after_load")
