@@ -91,3 +91,19 @@ def test_every_listener_of_the_app_declares_its_lane(built_app):
 ])
 def test_each_listener_runs_in_the_lane_its_work_needs(built_app, api_name, expected):
     assert groups.lane_of(built_app, api_name) == expected
+
+
+def test_the_listeners_that_give_a_client_a_model_of_its_own_get_its_request(built_app):
+    """A model load or a fine-tune counts against the client address's share (explorer.state.private_models):
+    their handlers take the ``gr.Request`` Gradio passes (explorer.web.clients.with_client)."""
+    import inspect
+
+    from explorer.web import gradio_adapter as adapter
+
+    names = set(adapter.server_events(built_app).values())
+    wanted = {"load_model", "load_model_submit", "model_reset", "header_load_model", "lora_finetune",
+              "training_knock_out"} & names
+    assert {"load_model", "header_load_model", "lora_finetune"} <= wanted
+    for name in wanted:
+        params = inspect.signature(adapter.event_function(built_app, name)).parameters
+        assert params["client_request"].annotation is gr.Request, name
