@@ -54,7 +54,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
                       "concurrency_limit", "concurrency_id:str"),
     "StateHolder": ("session_data:dict", "time_last_used:dict", "lock", "blocks"),
     "SessionState": ("config_values:dict", "blocks_config", "state_data:dict"),
-    "Blocks": ("fns:dict", "state_holder:StateHolder", "config:dict", "default_config"),
+    "Blocks": ("fns:dict", "blocks:dict", "state_holder:StateHolder", "config:dict", "default_config"),
 }
 _KINDS = {"dict": dict, "list": list, "int": int, "str": str, "LRUCache": LRUCache, "StateHolder": StateHolder}
 
@@ -145,6 +145,9 @@ def _behaviour_problems(made: dict[str, Any]) -> list[str]:
     probe.value = "after"
     if probe.get_config().get("value") != "after":
         problems.append("a component's configuration is no longer read from its attributes (get_config)")
+    config = getattr(made["SessionState"], "blocks_config", None)
+    if not callable(getattr(config, "config_for_block", None)) or not isinstance(getattr(config, "blocks", None), dict):
+        problems.append("a session's blocks_config no longer has config_for_block and a blocks dict")
     if not isinstance(getattr(gr.State, "stateful", None), property):
         problems.append("State.stateful is no longer a property")
     payload = PlotData(type="plotly", plot="{}")
