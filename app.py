@@ -31,6 +31,8 @@ from explorer.web import serving
 from explorer.web import gradio_adapter
 from explorer.web import middleware
 from explorer.web import page
+from explorer.web.clients import with_client
+from explorer.web.groups import VIEW, lane
 from explorer.panels.attention import build_attention
 from explorer.panels.encoder_decoder import build_encoder_decoder
 from explorer.panels.experiments import build_experiments
@@ -71,6 +73,7 @@ def mark_terms(block) -> None:
     marked where they first appear: hovering one shows its definition."""
     for child in getattr(block, "children", []):
         if isinstance(child, gr.Markdown) and isinstance(child.value, str) and child.value:
+            # set after construction, through the adapter: the panels make these Markdowns, and the page is built later
             gradio_adapter.set_initial(child, glossary.mark(child.value))
         mark_terms(child)
 
@@ -134,8 +137,8 @@ def build_demo(openings_later: bool = False) -> gr.Blocks:
                                 api_visibility="private")
                 mark_terms(tab)
         card = links.views(demo)["model"].outputs
-        links.register_model_loads(demo, load.click(load_model, [picker, state], [*card, state],
-                                                    api_name="header_load_model", api_visibility="private"))
+        links.register_model_loads(demo, load.click(with_client(load_model), [picker, state], [*card, state],
+                                                    api_name="header_load_model", api_visibility="private", **lane(VIEW)))
         connect_header(demo, tabs, picker, card)  # "knock out at this step" loads a snapshot, opens Experiments
         links.wire(demo, tabs, notice)
         inputs, js = links.copy_link_js(demo)

@@ -1,9 +1,10 @@
-"""explorer/web/gradio_adapter.py: every Gradio internal it uses has the shape it expects (these tests fail when a
+"""explorer/web/gradio_adapter: every Gradio internal it uses has the shape it expects (these tests fail when a
 Gradio upgrade changes one), and each of its functions does on a small Blocks what the app relies on."""
 from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import types
 
 import gradio as gr
@@ -63,13 +64,29 @@ def _holder_getitem_renamed(self, key):
     return None
 
 
+def _sets_no_holder(self, blocks):
+    self.blocks = blocks
+
+
+def _queue_kept_elsewhere(self, **kwargs):
+    self.the_queue = Queue(live_updates=False, concurrency_count=1, update_intervals=1, max_size=None, blocks=self)
+    return self
+
+
+def _plot_copies(self, value):
+    return None if value is None else value.model_copy()
+
+
 @pytest.mark.parametrize("owner, name, replacement, named", [
     (Queue, "push", _push_without_username, "Queue.push takes"),
     (Blocks, "preprocess_data", _preprocess_not_async, "Blocks.preprocess_data is no longer a coroutine"),
     (Blocks, "process_api", _process_api_renamed, "Blocks.process_api takes"),
     (StateHolder, "__getitem__", _holder_getitem_renamed, "StateHolder.__getitem__ takes"),
     (Queue, "__init__", _init_dropping(Queue, "pending_event_ids_session"), "Queue has no attribute pending_event_ids"),
-    (Queue, "__init__", _init_dropping(Queue, "ANAYLTICS_CACHE_FREQUENCY"), "ANAYLTICS_CACHE_FREQUENCY"),
+    (Queue, "__init__", _init_dropping(Queue, "event_ids_to_events"), "Queue has no attribute event_ids_to_events"),
+    (StateHolder, "set_blocks", _sets_no_holder, "Blocks has no attribute state_holder"),
+    (Blocks, "queue", _queue_kept_elsewhere, "Blocks.queue() no longer keeps the queue"),
+    (gr.Plot, "postprocess", _plot_copies, "gr.Plot no longer passes a PlotData"),
     (BlockFunction, "__init__", _init_dropping(BlockFunction, "targets"), "BlockFunction has no attribute targets"),
     (BlockFunction, "__init__", _init_dropping(BlockFunction, "trigger_after"), "trigger_after"),
     (StateHolder, "__init__", _init_dropping(StateHolder, "time_last_used"), "StateHolder has no attribute time_last"),
@@ -106,6 +123,8 @@ def _tiny():
         first = demo.load(show, [choice, state], [out, state], api_name="show")
         first.then(lambda c: gr.Dropdown(choices=["a", "b", "c"], value="c"), [choice], [choice], api_name="widen")
         gr.Button().click(show, [choice, state], [more, state], api_name="other")
+        gr.Button().click(show, [choice, state], [more, state], api_name="long_job", concurrency_id="long",
+                          concurrency_limit=1)
         demo.load(None, js="() => {}", api_name="front_end_only")
     demo.queue()
     return demo, types.SimpleNamespace(state=state, choice=choice, out=out, more=more)
@@ -118,7 +137,7 @@ def _by_name(demo):
 def test_events_their_chain_and_the_page_load():
     demo, _ = _tiny()
     ids = _by_name(demo)
-    assert set(ids) == {"show", "widen", "other"}  # the front-end-only load runs nothing on the server
+    assert set(ids) == {"show", "widen", "other", "long_job"}  # the front-end-only load runs nothing on the server
     assert adapter.page_load_events(demo) == [ids["show"]]
     assert adapter.events_after(demo, [ids["show"]]) == [ids["show"], ids["widen"]]
     assert adapter.event_name(demo, ids["other"]) == "other"
@@ -202,31 +221,39 @@ def test_the_queue_is_the_one_demo_queue_made():
         adapter.queue_of(types.SimpleNamespace())
 
 
-def test_timing_summary_every_n_events_unless_gradio_is_told_otherwise(monkeypatch):
-    monkeypatch.delenv("GRADIO_ANALYTICS_CACHE_FREQUENCY", raising=False)
+def test_the_timing_summary_frequency_is_gradios_environment_variable(monkeypatch):
+    from explorer.web import serving
+
+    assert os.environ["GRADIO_ANALYTICS_CACHE_FREQUENCY"] == str(serving.ANALYTICS_EVERY)  # set when it is imported
     demo, _ = _tiny()
-    adapter.compute_summary_every(demo, 1000)
-    assert adapter.queue_of(demo).ANAYLTICS_CACHE_FREQUENCY == 1000
-    monkeypatch.setenv("GRADIO_ANALYTICS_CACHE_FREQUENCY", "7")
+    assert adapter.queue_of(demo).ANAYLTICS_CACHE_FREQUENCY == serving.ANALYTICS_EVERY
+    monkeypatch.setenv("GRADIO_ANALYTICS_CACHE_FREQUENCY", "7")  # an operator's own setting wins
     demo, _ = _tiny()
-    adapter.compute_summary_every(demo, 1000)
     assert adapter.queue_of(demo).ANAYLTICS_CACHE_FREQUENCY == 7
 
 
-def test_a_group_set_after_registration_is_the_one_the_queue_uses():
-    demo, _ = _tiny()
-    i = _by_name(demo)["other"]
-    adapter.set_group(demo, i, "measure", 1)
-    assert adapter.event_group(demo, i) == ("measure", 1)
+def test_a_lane_declared_at_registration_is_the_one_the_queue_uses():
+    from explorer.web.groups import MEASURE, VIEW, lane
+
+    with gr.Blocks() as demo:
+        box = gr.Textbox()
+        gr.Button().click(str, [box], [box], api_name="sweep", **lane(MEASURE))
+        gr.Button().click(str.upper, [box], [box], api_name="view", **lane(VIEW))
+    demo.queue(default_concurrency_limit=9)
+    ids = _by_name(demo)
     queue = adapter.queue_of(demo)
-    queue.create_event_queue_for_fn(demo.fns[i])
+    for i in ids.values():
+        queue.create_event_queue_for_fn(demo.fns[i])
     assert queue.event_queue_per_concurrency_id["measure"].concurrency_limit == 1
+    group, limit, fn = adapter.event_lane(demo, ids["view"])
+    assert fn is str.upper and limit == VIEW.limit
+    assert queue.event_queue_per_concurrency_id[group].concurrency_limit == VIEW.limit  # its own group, its limit
 
 
 def test_sessions_read_and_forgotten():
     demo, c = _tiny()
-    assert adapter.sessions_last_used(demo) == {}  # not launched: Gradio keeps no session yet
-    StateHolder().set_blocks(demo)  # what launch() does
+    StateHolder().set_blocks(demo)  # what launch() does: a new holder
+    assert adapter.sessions_last_used(demo) == {}  # Gradio keeps no session yet
     value = adapter.fresh_state_value(demo, "s1", c.state._id)
     assert value == {"n": 0}
     value["n"] = 5  # the session's own copy
@@ -262,8 +289,8 @@ def test_a_wrapper_given_its_functions_default_group_waits_with_its_events():
         gr.Button().click(wrapper, [box], [box], api_name="wrapped", concurrency_id=adapter.default_group(handler))
         gr.Button().click(wrapper, [box], [box], api_name="alone")
     ids = _by_name(demo)
-    assert adapter.event_group(demo, ids["own"])[0] == adapter.event_group(demo, ids["wrapped"])[0]
-    assert adapter.event_group(demo, ids["alone"])[0] != adapter.event_group(demo, ids["own"])[0]
+    assert adapter.event_lane(demo, ids["own"])[0] == adapter.event_lane(demo, ids["wrapped"])[0]
+    assert adapter.event_lane(demo, ids["alone"])[0] != adapter.event_lane(demo, ids["own"])[0]
 
 
 # --- the queue outlives any client (issue 31) -------------------------------------------------------------------
@@ -363,8 +390,7 @@ def test_a_flooding_client_waits_behind_everyone_elses_next_request():
 
 def test_one_long_job_per_session():
     demo, _ = _tiny()
-    i = _by_name(demo)["other"]
-    adapter.set_group(demo, i, "long", 1)
+    i = _by_name(demo)["long_job"]
     queue = _pushing_queue(demo)
     adapter.cap_queue(demo, _rules(client_cap=100))
     join = lambda session: asyncio.run(queue.push(types.SimpleNamespace(session_hash=session, fn_index=i), "c", None))
@@ -376,7 +402,7 @@ def test_a_sessions_component_configurations_made_on_demand_equal_gradios_eager_
     demo, c = _tiny()
     eager = SessionState(demo)
     adapter.configs_on_demand(demo)
-    lazy = SessionState(demo)
+    lazy = demo.state_holder["lazy"]  # a new session, as a request's first event makes it
     assert dict.__len__(lazy.config_values) == 0  # nothing copied when the session starts
     assert lazy.config_values[c.out._id] == eager.config_values[c.out._id]
     ids = _by_name(demo)
@@ -386,4 +412,9 @@ def test_a_sessions_component_configurations_made_on_demand_equal_gradios_eager_
     assert lazy.config_values[c.choice._id]["props"]["choices"] == eager.config_values[c.choice._id]["props"]["choices"]
     assert dict(lazy.config_values.items()) == dict(eager.config_values.items())  # Gradio's deep-link copy: all
     other, _ = _tiny()
-    assert dict.__len__(SessionState(other).config_values) > 0  # another Blocks keeps Gradio's own way
+    assert dict.__len__(other.state_holder["s"].config_values) > 0  # another Blocks keeps Gradio's own way
+    assert dict.__len__(SessionState(demo).config_values) > 0  # no class-wide change: only demo's holder's sessions
+    StateHolder().set_blocks(demo)  # launch makes a new holder: eager until configs_on_demand is called again
+    assert dict.__len__(demo.state_holder["s"].config_values) > 0
+    adapter.configs_on_demand(demo)
+    assert dict.__len__(demo.state_holder["t"].config_values) == 0

@@ -65,17 +65,17 @@ def test_one_session_flooding_the_queue_is_capped_and_others_are_answered(app_ur
     assert "Predicted to fit" in answer
 
 
-def test_events_run_in_groups_by_what_they_hold(app_url):
+def test_events_run_in_groups_by_what_they_hold():
     """Measurements share one group of one; generation and fine-tunes have lanes of their own (issue 31), so a
-    generation never waits behind queued fine-tunes or sweeps; views get more than one place each."""
+    generation never waits behind queued fine-tunes or sweeps; views get more than one place each. Which listener
+    runs in which lane: tests/test_lanes.py."""
     from explorer.web import groups
 
-    assert groups.group_of("memory_compare") == ("measure", 1)
-    assert groups.group_of("formats") == ("measure", 1)
-    assert groups.group_of("generate")[0] == "generation"
-    assert groups.group_of("lora_finetune") == ("finetune", 1)
+    assert groups.lane(groups.MEASURE) == {"concurrency_id": "measure", "concurrency_limit": 1}
+    assert groups.lane(groups.GENERATION)["concurrency_id"] == "generation"
+    assert groups.lane(groups.FINETUNE) == {"concurrency_id": "finetune", "concurrency_limit": 1}
     assert {"measure", "generation", "finetune"} == groups.LONG_GROUPS
-    assert groups.group_of("attention_example") == (None, groups.VIEW_CONCURRENCY)
+    assert groups.lane(groups.VIEW) == {"concurrency_limit": groups.VIEW_CONCURRENCY}
     assert groups.VIEW_CONCURRENCY > 1
 
 

@@ -14,6 +14,7 @@ import gradio as gr
 import numpy as np
 
 from explorer.web import links
+from explorer.web.groups import VIEW, lane
 from lens.device import gpu
 from explorer import measure, probes
 from lens import heads
@@ -322,17 +323,17 @@ def build_attention(demo: gr.Blocks, state: gr.State) -> None:
     impl_inputs = [prompt, view, state]
 
     def then_compare(event, api: str, visibility: str = "private"):
-        event.then(attention_impls, impl_inputs, impl_md, api_name=api, api_visibility=visibility)
+        event.then(attention_impls, impl_inputs, impl_md, api_name=api, api_visibility=visibility, **lane(VIEW))
 
-    then_compare(run.click(attention_view, inputs, outputs, api_name="attention"), "attention_impls", "public")
+    then_compare(run.click(attention_view, inputs, outputs, api_name="attention", **lane(VIEW)), "attention_impls", "public")
     then_compare(prompt.submit(attention_view, inputs, outputs, api_name="attention_submit",
-                               api_visibility="undocumented"), "attention_impls_submit", "undocumented")
+                               api_visibility="undocumented", **lane(VIEW)), "attention_impls_submit", "undocumented")
     for control, api in ((layer, "layer"), (head, "head"), (view, "mask"), (span, "span"), (sink, "sink")):
         then_compare(control.input(attention_view, inputs, outputs, api_name=f"attention_{api}",
-                                   api_visibility="private"), f"attention_impls_{api}")
+                                   api_visibility="private", **lane(VIEW)), f"attention_impls_{api}")
     then_compare(pick.input(jump_to_head, [pick], [layer, head], api_name="attention_jump",
-                            api_visibility="private").success(
-        attention_view, inputs, outputs, api_name="attention_after_jump", api_visibility="private"),
+                            api_visibility="private", **lane(VIEW)).success(
+        attention_view, inputs, outputs, api_name="attention_after_jump", api_visibility="private", **lane(VIEW)),
         "attention_impls_after_jump")
     links.register(demo, "attention", attention_view, inputs, outputs, api_name="attention_example",
                    params=dict(prompt=prompt, layer=layer, head=head, mask=view, span=span, sink=sink),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from explorer.web import links
+from explorer.web.groups import VIEW, lane
 from explorer.probes import encoder_probe as ep
 from explorer.state import session
 from lens.device import gpu
@@ -206,17 +207,17 @@ def build_encoder_decoder(demo: gr.Blocks, state: gr.State) -> None:
     inputs = [prompt, layer, head, token, state]
     outputs = [masks, attn, norms, acts, md, layer, head, blank]
     blank_io = ([prompt, blank, state], [blank_fig, blank_table, blank_md])
-    run.click(encoder_decoder_view, inputs, outputs, api_name="encoder_decoder").then(
-        fill_in_blank_view, *blank_io, api_name="encoder_decoder_then_blank", api_visibility="private")
+    run.click(encoder_decoder_view, inputs, outputs, api_name="encoder_decoder", **lane(VIEW)).then(
+        fill_in_blank_view, *blank_io, api_name="encoder_decoder_then_blank", api_visibility="private", **lane(VIEW))
     prompt.submit(encoder_decoder_view, inputs, outputs, api_name="encoder_decoder_submit",
-                  api_visibility="private").then(fill_in_blank_view, *blank_io,
+                  api_visibility="private", **lane(VIEW)).then(fill_in_blank_view, *blank_io,
                                                  api_name="encoder_decoder_submit_then_blank",
-                                                 api_visibility="private")
+                                                 api_visibility="private", **lane(VIEW))
     for control in (layer, head, token):
         control.input(encoder_decoder_view, inputs, outputs,
-                      api_name=f"encoder_decoder_{control.label.split()[0].lower()}", api_visibility="private")
-    guess.click(fill_in_blank_view, *blank_io, api_name="fill_in_blank")
-    blank.input(fill_in_blank_view, *blank_io, api_name="fill_in_blank_pick", api_visibility="private")
+                      api_name=f"encoder_decoder_{control.label.split()[0].lower()}", api_visibility="private", **lane(VIEW))
+    guess.click(fill_in_blank_view, *blank_io, api_name="fill_in_blank", **lane(VIEW))
+    blank.input(fill_in_blank_view, *blank_io, api_name="fill_in_blank_pick", api_visibility="private", **lane(VIEW))
     links.register(demo, "encoder_decoder", cached_opening("encoder_decoder", encoder_decoder_view), inputs, outputs, api_name="encoder_decoder_example",
                    params=dict(sentence=prompt, layer=layer, head=head, token=token),
                    then=[(fill_in_blank_view, *blank_io, "fill_in_blank_example")],

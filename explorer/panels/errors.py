@@ -9,23 +9,10 @@ from __future__ import annotations
 import functools
 import html
 import inspect
-import re
 
 import gradio as gr
 
-
-def short(message: str, limit: int = 600) -> str:
-    """A message that echoes what the user sent, cut to a readable length (a 20,000-character prompt stays out)."""
-    return message if len(message) <= limit else message[:limit - 1] + "…"
-
-
-_SERVER_PATH = re.compile(r"(?<![\w/.:~-])/(?:[\w.~+-]+/)+([\w.~+-]*)")
-
-
-def no_paths(message: str) -> str:
-    """``message`` with every absolute server path cut to its last part (``/srv/app/assets/m/config.json`` reads
-    ``…/config.json``): a visitor has no use for the server's folders, and a stranger should not learn them."""
-    return _SERVER_PATH.sub(lambda m: "…/" + m.group(1) if m.group(1) else "…/", message)
+from explorer.web.errors import no_paths, short
 
 
 def shown(value) -> str:

@@ -22,6 +22,7 @@ from explorer.state import session
 from explorer.state.cache import results, weights_key
 from explorer.state.openings import cached_opening
 from explorer.web import links
+from explorer.web.groups import MEASURE, VIEW, lane
 from lens import heads as head_kinds
 from lens.device import gpu, to_host
 
@@ -329,20 +330,20 @@ def build_experiments(demo: gr.Blocks, state: gr.State) -> None:
 
     inputs = [prompt, chosen, how, state]
     outputs = outputs_of(KnockoutView, loss=loss, top=top, summary=summary, heads=chosen)
-    run.click(knockout_view, inputs, outputs, api_name="knockout")
-    prompt.submit(knockout_view, inputs, outputs, api_name="knockout_submit", api_visibility="undocumented")
-    sweep_btn.click(sweep_view, [prompt, how, state], [sweep_fig, sweep_md], api_name="experiment_sweep")
+    run.click(knockout_view, inputs, outputs, api_name="knockout", **lane(VIEW))
+    prompt.submit(knockout_view, inputs, outputs, api_name="knockout_submit", api_visibility="undocumented", **lane(VIEW))
+    sweep_btn.click(sweep_view, [prompt, how, state], [sweep_fig, sweep_md], api_name="experiment_sweep", **lane(MEASURE))
     patch_btn.click(patch_view, [clean, corrupt, good, bad, state], [resid, head_fig, patch_md],
-                    api_name="experiment_patch")
-    circuit_btn.click(circuit_view, [state], [circuit_fig, circuit_md], api_name="experiment_circuit")
+                    api_name="experiment_patch", **lane(VIEW))
+    circuit_btn.click(circuit_view, [state], [circuit_fig, circuit_md], api_name="experiment_circuit", **lane(VIEW))
     # The sections below the first open on examples computed by the same handlers on the shipped model, with the
     # other tabs' opening examples (explorer/web/opening.py), not while the tab is built
     demo.load(cached_opening("knockout_sweep_example", sweep_view), [prompt, how, state], [sweep_fig, sweep_md],
-              api_name="knockout_sweep_example", api_visibility="undocumented")
+              api_name="knockout_sweep_example", api_visibility="undocumented", **lane(VIEW))
     demo.load(cached_opening("patch_example", patch_view), [clean, corrupt, good, bad, state],
-              [resid, head_fig, patch_md], api_name="patch_example", api_visibility="undocumented")
+              [resid, head_fig, patch_md], api_name="patch_example", api_visibility="undocumented", **lane(VIEW))
     demo.load(cached_opening("circuit_example", circuit_view), [state], [circuit_fig, circuit_md],
-              api_name="circuit_example", api_visibility="undocumented")
+              api_name="circuit_example", api_visibility="undocumented", **lane(VIEW))
     links.register(demo, "experiments", knockout_view, inputs, outputs, api_name="knockout_example",
                    params=dict(prompt=prompt, heads=chosen, how=how), model_defaults=_model_defaults,
                    focus=dict(loss=[loss, summary], sweep=sweep_fig, circuit=circuit_fig))

@@ -24,6 +24,7 @@ from explorer.measure.weight_formats import (  # noqa: F401 (STAGES: what the pr
 from explorer.panels.errors import user_errors
 from explorer.state.openings import cached_opening
 from explorer.web import links
+from explorer.web.groups import MEASURE, lane
 
 MAX_PROMPT_TOKENS = 64
 DEFAULT_PROMPT = "Once upon a time, there was a happy girl named Lily. She had a"
@@ -252,8 +253,8 @@ def build_formats(demo: gr.Blocks, state: gr.State) -> None:
     with gr.Accordion("The numbers behind both tables", open=False):
         numbers = gr.JSON()
     outputs = [table, top, roofline, notes, summary, numbers]
-    run.click(formats_view, [prompt, state], outputs, api_name="formats")
+    run.click(formats_view, [prompt, state], outputs, api_name="formats", **lane(MEASURE))
     # computed with the other openings (python app.py: after the first tab's), once, on the shipped model
     demo.load(cached_opening("formats_example", formats_example), [prompt, state], outputs,
-              api_name="formats_example", api_visibility="private")
+              api_name="formats_example", api_visibility="private", **lane(MEASURE))
     links.follow_model_loads(demo, formats_after_load, [state], outputs, api_name="clear_formats_after_load")

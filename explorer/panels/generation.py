@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import gradio as gr
 
 from explorer.web import links
+from explorer.web.groups import GENERATION, VIEW, lane
 from lens.device import gpu
 from explorer import jobs, measure, probes
 from explorer.probes import families
@@ -397,22 +398,22 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
     gen_inputs = [prompt, max_new, temperature, top_k, top_p, seed, state, chat, decode]
     gen_outputs = outputs_of(GenerationView, text=output, view=view_state, step=step, probs=probs, cache=cache_plot,
                              timing=timing_plot, summary=summary, table=table)
-    runs = [run.click(generate_stream, gen_inputs, gen_outputs, api_name="generate"),
-            prompt.submit(generate_stream, gen_inputs, gen_outputs, api_name="generate_submit", api_visibility="private")]
+    runs = [run.click(generate_stream, gen_inputs, gen_outputs, api_name="generate", **lane(GENERATION)),
+            prompt.submit(generate_stream, gen_inputs, gen_outputs, api_name="generate_submit", api_visibility="private", **lane(GENERATION))]
     # the generator is closed between two steps: the worker is free within one token
     stop.click(None, None, None, cancels=runs, api_name="generate_stop", api_visibility="private")
-    step.change(generate_step, [view_state, step], [probs], api_name="generate_step", show_progress="hidden")
+    step.change(generate_step, [view_state, step], [probs], api_name="generate_step", show_progress="hidden", **lane(VIEW))
     kv_inputs = [kv_name, kv_len, kv_batch, kv_dtype, state]
     kv_outputs = [kv_plot, kv_table, kv_md]
     for control in (kv_name, kv_dtype):
         control.input(kv_calculator, kv_inputs, kv_outputs, api_name=f"kv_calculator_{control.label.split()[0]}",
-                      api_visibility="private")
+                      api_visibility="private", **lane(VIEW))
     for control in (kv_len, kv_batch):
         control.submit(kv_calculator, kv_inputs, kv_outputs, api_name=f"kv_calculator_{control.label.split()[0]}",
-                       api_visibility="private")
-    kv_btn.click(kv_calculator, kv_inputs, kv_outputs, api_name="kv_calculator")
-    demo.load(kv_calculator, kv_inputs, kv_outputs, api_name="kv_calculator_example", api_visibility="undocumented")
+                       api_visibility="private", **lane(VIEW))
+    kv_btn.click(kv_calculator, kv_inputs, kv_outputs, api_name="kv_calculator", **lane(VIEW))
+    demo.load(kv_calculator, kv_inputs, kv_outputs, api_name="kv_calculator_example", api_visibility="undocumented", **lane(VIEW))
     links.register(demo, "generation", generate_example, gen_inputs, gen_outputs, api_name="generate_example",
                    params=dict(prompt=prompt, tokens=max_new, temperature=temperature, top_k=top_k, top_p=top_p,
                                seed=seed, decode=decode),
-                   focus=dict(probs=probs, cache=[cache_plot, timing_plot]))
+                   focus=dict(probs=probs, cache=[cache_plot, timing_plot]), lane=GENERATION)

@@ -12,7 +12,8 @@ import gradio as gr
 import torch
 
 from explorer.web import links
-from explorer.web.groups import concurrency
+from explorer.web.clients import with_client
+from explorer.web.groups import FINETUNE, VIEW, lane
 from lens.device import gpu
 from explorer import finetune, glossary, jobs, measure, probes
 from explorer.state import session
@@ -400,20 +401,20 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
     p_outputs = [params_plot, params_table, params_md]
     for control in (rank, alpha, targets):
         control.change(lora, p_inputs, p_outputs, api_name=f"lora_{control.label.split()[0]}",
-                       api_visibility="private", show_progress="hidden")
+                       api_visibility="private", show_progress="hidden", **lane(VIEW))
 
     cmp_inputs = [prompt, layer, head, new_tokens, state]
     cmp_outputs = [cmp_plot, before_text, after_text, cmp_md]
-    ft_event = train.click(lora_finetune, [rank, alpha, targets, text, steps, lr, max_seconds, state],
+    ft_event = train.click(with_client(lora_finetune), [rank, alpha, targets, text, steps, lr, max_seconds, state],
                            outputs_of(FinetuneUpdate, curve=loss_plot, status=ft_md, state=state),
-                           api_name="lora_finetune", **concurrency("lora_finetune"))
-    ft_event.success(lambda: "on", None, [mode], api_name="lora_mode_after_finetune", api_visibility="private").then(
-        lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_finetune", api_visibility="private")
+                           api_name="lora_finetune", **lane(FINETUNE))
+    ft_event.success(lambda: "on", None, [mode], api_name="lora_mode_after_finetune", api_visibility="private", **lane(VIEW)).then(
+        lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_finetune", api_visibility="private", **lane(VIEW))
     # Gradio's cancel closes the stream at once (the worker ends inside its step); this request says where it ended
-    stop.click(lora_stop, [state], [ft_md], cancels=[ft_event], api_name="lora_stop", api_visibility="private")
-    mode.input(lora_adapter, [mode, state], [mode_md, state], api_name="lora_adapter").success(
-        lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_switch", api_visibility="private")
-    compare.click(lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare")
+    stop.click(lora_stop, [state], [ft_md], cancels=[ft_event], api_name="lora_stop", api_visibility="private", **lane(VIEW))
+    mode.input(lora_adapter, [mode, state], [mode_md, state], api_name="lora_adapter", **lane(VIEW)).success(
+        lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare_after_switch", api_visibility="private", **lane(VIEW))
+    compare.click(lora_compare, cmp_inputs, cmp_outputs, api_name="lora_compare", **lane(VIEW))
     # the adapter's size (the tab's first chart) follows the loaded model too: run after the comparison's view
     links.register(demo, "lora", cached_opening("lora_compare", lora_compare), cmp_inputs, cmp_outputs, api_name="lora_compare_example",
                    params=dict(prompt=prompt, layer=layer, head=head, tokens=new_tokens),
@@ -421,5 +422,5 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
                    then=[(cached_opening("lora", lora), p_inputs, p_outputs, "lora", "public")],
                    focus=dict(params=params_plot, compare=cmp_plot))
     demo.load(cached_opening("lora_empty_curve", lambda: figs.loss_curve_figure([], [], max_steps=40)), None,
-              [loss_plot], api_name="lora_empty_curve", api_visibility="private")
+              [loss_plot], api_name="lora_empty_curve", api_visibility="private", **lane(VIEW))
     build_formats(demo, state)  # Weight formats: fp32 · bf16 · int8, and the measured summary table

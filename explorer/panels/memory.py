@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import gradio as gr
 
 from explorer.web import links
-from explorer.web.groups import concurrency
+from explorer.web.groups import MEASURE, PLAY, VIEW, lane
 from lens import device as dev
 from lens.device import gpu
 from explorer import measure
@@ -342,28 +342,28 @@ def build_memory(demo: gr.Blocks, state: gr.State) -> None:
     sweep_inputs = [max_T, n_heads, head_dim, n_kv_heads, impls, causal, dtype]
     sweep_outputs = [plot, summary, table]
     event = run.click(memory_compare, sweep_inputs, sweep_outputs, api_name="memory_compare",
-                      **concurrency("memory_compare"))
+                      **lane(MEASURE))
     stop.click(None, None, None, cancels=[event], api_name="memory_stop", api_visibility="private")
     trace_inputs = [t_len, t_block, t_causal, t_head]
     trace_outputs = outputs_of(TraceView, trace=trace_state, block=block, figure=trace_plot, info=trace_info)
-    trace_btn.click(memory_trace, trace_inputs, trace_outputs, api_name="memory_trace")
+    trace_btn.click(memory_trace, trace_inputs, trace_outputs, api_name="memory_trace", **lane(VIEW))
     block.input(memory_trace_step, [trace_state, block, t_head], [trace_plot], api_name="memory_trace_step",
-                show_progress="hidden")
+                show_progress="hidden", **lane(VIEW))
     play.click(user_errors(memory_trace_play), [trace_state, t_head], [block, trace_plot],
                api_name="memory_trace_play", api_visibility="private", show_progress="hidden",
-               **concurrency("memory_trace_play"))
+               **lane(PLAY))
     t_head.input(memory_trace_step, [trace_state, block, t_head], [trace_plot], api_name="memory_trace_head",
-                 api_visibility="private")
+                 api_visibility="private", **lane(VIEW))
     budget_inputs = [n_heads, head_dim, n_kv_heads, impls, causal, dtype]
     for control in budget_inputs:
         control.input(memory_budget, budget_inputs, [budget_md], api_name=f"memory_budget_{control.label.split()[0]}",
-                      api_visibility="private", show_progress="hidden")
-    demo.load(cached_opening("memory_budget", memory_budget), budget_inputs, [budget_md], api_name="memory_budget", api_visibility="undocumented")
+                      api_visibility="private", show_progress="hidden", **lane(VIEW))
+    demo.load(cached_opening("memory_budget", memory_budget), budget_inputs, [budget_md], api_name="memory_budget", api_visibility="undocumented", **lane(VIEW))
     links.register(demo, "memory", memory_example, [], sweep_outputs, api_name="memory_example", follow_model=False,
                    focus=dict(sweep=plot, tiles=trace_plot))
     demo.load(cached_opening("memory_trace_example", memory_trace), trace_inputs, trace_outputs,
               api_name="memory_trace_example", api_visibility="undocumented",
-              **concurrency("memory_trace_example", memory_trace))
+              **lane(VIEW, memory_trace))
 
 
 def _warm_opening() -> None:

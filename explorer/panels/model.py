@@ -9,6 +9,8 @@ from pathlib import Path
 import gradio as gr
 
 from explorer.web import links
+from explorer.web.clients import with_client
+from explorer.web.groups import VIEW, lane
 from explorer import measure
 from explorer.state import session
 from explorer.state import checkpoints
@@ -137,10 +139,10 @@ def build_model(demo: gr.Blocks, state: gr.State) -> None:
     with gr.Accordion("Model card (README.md of the checkpoint)", open=False):
         card = gr.Markdown()
     outputs = [status, bars, config, card, differs, state]
-    loads = [load.click(load_model, [source, state], outputs, api_name="load_model"),
-             source.submit(load_model, [source, state], outputs, api_name="load_model_submit", api_visibility="private"),
-             reset.click(lambda: "default", None, [source], api_name="model_reset_text", api_visibility="private").then(
-                 load_model, [source, state], outputs, api_name="model_reset", api_visibility="private")]
+    loads = [load.click(with_client(load_model), [source, state], outputs, api_name="load_model", **lane(VIEW)),
+             source.submit(with_client(load_model), [source, state], outputs, api_name="load_model_submit", api_visibility="private", **lane(VIEW)),
+             reset.click(lambda: "default", None, [source], api_name="model_reset_text", api_visibility="private", **lane(VIEW)).then(
+                 with_client(load_model), [source, state], outputs, api_name="model_reset", api_visibility="private", **lane(VIEW))]
     links.register(demo, "model", cached_opening("model_card", show_card), [state], [status, bars, config, card, differs],
                    api_name="model_card",
                    follow_model=False)

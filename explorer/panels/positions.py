@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import gradio as gr
 
 from explorer.web import links
+from explorer.web.groups import VIEW, lane
 from explorer.state.cache import results, weights_key
 from lens.device import gpu
 from explorer import probes
@@ -223,16 +224,16 @@ def build_positions(demo: gr.Blocks, state: gr.State) -> None:
     inputs = [prompt, theta, position, pairs, layer, head, state]
     outputs = outputs_of(RopeView, circle=circle, angles=angles, distance=distance, compare=compare, sinusoidal=sinus,
                          md=md, layer=layer, head=head, pairs=pairs, wavelengths=wavelengths, theta=theta)
-    run.click(rope_view, inputs, outputs, api_name="rope")
+    run.click(rope_view, inputs, outputs, api_name="rope", **lane(VIEW))
     for control in (theta, prompt):
         control.submit(rope_view, inputs, outputs, api_name=f"rope_{control.label.split()[0].lower()}",
-                       api_visibility="private")
+                       api_visibility="private", **lane(VIEW))
     for control in (layer, head):
-        control.input(rope_view, inputs, outputs, api_name=f"rope_{control.label.lower()}", api_visibility="private")
+        control.input(rope_view, inputs, outputs, api_name=f"rope_{control.label.lower()}", api_visibility="private", **lane(VIEW))
     position.change(circle_only, [theta, position, pairs, state], [circle], api_name="rope_circle",
-                    api_visibility="undocumented", show_progress="hidden")
+                    api_visibility="undocumented", show_progress="hidden", **lane(VIEW))
     pairs.input(circle_only, [theta, position, pairs, state], [circle], api_name="rope_pairs",
-                api_visibility="private", show_progress="hidden")
+                api_visibility="private", show_progress="hidden", **lane(VIEW))
     links.register(demo, "positions", rope_view, inputs, outputs, api_name="rope_example",
                    params=dict(prompt=prompt, theta=theta, position=position, pairs=pairs, layer=layer, head=head),
                    model_defaults=model_defaults, focus=dict(theta=[md, compare], circle=circle))

@@ -20,6 +20,8 @@ from explorer.state.openings import cached_opening
 from explorer.state.text import clean_text, encode_with_notice
 from explorer.state.threads import threads_for
 from explorer.web import gradio_adapter, links
+from explorer.web.clients import with_client
+from explorer.web.groups import VIEW, lane
 
 from explorer.panels.errors import user_errors
 
@@ -239,19 +241,19 @@ def build_training(demo: gr.Blocks, state: gr.State) -> None:
 
     shown = user_errors(step_view)
     outs = [curves, pattern, scores, summary, text]
-    step.release(shown, [step, head, prompt], outs, api_name="training_step", trigger_mode="always_last")
-    head.input(shown, [step, head, prompt], outs, api_name="training_head", api_visibility="private")
+    step.release(shown, [step, head, prompt], outs, api_name="training_step", trigger_mode="always_last", **lane(VIEW))
+    head.input(shown, [step, head, prompt], outs, api_name="training_head", api_visibility="private", **lane(VIEW))
     view = user_errors(training_view)
     prompt.submit(view, [step, head, prompt], [*outs, compare, phase_md], api_name="training_prompt",
-                  api_visibility="private")
+                  api_visibility="private", **lane(VIEW))
     play.click(user_errors(toggle_play), [step, playing], [step, timer, play, playing], api_name="training_play",
-               api_visibility="private").then(shown, [step, head, prompt], outs, api_name="training_play_step",
-                                              api_visibility="private")
+               api_visibility="private", **lane(VIEW)).then(shown, [step, head, prompt], outs, api_name="training_play_step",
+                                              api_visibility="private", **lane(VIEW))
     # Play's steps draw without a progress overlay: one a second would make the figures flicker
     timer.tick(user_errors(next_step), [step], [step, timer, play, playing], api_name="training_tick",
-               api_visibility="private", show_progress="hidden").then(
+               api_visibility="private", show_progress="hidden", **lane(VIEW)).then(
         shown, [step, head, prompt], outs, api_name="training_tick_step", api_visibility="private",
-        show_progress="hidden")
+        show_progress="hidden", **lane(VIEW))
     _KNOCK[demo] = (knock, step, state)
     links.register(demo, "training", cached_opening("training_view", training_view), [step, head, prompt],
                    [*outs, compare, phase_md], api_name="training_view",
@@ -281,6 +283,6 @@ def connect_header(demo: gr.Blocks, tabs: gr.Tabs, picker: gr.Dropdown, card: li
     if demo not in _KNOCK:
         return
     knock, step, state = _KNOCK.pop(demo)
-    event = knock.click(user_errors(open_in_experiments), [step, state], [picker, tabs, *card, state],
-                        api_name="training_knock_out", api_visibility="private")
+    event = knock.click(with_client(user_errors(open_in_experiments)), [step, state], [picker, tabs, *card, state],
+                        api_name="training_knock_out", api_visibility="private", **lane(VIEW))
     links.register_model_loads(demo, event)

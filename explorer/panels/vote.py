@@ -25,6 +25,7 @@ from explorer.figures.vote import tally_figure
 from explorer.probes import questions as qs
 from explorer.state import rooms as room_store
 from explorer.state import session
+from explorer.web.groups import CLASS, VIEW, lane
 from explorer.web.page import script
 from lens.device import gpu
 
@@ -33,7 +34,6 @@ from .heads import HOWS, parse_heads
 
 TALLY_SECONDS = 1.0  # the projector's tally redraw
 POLL_SECONDS = 3.0  # a phone looks for the teacher's next question
-CLASS_GROUP = {"concurrency_id": "class", "concurrency_limit": 16}  # votes and tallies: microseconds each
 MAX_URL = 200
 _URL_PATH = re.compile(r"^[A-Za-z0-9/._~-]*$")
 _HOST = re.compile(r"^[A-Za-z0-9.-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:]+\](:\d{1,5})?$")
@@ -192,12 +192,12 @@ def ask_section(demo: gr.Blocks, tab: str, question_fn, inputs: list, *, what: s
         owner = gr.State(None)  # {"code", "secret", "question", "version"}: the room's key stays on the server
         timer = gr.Timer(TALLY_SECONDS, active=False)
     ask.click(ask_handler(question_fn), [*inputs, owner, page_url], [qr, link, code_md, plot, counts, timer, owner],
-              js=PAGE_URL_JS, api_name=f"ask_class_{tab}")
+              js=PAGE_URL_JS, api_name=f"ask_class_{tab}", **lane(VIEW))
     timer.tick(tally, [owner], [plot, counts, timer], api_name=f"class_tally_{tab}", show_progress="hidden",
-               **CLASS_GROUP)
-    show.click(reveal, [owner], [plot, counts, timer], api_name=f"class_reveal_{tab}", **CLASS_GROUP)
+               **lane(CLASS))
+    show.click(reveal, [owner], [plot, counts, timer], api_name=f"class_reveal_{tab}", **lane(CLASS))
     end.click(close, [owner], [qr, link, code_md, plot, counts, timer, owner], api_name=f"class_close_{tab}",
-              **CLASS_GROUP)
+              **lane(CLASS))
 
 
 # --- a voter's phone ---------------------------------------------------------------------------------------------
@@ -270,13 +270,13 @@ def build_join(demo: gr.Blocks) -> None:
         voter = gr.State(None)  # {"code", "qid"}: which room and question this phone answers
         timer = gr.Timer(POLL_SECONDS, active=False)
     go.click(join, [code, voter], [question, *buttons, status, voter, timer], js=JOIN_CODE_JS, api_name="class_join",
-             **CLASS_GROUP)
+             **lane(CLASS))
     code.submit(join, [code, voter], [question, *buttons, status, voter, timer], api_name="class_join_submit",
-                api_visibility="undocumented", **CLASS_GROUP)
+                api_visibility="undocumented", **lane(CLASS))
     for i, button in enumerate(buttons):
-        button.click(vote_handler(i), [voter], [*buttons, status], api_name=f"class_vote_{i}", **CLASS_GROUP)
+        button.click(vote_handler(i), [voter], [*buttons, status], api_name=f"class_vote_{i}", **lane(CLASS))
     timer.tick(poll, [voter], [question, *buttons, status, voter, timer], api_name="class_poll",
-               show_progress="hidden", **CLASS_GROUP)
+               show_progress="hidden", **lane(CLASS))
     demo.load(None, js=JOIN_JS, api_name="open_join", api_visibility="private")
 
 

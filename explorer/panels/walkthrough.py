@@ -12,6 +12,7 @@ import time
 import gradio as gr
 
 from explorer.web import links
+from explorer.web.groups import VIEW, lane
 from lens.device import gpu
 from explorer import measure
 from explorer.state import session
@@ -198,14 +199,14 @@ def build_walkthrough(demo: gr.Blocks, state: gr.State) -> None:
     inputs = [prompt, token, layer, step, state]
     outputs = [step_fig, step_md, lens, info, token, layer, step]
     step_outputs = [step_fig, step_md, step]
-    run.click(walkthrough, inputs, outputs, api_name="walkthrough")
-    prompt.submit(walkthrough, inputs, outputs, api_name="walkthrough_submit", api_visibility="undocumented")
-    prompt.input(forget_token, [prompt], [token], api_name="walkthrough_prompt_edit", api_visibility="private")
-    token.input(walkthrough, inputs, outputs, api_name="walkthrough_token", api_visibility="private")
-    step.release(walkthrough_step, inputs, step_outputs, api_name="walkthrough_step")
-    layer.input(walkthrough_step, inputs, step_outputs, api_name="walkthrough_layer", api_visibility="private")
-    prev.click(walkthrough_prev, inputs, step_outputs, api_name="walkthrough_prev")
-    nxt.click(walkthrough_next, inputs, step_outputs, api_name="walkthrough_next")
+    run.click(walkthrough, inputs, outputs, api_name="walkthrough", **lane(VIEW))
+    prompt.submit(walkthrough, inputs, outputs, api_name="walkthrough_submit", api_visibility="undocumented", **lane(VIEW))
+    prompt.input(forget_token, [prompt], [token], api_name="walkthrough_prompt_edit", api_visibility="private", **lane(VIEW))
+    token.input(walkthrough, inputs, outputs, api_name="walkthrough_token", api_visibility="private", **lane(VIEW))
+    step.release(walkthrough_step, inputs, step_outputs, api_name="walkthrough_step", **lane(VIEW))
+    layer.input(walkthrough_step, inputs, step_outputs, api_name="walkthrough_layer", api_visibility="private", **lane(VIEW))
+    prev.click(walkthrough_prev, inputs, step_outputs, api_name="walkthrough_prev", **lane(VIEW))
+    nxt.click(walkthrough_next, inputs, step_outputs, api_name="walkthrough_next", **lane(VIEW))
     links.register(demo, "walkthrough", cached_opening("walkthrough", walkthrough), inputs, outputs, api_name="walkthrough_example",
                    params=dict(prompt=prompt, layer=layer, step=step),
                    names=dict(step={key: i for i, key in enumerate(wt.STEP_KEYS)}),

@@ -1,8 +1,8 @@
 """Which client (network address) the request being handled came from, for caps per client.
 
-``explorer.web.gradio_adapter`` sets ``CURRENT`` around each handler's run from the request's address (as
-``explorer.web.clients.address_of`` reads it); a handler's worker thread inherits it. Outside a request it is
-"local" (tests, the benchmark, start-up).
+``explorer.web.clients.with_client`` sets ``CURRENT`` around the run of each handler that needs it, from the
+address of the request Gradio passes it (as ``explorer.web.clients.address_of`` reads it). Outside a request it
+is "local" (tests, the benchmark, start-up).
 """
 from __future__ import annotations
 

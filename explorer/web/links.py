@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from explorer.state.openings import cached_opening
-from explorer.web.groups import concurrency
+from explorer.web.groups import VIEW, Lane, lane
 from explorer.web.page import script
 
 MAX_TEXT = 2000  # characters of a prompt carried by a link; the handlers' own limits apply after
@@ -58,6 +58,7 @@ class View:
     names: dict = field(default_factory=dict)  # key -> {name: value}: values a link gives by name (step=scores)
     resets: dict = field(default_factory=dict)  # component -> value after a model load or a link (no key sets them)
     focus: dict = field(default_factory=dict)  # name -> [element ids]: what ``focus=<name>`` scrolls to
+    lane: Lane = VIEW  # the queue's lane of the view's runs (``explorer.web.groups``); what runs after it: views
 
 
 _VIEWS: "weakref.WeakKeyDictionary[gr.Blocks, dict[str, View]]" = weakref.WeakKeyDictionary()
@@ -66,7 +67,7 @@ _VIEWS: "weakref.WeakKeyDictionary[gr.Blocks, dict[str, View]]" = weakref.WeakKe
 def register(demo: gr.Blocks, tab: str, handler: Callable, inputs: list, outputs: list, *, api_name: str,
              params: dict | None = None, then: list | None = None, follow_model: bool = True,
              model_defaults: Callable | None = None, names: dict | None = None,
-             resets: dict | None = None, focus: dict | None = None) -> View:
+             resets: dict | None = None, focus: dict | None = None, lane: Lane = VIEW) -> View:
     """Declare ``tab``'s main view; app.py wires it (opening example, deep link, model reload).
 
     then: more (fn, inputs, outputs, api_name[, visibility]) run after the view, in order (visibility at page
@@ -78,7 +79,8 @@ def register(demo: gr.Blocks, tab: str, handler: Callable, inputs: list, outputs
     controls that are not link keys but hold something only the old model or the page's own example has (a token
     position): set after a model load and when a link opens the tab. focus:
     {name: component or [components]}: the figures (with the text that goes with them) a link's ``focus=<name>``
-    scrolls into view and highlights once its view has been computed (each component needs an ``elem_id``)."""
+    scrolls into view and highlights once its view has been computed (each component needs an ``elem_id``).
+    lane: the queue's lane of the view's runs (``explorer.web.groups``; VIEW unless it is a long job)."""
     views = _VIEWS.setdefault(demo, {})
     if tab in views:
         raise ValueError(f"tab {tab!r} registered twice.")
@@ -95,7 +97,7 @@ def register(demo: gr.Blocks, tab: str, handler: Callable, inputs: list, outputs
             raise ValueError(f"focus {name!r} of {tab!r}: every component needs an elem_id.")
         targets[name] = [c.elem_id for c in group]
     views[tab] = View(tab, handler, list(inputs), list(outputs), api_name, dict(params or {}), list(then or []),
-                      follow_model, model_defaults, dict(names or {}), dict(resets or {}), targets)
+                      follow_model, model_defaults, dict(names or {}), dict(resets or {}), targets, lane)
     return views[tab]
 
 
@@ -246,13 +248,13 @@ def _run_view(trigger, view: View, *, visibility: str, suffix: str = "", first: 
 
     name = view.api_name + suffix
     chained = trigger(shared(view.handler, name), view.inputs, view.outputs, api_name=name,
-                      api_visibility=visibility, **concurrency(name, view.handler))
+                      api_visibility=visibility, **lane(view.lane, view.handler))
     view_id = chained["id"]
     for fn, inputs, outputs, api_name, *own in view.then:
         shown = own[0] if own and not suffix else visibility  # after a model load, always private
         name = api_name + suffix
         chained = chained.then(shared(fn, name), inputs, outputs, api_name=name, api_visibility=shown,
-                               **concurrency(name, fn))
+                               **lane(VIEW, fn))
     return view_id if first else chained
 
 
@@ -290,14 +292,14 @@ def wire(demo: gr.Blocks, tabs: gr.Tabs, notice: gr.Textbox) -> None:
     registered = views(demo)
     general = gr.Button(visible="hidden", elem_id=APPLY_LINK_ID)
     read = general.click(_link_reader(registered, None, []), None, [tabs, notice], api_name="read_link",
-                         api_visibility="private", show_progress="hidden")
+                         api_visibility="private", show_progress="hidden", **lane(VIEW))
     _LINK_EVENTS[demo] = [read["id"]]
     _OPENINGS[demo] = []
     for view in registered.values():
         components = _unique([*view.params.values(), *view.resets])
         trigger = gr.Button(visible="hidden", elem_id=f"{APPLY_LINK_ID}-{view.tab}")
         read = trigger.click(_link_reader(registered, view.tab, components), None, [tabs, notice, *components],
-                             api_name=f"read_link_{view.tab}", api_visibility="private", show_progress="hidden")
+                             api_name=f"read_link_{view.tab}", api_visibility="private", show_progress="hidden", **lane(VIEW))
         _LINK_EVENTS[demo].append(read["id"])
         _OPENINGS[demo].append(_run_view(read.then, view, visibility="undocumented", first=True))
     demo.load(None, js=link_js(focus_targets(demo)), api_name="open_link", api_visibility="private")
@@ -340,7 +342,7 @@ def after_model_load(demo: gr.Blocks, events: list, suffix: str) -> None:
     for fn, inputs, outputs, api_name in _FOLLOWERS.get(demo, []):
         for n, event in enumerate(events):
             event.success(fn, inputs, outputs, api_name=f"{api_name}{suffix}_{n}", api_visibility="private",
-                          show_progress="hidden")
+                          show_progress="hidden", **lane(VIEW))
     for view in views(demo).values():
         if not view.follow_model:
             continue
@@ -362,7 +364,7 @@ def after_model_load(demo: gr.Blocks, events: list, suffix: str) -> None:
             trigger = event.success
             if settings:
                 trigger = event.success(reset, reset_inputs, settings, api_name=f"{view.tab}_defaults{tag}",
-                                        api_visibility="private", show_progress="hidden").then
+                                        api_visibility="private", show_progress="hidden", **lane(VIEW)).then
             _run_view(trigger, view, visibility="private", suffix=f"_after_load{tag}")
 
 

@@ -1,19 +1,9 @@
-"""How the queue serves many visitors: lanes by what an event holds, caps per session and per client.
+"""How the queue serves many visitors: each listener in its lane, caps per session and per client.
 
-Gradio runs each handler function one request at a time unless told otherwise, so a class of 40 waits in
-series on an idle second core. Here each event gets a concurrency group (a lane) by what it holds, and a lane's
-line never waits behind another lane's:
-
-    generation  text generation: streams token by token; two at a time
-    measure     measurements (memory sweeps, the formats comparison, experiment sweeps): one at a time, since two
-                on the same cores would time each other
-    finetune    LoRA fine-tuning: one at a time
-    play        the memory lab's Play: sleeps between frames, so many run side by side
-    view        everything else (cached opening examples, hooked forward passes on small models, predictions):
-                a few side by side; runs on one model still serialise on its model lock (explorer.state.locks)
-
-So a generation starts as soon as the generation lane is free, whatever fine-tunes and sweeps wait. A listener
-takes its group as ``**concurrency(api_name)`` (``explorer.web.groups``); views take the queue's default (``QUEUE``).
+Each listener declares its lane where it is registered (``explorer.web.groups``: view, generation, measure,
+finetune, play, class), and ``apply`` refuses to serve an app with a listener that declares none. A lane's line
+never waits behind another lane's: a generation starts as soon as the generation lane is free, whatever
+fine-tunes and sweeps wait. Views take their limit from the queue's default too (``QUEUE``).
 
 Caps, checked at each join (``explorer.web.gradio_adapter.cap_queue``), each refusal a sentence:
     a session (one browser tab or API client) holds at most ``EXPLORER_SESSION_QUEUE_CAP`` events in the queue
@@ -32,14 +22,15 @@ shared result cache (``explorer.state.openings``). What Gradio offers no public 
 idle sessions are swept by ``explorer.web.sweeper``.
 
     demo.queue(**QUEUE)    the queue's size and the views' limit
-    apply(demo)            after demo.queue(): the groups of events registered without theirs, the per-session
-                           cap, the opening examples, the upload switch and the sweeper
+    apply(demo)            after demo.queue(): every listener's lane checked, the caps per session and client,
+                           the opening examples, the upload switch and the sweeper
     start_openings(demo, tab, status)   after launch, with ``apply(demo, openings_later=True)``: the opening
                            examples computed in a thread, the first tab's first, the page refreshed after each stage
     close(demo)            stops serving and waits for the work already started (tests, benchmarks: before exit)
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -50,7 +41,9 @@ from explorer.web import gradio_adapter as adapter
 from explorer.web import links
 from explorer.web import middleware
 from explorer.web import sweeper
-from explorer.web.groups import LONG_GROUPS, VIEW_CONCURRENCY, env_int, group_of
+from explorer.web.clients import address_of_request
+from explorer.web.errors import no_paths, short
+from explorer.web.groups import LONG_GROUPS, VIEW_CONCURRENCY, check_lanes, env_int
 
 
 #: Events per session in the queue at once (queued or running): a link's page load sends 3.
@@ -61,8 +54,10 @@ CLIENT_QUEUE_CAP = env_int("EXPLORER_CLIENT_QUEUE_CAP", 256)
 #: The whole queue: room for a class's page loads many times over, and at most half of Gradio's per-session
 #: message books (``apply`` lowers it to that), so a session with an event pending always has its place there.
 QUEUE_MAX_SIZE = env_int("EXPLORER_QUEUE_SIZE", 1024)
-#: Gradio's timing summary (its monitoring page) is recomputed after this many events, not after each one.
+#: Gradio's timing summary (its monitoring page) is recomputed after this many events, not after each one: after
+#: each, it costs a class's page loads dearly. Gradio reads its variable when ``demo.queue()`` makes the queue.
 ANALYTICS_EVERY = 1000
+os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", str(ANALYTICS_EVERY))
 
 #: ``demo.queue(**QUEUE)``: room for the events of 64 sessions' page loads at once, views a few at a time.
 QUEUE = {"max_size": QUEUE_MAX_SIZE, "default_concurrency_limit": VIEW_CONCURRENCY}
@@ -83,44 +78,31 @@ LONG_REFUSED = ("This page already has a generation, measurement or fine-tune wa
 UNKNOWN_EVENT = "That event does not exist in this app: reload the page."
 
 
-def _set_client(request):
-    """Run the handler with its client's address known (``explorer.state.clients``); the reset to call after."""
-    from explorer.state import clients as current
-    from explorer.web.clients import address_of_request
-
-    token = current.CURRENT.set(address_of_request(request))
-    return lambda: current.CURRENT.reset(token)
-
-
 def bad_value_sentence(api_name: str | None, exc: Exception) -> str:
     """A value Gradio refused before any handler ran, as one sentence quoting a short, escaped prefix of why."""
-    from explorer.panels.errors import no_paths, short
-
     reason = short(no_paths(str(exc) or type(exc).__name__), 120)
     return short(f"A value sent to {api_name or 'this control'} is not one its controls accept ({reason}): use the "
                  "page's own choices and ranges, or reload the page.")
 
 
 def apply(demo: gr.Blocks, *, openings_later: bool = False) -> gr.Blocks:
-    """After ``demo.queue(**QUEUE)``: every event in its group, each session's share of the queue capped, the
-    opening examples computed into the page, uploads switched off when nothing takes files, the sweeper started.
+    """After ``demo.queue(**QUEUE)``: every listener's lane checked (ValueError naming those without one), each
+    session's and client's share of the queue capped, the opening examples computed into the page, uploads
+    switched off when nothing takes files, the sweeper started.
 
     With ``openings_later`` the opening examples are not computed here: ``start_openings`` computes them once the
     server answers (``python app.py``), and the page says so meanwhile."""
-    for i, name in adapter.server_events(demo).items():
-        group, limit = group_of(name)
-        if group is not None and adapter.event_group(demo, i) != (group, limit):
-            adapter.set_group(demo, i, group, limit)  # a listener registered without **concurrency(name)
-    adapter.compute_summary_every(demo, ANALYTICS_EVERY)  # after each event, it costs a class's page loads dearly
+    check_lanes(demo)
     adapter.keep_sessions_with_events(demo)
     adapter.configs_on_demand(demo)  # a class arriving at once no longer waits for 40 copies of the page's config
-    from explorer.web.clients import address_of_request
+
+    def on_join(session_hash: str) -> None:
+        adapter.configs_on_demand(demo)  # launch made a new session holder: the same for it
+        sweeper.tell_returning_visitor(demo, session_hash)
 
     adapter.cap_queue(demo, adapter.QueueRules(
         SESSION_QUEUE_CAP, CLIENT_QUEUE_CAP, LONG_GROUPS, address_of_request, refused_sentence(SESSION_QUEUE_CAP),
-        client_refused_sentence(CLIENT_QUEUE_CAP), LONG_REFUSED, UNKNOWN_EVENT,
-        on_join=lambda session_hash: sweeper.tell_returning_visitor(demo, session_hash)))
-    adapter.tag_requests_with_client(demo, _set_client)
+        client_refused_sentence(CLIENT_QUEUE_CAP), LONG_REFUSED, UNKNOWN_EVENT, on_join=on_join))
     adapter.sentence_for_bad_values(demo, bad_value_sentence)
     if openings_later:
         _LATER[demo] = _detach_openings(demo)

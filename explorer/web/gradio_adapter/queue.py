@@ -1,0 +1,169 @@
+"""The queue: Gradio's per-session message books kept sound, and each join capped and placed fairly.
+
+    queue_of(demo)                         the queue ``demo.queue()`` made
+    keep_sessions_with_events(demo)        the books never drop a session with events pending, and an event whose
+                                           session they dropped is dropped, not fatal
+    cap_queue(demo, rules)                 per session and per client address: caps, one long job, fair order
+    cap_per_session(demo, cap, refusal)    at most ``cap`` of one session's events in the queue at once
+    events_held(demo, session)             how many of a session's events are queued or running
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from typing import Any, Callable, NamedTuple
+
+import gradio as gr
+
+from explorer.web.gradio_adapter.checks import LRUCache, Queue
+
+
+def queue_of(demo: gr.Blocks) -> Queue:
+    """The queue ``demo.queue()`` made; RuntimeError when it has not been called."""
+    queue = getattr(demo, "_queue", None)
+    if queue is None:
+        raise RuntimeError("demo.queue() must be called first: the queue is set up after it.")
+    return queue
+
+
+class SessionBooks(LRUCache):
+    """Gradio's per-session message books (``Queue.pending_messages_per_session``, an LRU of 2,000 sessions in
+    Gradio 6.31) that, when full, drop the least recently used session holding no pending event rather than
+    the least recently used one: Gradio's own drops a session whose events are still queued, and the next
+    estimate sent to that event raises KeyError inside the queue's loop, which stops the queue for everyone."""
+
+    def __init__(self, max_size: int, pending: dict) -> None:
+        super().__init__(max_size)
+        self._pending = pending  # the queue's pending_event_ids_session: session hash -> event ids
+
+    def __setitem__(self, key, value) -> None:
+        if key not in self and len(self) >= self.max_size:
+            idle = next((k for k in self if not self._pending.get(k)), None)
+            if idle is not None:  # room from a session nothing is waiting for; else Gradio's own choice
+                OrderedDict.__delitem__(self, idle)
+        super().__setitem__(key, value)
+
+
+def keep_sessions_with_events(demo: gr.Blocks) -> int:
+    """Gradio's per-session message books keep every session with an event pending (``SessionBooks``), and a
+    message for an event whose session they no longer hold drops that session's events instead of raising
+    inside the queue's loop (a KeyError there stops the queue: every later join is answered "Queue is
+    stopped."). The queue's ``max_size`` is lowered to half the books' size when larger, so the sessions of
+    events that finished but were never read keep room there too. Returns the books' size."""
+    queue = queue_of(demo)
+    old = queue.pending_messages_per_session
+    books = SessionBooks(old.max_size, queue.pending_event_ids_session)
+    for key, value in old.items():
+        OrderedDict.__setitem__(books, key, value)
+    queue.pending_messages_per_session = books
+    send = queue.send_message
+
+    def send_or_drop(event, event_message):
+        if event.session_hash in books:
+            return send(event, event_message)
+        if event.alive:  # nobody can be told anything about it: drop the session's events, once
+            event.alive = False
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing queued to drop either
+                asyncio.get_running_loop().create_task(queue.clean_events(session_hash=event.session_hash))
+        return None
+
+    queue.send_message = send_or_drop
+    if queue.max_size is None or queue.max_size > books.max_size // 2:
+        queue.max_size = books.max_size // 2
+    return books.max_size
+
+
+def session_books_size(demo: gr.Blocks) -> int:
+    """How many sessions Gradio's per-session message books hold."""
+    return queue_of(demo).pending_messages_per_session.max_size
+
+
+class QueueRules(NamedTuple):
+    """What ``cap_queue`` enforces at each join; a refusal is answered like a full queue (HTTP 503)."""
+    session_cap: int  # events of one session in the queue at once (queued or running)
+    client_cap: int  # events of one client address in the queue at once
+    long_groups: frozenset  # concurrency groups of long jobs: one session holds at most one of them
+    client_of: Callable[[Any], str]  # the client address of a Starlette request
+    session_refusal: str
+    client_refusal: str
+    long_refusal: str
+    unknown_refusal: str  # a join naming no event of the app (Gradio answers it with HTTP 500)
+    on_join: Callable[[str], None] | None = None  # runs first on every join, with the session hash
+
+
+def cap_queue(demo: gr.Blocks, rules: QueueRules) -> None:
+    """At each join: at most ``rules.session_cap`` of a session's events and ``rules.client_cap`` of a client
+    address's in the queue at once, and at most one long job (an event of ``rules.long_groups``) per session;
+    then the new event takes its fair place in its group's line: round robin by client address (a client's
+    n-th waiting event goes after every other client's n-th), so one client's flood of fresh sessions waits
+    behind everyone else's next request, where Gradio's line is first come first served."""
+    queue = queue_of(demo)
+    push = queue.push
+    clients: dict[str, str] = {}  # event id -> client address, for the events in the queue
+
+    def held(ids) -> list:
+        return [queue.event_ids_to_events[i] for i in list(ids or ()) if i in queue.event_ids_to_events]
+
+    async def push_within_rules(body, request, username):
+        session = body.session_hash
+        fn = demo.fns.get(body.fn_index) if isinstance(body.fn_index, int) and body.fn_index >= 0 else None
+        if fn is None or fn.fn is None:
+            return False, rules.unknown_refusal, "error"
+        if rules.on_join is not None and session:
+            rules.on_join(session)
+        for gone in [i for i in clients if i not in queue.event_ids_to_events]:
+            del clients[gone]
+        client = rules.client_of(request)
+        ids = queue.pending_event_ids_session.get(session) if session else None
+        mine = held(ids)
+        if len(ids or ()) >= rules.session_cap:
+            return False, rules.session_refusal, "queue_full"
+        if sum(1 for c in clients.values() if c == client) >= rules.client_cap:
+            return False, rules.client_refusal, "queue_full"
+        if fn.concurrency_id in rules.long_groups and \
+                any(e.concurrency_id in rules.long_groups for e in mine):
+            return False, rules.long_refusal, "queue_full"
+        ok, answer, kind = await push(body, request, username)
+        if ok and isinstance(answer, str) and answer in queue.event_ids_to_events:
+            clients[answer] = client
+            _fair_place(queue, queue.event_ids_to_events[answer], clients)
+        return ok, answer, kind
+
+    queue.push = push_within_rules
+
+
+def _fair_place(queue: Queue, event, clients: dict[str, str]) -> None:
+    """Move ``event`` (last in its group's line) before the first waiting event of a later round: its round
+    is how many of its client's events wait before it."""
+    line = queue.event_queue_per_concurrency_id.get(event.concurrency_id)
+    if line is None or not line.queue or line.queue[-1] is not event:
+        return
+    seen: dict[str, int] = {}
+    rounds = []
+    for e in line.queue:
+        c = clients.get(e._id, e.session_hash)
+        rounds.append(seen.get(c, 0))
+        seen[c] = rounds[-1] + 1
+    mine = rounds[-1]
+    for i, r in enumerate(rounds[:-1]):
+        if r > mine:
+            line.queue.insert(i, line.queue.pop())
+            return
+
+
+def cap_per_session(demo: gr.Blocks, cap: int, refusal: str,
+                    on_join: Callable[[str], None] | None = None) -> None:
+    """At most ``cap`` of one session's events in the queue at once (``cap_queue`` with only this rule)."""
+    cap_queue(demo, QueueRules(cap, 10**9, frozenset(), lambda request: "", refusal, refusal, refusal,
+                               "That event does not exist in this app.", on_join))
+
+
+def events_held(demo: gr.Blocks, session_hash: str) -> int:
+    """How many of the session's events are in the queue (queued or running). Gradio's own count also keeps
+    events that finished until their answer is read, which a script that never reads them never does."""
+    queue = getattr(demo, "_queue", None)
+    if queue is None:
+        return 0
+    return sum(1 for i in list(queue.pending_event_ids_session.get(session_hash) or ())
+               if i in queue.event_ids_to_events)
