@@ -22,6 +22,18 @@ from models.speed import decode_blas, fast_step
 
 from . import formats as fm
 
+
+def seconds_scale() -> float:
+    """``EXPLORER_FORMATS_SECONDS_SCALE`` (default 1): the formats view's timing budgets multiplied by it, so a test
+    suite or a slow machine can trade the numbers' steadiness for a shorter wait."""
+    import os
+
+    try:
+        return min(10.0, max(0.05, float(os.environ.get("EXPLORER_FORMATS_SECONDS_SCALE", "") or 1.0)))
+    except ValueError:  # a bad setting must not stop the app from starting
+        return 1.0
+
+
 ROOT = Path(__file__).resolve().parents[2]
 HELD_OUT_PATH = ROOT / "assets" / "encoder-model" / "held_out_stories.txt"
 HELD_OUT_TOKENS = 256  # the fixed text's first tokens (fewer when the model's context is shorter)
@@ -29,10 +41,11 @@ NEW_TOKENS = 64  # greedy agreement and decode speed are measured over at most t
 REPEATS = 3
 # each format's decoding (and transformers') is timed for about this long, so that the whole view fits 30 s:
 # fewer tokens and runs where a format decodes slowly (bf16 without native kernels), each row saying how many
-DECODE_SECONDS = 3.0
+DECODE_SECONDS = 3.0 * seconds_scale()
 CACHE_TOKENS = 32  # the KV-caching row: decode with and without the cache, over at most this many tokens
-CACHE_SECONDS = 2.0  # ... the cached decode timed for about this long (fewer tokens where it is slow), the
-# uncached one then over as many tokens
+# ... the cached decode timed for about this long (fewer tokens where it is slow), the uncached one then over as
+# many tokens
+CACHE_SECONDS = 2.0 * seconds_scale()
 FLASH_LENGTHS = (1024, 2048)  # the FlashAttention row: peak memory at two lengths, to see how it grows
 LORA_RANK, LORA_TARGETS = 8, ("q_proj", "v_proj")
 
@@ -71,7 +84,7 @@ def format_copies(model) -> dict[str, torch.nn.Module]:
 
 #: What the progress bar says, stage by stage (the stages, not a time estimate: decoding takes most of it).
 STAGES = ("converting the model to bf16 and int8", "measuring memory read bandwidth",
-          f"decoding in fp32, bf16 and int8, about {DECODE_SECONDS:.0f} s each (up to {NEW_TOKENS} tokens, up to "
+          f"decoding in fp32, bf16 and int8, about {DECODE_SECONDS:.2g} s each (up to {NEW_TOKENS} tokens, up to "
           f"{REPEATS} runs; the longest stage)",
           "fp32 prefill speed", "transformers on the same weights", "decoding with and without the cache",
           "attention memory at two lengths")

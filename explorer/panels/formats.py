@@ -211,7 +211,7 @@ def _view(model, tokenizer, ids: list[int], notice: str, numbers: dict) -> Forma
         f"**Memory read bandwidth: {bw / 1e9:.1f} GB/s**, measured now: {numbers['bandwidth']['method']}. "
         f"Bytes read per token are counted on each model (every weight matrix once, the norms, and the KV cache at "
         f"the continuation's middle length, {numbers['prompt_tokens'] + NEW_TOKENS // 2} positions); the limit is "
-        f"bandwidth ÷ those bytes. Each decoder's speed is timed for about {DECODE_SECONDS:.0f} s: up to "
+        f"bandwidth ÷ those bytes. Each decoder's speed is timed for about {DECODE_SECONDS:.2g} s: up to "
         f"{NEW_TOKENS} new tokens, up to {REPEATS} runs, fewer where it decodes slowly (the last column says how "
         f"many; greedy agreement compares the new tokens both decoded).\n\n"
         f"**Why decoding is memory-bound and prefill is not:** a decode step uses each weight for one multiply-add "
