@@ -107,15 +107,23 @@ def served_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def app_url(served_model_dir, model_root):
-    """The whole app, launched in this process on a free port; closed at the end of the session once the work it
-    started has ended (``explorer.web.serving.close`` says why that matters at exit)."""
+def app_demo(served_model_dir, model_root):
+    """The whole app as ``app.build_demo()`` makes it, built once for the session (``app_url`` serves it)."""
     os.environ["EXPLORER_DEFAULT_MODEL"] = str(served_model_dir)
     os.environ["EXPLORER_MODEL_ROOT"] = str(model_root)
     import app
+
+    return app.build_demo()
+
+
+@pytest.fixture(scope="session")
+def app_url(app_demo):
+    """The whole app, launched in this process on a free port; closed at the end of the session once the work it
+    started has ended (``explorer.web.serving.close`` says why that matters at exit)."""
+    import app
     from explorer.web import serving
 
-    demo = app.build_demo()
+    demo = app_demo
     port = _free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True,
                 **app.launch_kwargs())

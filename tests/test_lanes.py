@@ -52,25 +52,9 @@ def test_the_lanes_and_their_limits():
 
 
 @pytest.fixture(scope="module")
-def built_app(served_model_dir, model_root):
-    """The whole app as ``python app.py`` builds it (its opening examples not computed), closed afterwards."""
-    import os
-
-    import app
-
-    saved = {k: os.environ.get(k) for k in ("EXPLORER_DEFAULT_MODEL", "EXPLORER_MODEL_ROOT")}
-    os.environ.update(EXPLORER_DEFAULT_MODEL=str(served_model_dir), EXPLORER_MODEL_ROOT=str(model_root))
-    try:
-        demo = app.build_demo(openings_later=True)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    app.OPENING_PLACES.pop(demo, None)
-    yield demo
-    serving.close(demo, timeout=30)
+def built_app(app_demo):
+    """The whole app as the session's app fixture built it (``app.build_demo()``)."""
+    return app_demo
 
 
 def test_every_listener_of_the_app_declares_its_lane(built_app):
