@@ -341,7 +341,8 @@ def parse_steps(text: str) -> list[int]:
     return steps
 
 
-def bench(seeds: list[int], seconds: float, settings: LiveSettings | None = None, log=print) -> dict:
+def bench(seeds: list[int], seconds: float, settings: LiveSettings | None = None,
+          log: Callable[[str], None] = lambda line: print(line, flush=True)) -> dict:
     """Train one live per seed (nothing written) and report, for each, the seconds until the best induction score
     first reached ``PHASE_SCORE`` and the final losses and scores, with the machine and its load."""
     from lens.machine import machine_info
