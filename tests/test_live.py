@@ -160,7 +160,7 @@ def test_time_limit_ends_the_run(one_thread):
     run = L.train_live(1.5, 0, None, settings=s)
     assert run.stopped == "time" and run.steps > 0
     assert [r["step"] for r in run.records] == [0, run.steps]
-    assert run.seconds < 1.5 + 5.0   # the last measurement comes after the limit; nothing else does
+    assert run.records[-1]["seconds"] >= 1.5    # it trained until the limit, not fewer seconds
 
 
 def test_long_rows_start_once_the_copy_loss_is_low(one_thread):
