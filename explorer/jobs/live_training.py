@@ -24,7 +24,7 @@ from explorer.state.threads import run_threads
 from training.live import PHASE_SCORE, LiveSettings, check_seed, thin, train_live
 
 MAX_SECONDS = 120.0        # the longest run a visitor may start: the phase change comes after 10-14 s
-DEFAULT_SECONDS = 30.0
+DEFAULT_SECONDS = 45.0       # the phase change came at 24 s with the machine loaded (bench/notes/live-training.md)
 MAX_RECORDS = 400          # about one a second: a 120-second run needs far fewer
 SNAPSHOT_EVERY = 200
 MAX_SNAPSHOTS = 10

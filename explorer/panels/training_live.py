@@ -16,7 +16,7 @@ A 2-layer decoder (d_model 64, two heads a layer) starts from random weights her
 finish sequences that repeat a random span of tokens. Every second the page shows its loss and how strongly each
 head does the two jobs of an induction circuit: look at the previous token, and look at the token after the
 earlier copy of this one. **Predict first:** which layer will hold the induction head, and will the loss fall
-smoothly or all at once? (On this machine the jump has come after 10-14 seconds.) Anyone who presses the button
+smoothly or all at once? (On this server's CPU the jump has come after 10-14 seconds when idle, about 25 when busy.) Anyone who presses the button
 while a run trains watches the same run; Stop ends it and keeps what it learnt, to load as `live@final`."""
 IDLE = "Nothing is training now: press **Train one now**."
 
