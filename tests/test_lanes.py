@@ -47,7 +47,7 @@ def test_the_lanes_and_their_limits():
     assert lane(MEASURE) == {"concurrency_id": "measure", "concurrency_limit": 1}
     assert lane(GENERATION) == {"concurrency_id": "generation", "concurrency_limit": 2}
     assert lane(CLASS)["concurrency_limit"] > 1 and VIEW.limit > 1
-    assert groups.LONG_GROUPS == {"measure", "generation", "finetune"}
+    assert groups.LONG_GROUPS == {"measure", "generation", "finetune", "train"}
     assert lane(VIEW) == {"concurrency_limit": VIEW.limit}  # Gradio's default group: the function's own
 
 
@@ -62,14 +62,14 @@ def test_every_listener_of_the_app_declares_its_lane(built_app):
 
     assert groups.undeclared(built_app) == []
     lanes = {name: groups.lane_of(built_app, name) for name in adapter.server_events(built_app).values()}
-    assert len(lanes) > 200 and set(lanes.values()) == {"view", "generation", "measure", "finetune", "play", "class"}
+    assert len(lanes) > 200 and set(lanes.values()) == {"view", "generation", "measure", "finetune", "train", "play", "class"}
 
 
 @pytest.mark.parametrize("api_name, expected", [
     ("generate_step", "view"),  # the step slider shows a stored step: never behind two generations
     ("generate", "generation"), ("generate_submit", "generation"), ("generate_example", "generation"),
     ("memory_compare", "measure"), ("formats", "measure"), ("formats_example", "measure"),
-    ("experiment_sweep", "measure"), ("lora_finetune", "finetune"), ("memory_trace_play", "play"),
+    ("experiment_sweep", "measure"), ("lora_finetune", "finetune"), ("training_live", "train"), ("memory_trace_play", "play"),
     ("class_vote_0", "class"), ("kv_calculator", "view"), ("attention_example", "view"), ("load_model", "view"),
     ("clear_formats_after_load_0_0", "view"),  # after a model load: a view, never a long job
 ])

@@ -231,3 +231,11 @@ def test_ninety_seconds_grow_an_induction_head_seen_by_transformers(tmp_path):
     assert min(best_by_span.values()) >= 0.5, best_by_span
     log = json.loads((out / L.LOG_FILE).read_text())
     assert log["phase_change"] is not None and log["phase_change"]["seconds"] <= 90
+
+
+def test_the_phase_change_is_snapshotted_when_asked(tmp_path, monkeypatch, one_thread):
+    monkeypatch.setattr(L, "PHASE_SCORE", -1.0)  # every record qualifies: the first one (step 0) is the phase change
+    run = L.train_live(60, 0, str(tmp_path / "m"), settings=L.LiveSettings.tiny(), should_stop=stop_after(2),
+                       snapshot_phase=True)
+    assert run.phase_change["step"] == 0
+    assert sorted(p.name for p in (tmp_path / "m" / L.SNAPSHOT_DIR).iterdir()) == ["step-00000"]

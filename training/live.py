@@ -214,7 +214,8 @@ def write_checkpoint(model, tok, folder: str, s: LiveSettings) -> None:
 
 def train_live(seconds: float, seed: int, out: str | None, *, settings: LiveSettings | None = None,
                on_step: Callable[[dict], None] | None = None, should_stop: Callable[[], bool] | None = None,
-               snapshot_steps: Iterable[int] = (), log: Callable[[str], None] | None = None) -> LiveRun:
+               snapshot_steps: Iterable[int] = (), snapshot_phase: bool = False,
+               log: Callable[[str], None] | None = None) -> LiveRun:
     """Train for at most ``seconds`` of wall time (tokenizer and measurements included), then write ``out``.
 
     on_step(record): called with each record (every ``settings.record_every`` seconds, the first at step 0, the
@@ -223,6 +224,7 @@ def train_live(seconds: float, seed: int, out: str | None, *, settings: LiveSett
       the phase change also has ``"phase_change": True``.
     should_stop(): asked before every step; True ends the run there and the steps so far are written.
     snapshot_steps: steps at which the decoder is also written to ``out/checkpoints/step-NNNNN``.
+    snapshot_phase: also write it there at the phase change's step (not known in advance).
     out: None trains and measures without writing anything.
     Uses torch's thread count as the caller set it.
     """
@@ -256,6 +258,8 @@ def train_live(seconds: float, seed: int, out: str | None, *, settings: LiveSett
         if phase is None and rec["best_induction"] >= PHASE_SCORE:
             rec["phase_change"] = True
             phase = {k: rec[k] for k in ("step", "seconds", "cpu_seconds", "best_induction")}
+            if snapshot_phase and out is not None:
+                write_checkpoint(model, tok, os.path.join(out, SNAPSHOT_DIR, f"step-{step:05d}"), s)
         records = thin(records + [rec], s.max_records)
         if on_step is not None:
             on_step(rec)

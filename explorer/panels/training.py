@@ -24,6 +24,7 @@ from explorer.web.clients import with_client
 from explorer.web.groups import VIEW, lane
 
 from explorer.panels.errors import user_errors
+from explorer.panels.training_live import build_live
 
 INTRO = """### Training: watch the circuits form
 The default model, saved at {n} of its {steps:,} training steps. Move the slider or press **Play**: the curves
@@ -200,6 +201,7 @@ def build_training(demo: gr.Blocks, state: gr.State) -> None:
     entries = snapshots.logged_snapshots()
     if len(entries) < 2:
         gr.Markdown(NO_SNAPSHOTS)
+        build_live(demo)
         return
     span = reference_span()
     c = probe.curves(entries, str(span))
@@ -259,6 +261,7 @@ def build_training(demo: gr.Blocks, state: gr.State) -> None:
                    [*outs, compare, phase_md], api_name="training_view",
                    params={"step": step, "head": head, "prompt": prompt}, follow_model=False,
                    focus=dict(curves=curves, pattern=pattern))
+    build_live(demo)
 
 
 def snapshot_step(value) -> str:

@@ -17,7 +17,7 @@ from models.loading import REPO_ID, fetch_hub, load_tokenizer
 
 from . import private_models
 from .private_models import PRIVATE_LOCK, add_private, reserve_private
-from . import snapshots
+from . import live_models, snapshots
 from .sizes import format_bytes, parameter_count
 from .folders import REPO_ROOT, default_model_dir, default_model_name, prepare  # noqa: F401
 
@@ -155,8 +155,11 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
     raises ValueError and the caller keeps the model the user had.
     """
     step = snapshots.parse_name(source) if isinstance(source, str) else None
+    live = live_models.parse_name(source)
     if step is not None:  # the default model as it was at a step of its training
         kind, cleaned = "local", str(snapshots.snapshot_folder(snapshots.check_step(step)).resolve())
+    elif live is not None:  # the model trained live in the Training tab: this server's own folder, not a visitor's
+        kind, cleaned = "live", source.strip()
     else:
         kind, cleaned = resolve_model_source(source)
     tokenizer_folder = None  # the checkpoint's own folder
@@ -165,6 +168,8 @@ def load_checkpoint(source: str) -> tuple[Decoder | None, Any, str, str]:
     if kind == "hub":
         folder = fetch_hub(cleaned)  # the Hub only: never a folder outside the root
         name = shown_name(cleaned)
+    elif kind == "live":
+        folder, name = live_models.folder_for(cleaned), cleaned
     else:
         folder = Path(cleaned)
         if folder == default_model_dir().resolve():  # the shipped model, unchanged: the shared copy, no private one

@@ -11,6 +11,8 @@ waits behind another lane's:
     MEASURE     measurements (memory sweeps, the formats comparison, experiment sweeps): one at a time, since two
                 on the same cores would time each other
     FINETUNE    LoRA fine-tuning: one at a time
+    TRAIN       watching the Training tab's live run: the server trains one run at a time on one thread
+                (explorer.jobs.live_training) and every watcher's stream mostly sleeps, so many watch side by side
     PLAY        the memory lab's Play: sleeps between frames, so many run side by side
     CLASS       a class room's votes and tallies: microseconds each, many side by side
 
@@ -52,9 +54,10 @@ VIEW = Lane("view", VIEW_CONCURRENCY, False)
 GENERATION = Lane("generation", 2, True)
 MEASURE = Lane("measure", 1, True)
 FINETUNE = Lane("finetune", 1, True)
+TRAIN = Lane("train", 16, True)
 PLAY = Lane("play", 16, False)
 CLASS = Lane("class", 16, False)
-LANES = (VIEW, GENERATION, MEASURE, FINETUNE, PLAY, CLASS)
+LANES = (VIEW, GENERATION, MEASURE, FINETUNE, TRAIN, PLAY, CLASS)
 #: The concurrency groups of long jobs.
 LONG_GROUPS = frozenset(lane.name for lane in LANES if lane.long)
 _SHARED = {lane.name: lane for lane in LANES if lane is not VIEW}  # lanes that are one concurrency group each
@@ -87,7 +90,7 @@ def check_lanes(demo: gr.Blocks) -> None:
     missing = undeclared(demo)
     if missing:
         raise ValueError(f"{len(missing)} listener(s) name no lane: {', '.join(missing)}. Register each with "
-                         "**lane(VIEW) (or GENERATION, MEASURE, FINETUNE, PLAY, CLASS) from explorer.web.groups.")
+                         "**lane(VIEW) (or GENERATION, MEASURE, FINETUNE, TRAIN, PLAY, CLASS) from explorer.web.groups.")
 
 
 def lane_of(demo: gr.Blocks, api_name: str) -> str | None:
