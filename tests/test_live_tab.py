@@ -41,7 +41,8 @@ def tiny_jobs(tmp_path, monkeypatch):
     monkeypatch.setattr(live_models, "_published", None)
     monkeypatch.setenv("EXPLORER_LIVE_ROOT", str(tmp_path))
     real = job.start
-    monkeypatch.setattr(job, "start", lambda seconds, seed: real(seconds, seed, settings=LiveSettings.tiny()))
+    monkeypatch.setattr(job, "start", lambda seconds, seed, owner=None: real(seconds, seed, owner=owner,
+                                                                           settings=LiveSettings.tiny()))
     yield
     if job.current() is not None:
         job.stop(job.current())
@@ -67,3 +68,16 @@ def test_train_now_streams_and_stop_names_what_to_load(tiny_jobs):
 def test_a_bad_seed_says_what_to_type(seed):
     with pytest.raises(ValueError, match="whole number from 0"):
         tab.check_seed(seed)
+
+
+def test_only_the_page_that_started_the_run_can_stop_it(tiny_jobs):
+    from types import SimpleNamespace
+
+    lecturer, student = SimpleNamespace(session_hash="lecturer"), SimpleNamespace(session_hash="student")
+    stream = tab.train_now(60, 0, lecturer)
+    next(stream)
+    with pytest.raises(ValueError, match="Only the page that started this live run can stop it"):
+        tab.stop_now(student)
+    assert not job.current().finished.is_set()  # the student's Stop changed nothing
+    assert "Ended (stopped)" in tab.stop_now(lecturer)
+    stream.close()

@@ -37,8 +37,9 @@ __all__ = ["LiveJob", "start", "stop", "records", "updates", "current", "final_f
 class LiveJob:
     """One live run as the page sees it: its records so far, its phase change, whether and how it ended."""
 
-    def __init__(self, seconds: float, seed: int, folder: Path) -> None:
+    def __init__(self, seconds: float, seed: int, folder: Path, owner: str | None = None) -> None:
         self.seconds, self.seed, self.folder = seconds, seed, folder
+        self.owner = owner  # the session that started it: on a public server only it may stop the class's run
         self.started = time.time()
         self.stop_event = threading.Event()
         self.finished = threading.Event()
@@ -66,15 +67,17 @@ def check_seconds(seconds) -> float:
     return float(seconds)
 
 
-def start(seconds: float = DEFAULT_SECONDS, seed: int = 0, *, settings: LiveSettings | None = None) -> LiveJob:
-    """Start a live run on a worker thread, or return the one running now (whoever started it)."""
+def start(seconds: float = DEFAULT_SECONDS, seed: int = 0, *, settings: LiveSettings | None = None,
+          owner: str | None = None) -> LiveJob:
+    """Start a live run on a worker thread, or return the one running now (whoever started it). ``owner`` (a
+    session id) is the only one ``stop(..., by=...)`` obeys."""
     global _current
     seconds, seed = check_seconds(seconds), check_seed(seed)
     live_models.expire()
     with _lock:
         if _current is not None and not _current.finished.is_set():
             return _current
-        job = LiveJob(seconds, seed, live_models.new_folder())
+        job = LiveJob(seconds, seed, live_models.new_folder(), owner)
         _current = job
     threading.Thread(target=_work, args=(job, settings), name="live-training", daemon=True).start()
     return job
@@ -115,10 +118,15 @@ def updates(job: LiveJob, every: float = UPDATE_EVERY_S) -> Iterator[list[dict]]
     yield records(job)
 
 
-def stop(job: LiveJob | None = None, wait_s: float = STOP_WAIT_S) -> LiveJob | None:
+def stop(job: LiveJob | None = None, wait_s: float = STOP_WAIT_S, *, by: str | None = None) -> LiveJob | None:
     """Stop ``job`` (default: the current one) before its next step and wait up to ``wait_s`` for its checkpoint
-    to be written. Returns the run, or None when there was none."""
+    to be written. Returns the run, or None when there was none. With ``by`` (a session id), a run someone else
+    started is refused with a sentence: a watcher must not end the lecturer's run."""
     job = job or current()
+    if job is not None and by is not None and job.owner is not None and by != job.owner:
+        left = max(0.0, job.started + job.seconds - time.time())
+        raise ValueError(f"Only the page that started this live run can stop it; it ends by itself in about "
+                         f"{left:.0f} s and then loads as live@final.")
     if job is not None:
         job.stop_event.set()
         job.finished.wait(wait_s)

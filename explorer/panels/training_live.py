@@ -73,21 +73,25 @@ def check_seed(seed) -> int:
     return int(seed)
 
 
-def train_now(seconds, seed):
+def _session(request: gr.Request | None) -> str | None:
+    return getattr(request, "session_hash", None)
+
+
+def train_now(seconds, seed, request: gr.Request = None):
     """Start (or join) the live run and stream its figures and status about every second until it ends."""
-    run = job.start(job.DEFAULT_SECONDS if seconds is None else seconds, check_seed(seed))
+    run = job.start(job.DEFAULT_SECONDS if seconds is None else seconds, check_seed(seed), owner=_session(request))
     recs = job.records(run)
     yield *figures(run, recs), status_text(run, recs)
     for recs in job.updates(run):
         yield *figures(run, recs), status_text(run, recs)
 
 
-def stop_now():
-    """End the live run before its next step; what it learnt is written and loadable."""
+def stop_now(request: gr.Request = None):
+    """End the live run this page started before its next step; what it learnt is written and loadable."""
     run = job.current()
     if run is None or run.finished.is_set():
         return IDLE if run is None else status_text(run, job.records(run))
-    job.stop(run)
+    job.stop(run, by=_session(request))
     return status_text(run, job.records(run))
 
 
