@@ -1,0 +1,46 @@
+"""What a stranger's requests leave behind once they have gone idle: a link's answers go like any other result; only
+the opening examples computed at start-up stay."""
+from __future__ import annotations
+
+import time
+
+from explorer.state.cache import results
+from explorer.state.openings import is_pinned
+from explorer.web.sweeper import drop_unused_results
+
+N = 20  # distinct prompts per road: the issue's 500 in miniature, on loopback
+CAUSAL = "causal (as trained)"
+
+
+def _opening_keys(name: str) -> list:
+    found = []
+    results.count_where(lambda k: found.append(k) or False)
+    return [k for k in found if isinstance(k, tuple) and k[:2] == ("opening", name)]
+
+
+def _unpinned() -> int:
+    return results.count_where(lambda k: not is_pinned(k))
+
+
+def test_link_views_leave_no_more_results_than_plain_views_once_idle(client):
+    """Before: 500 link views left +276 MiB after the idle sweep, each cached as an "opening" the sweeper kept."""
+    pinned = [k for k in _opening_keys("attention_example") if is_pinned(k)]
+    assert len(pinned) == 1  # the page's own example, computed at start-up through Gradio's processing
+
+    def idle_sweep() -> int:
+        time.sleep(0.3)
+        drop_unused_results(0.2)
+        return _unpinned()
+
+    idle_sweep()
+    for i in range(N):
+        client.predict(f"The cat number {i} sat on the mat.", 0, 0, CAUSAL, "32", False, api_name="/attention_example")
+    links = [k for k in _opening_keys("attention_example") if not is_pinned(k)]
+    assert len(links) == N  # each link's answer is shared while it is asked for
+    left_by_links = idle_sweep()
+    for i in range(N):
+        client.predict(f"The cat number {i} sat on the mat.", 0, 0, CAUSAL, "32", False, api_name="/attention")
+    assert _unpinned() >= N
+    left_by_views = idle_sweep()
+    assert left_by_links == left_by_views == 0
+    assert all(results.contains(k) for k in pinned)
