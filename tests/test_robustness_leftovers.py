@@ -44,3 +44,35 @@ def test_link_views_leave_no_more_results_than_plain_views_once_idle(client):
     left_by_views = idle_sweep()
     assert left_by_links == left_by_views == 0
     assert all(results.contains(k) for k in pinned)
+
+
+def test_one_address_within_its_share_never_frees_another_addresss_model(monkeypatch):
+    """Before: an address loading within its share of the private-model budget freed another visitor's model."""
+    import gc
+
+    import pytest
+
+    from explorer.state import clients, private_models, session
+
+    gc.collect()
+    monkeypatch.setattr(private_models, "_owners", {})  # other tests' sessions are not candidates here
+    first, second, third, again = [session.new_state() for _ in range(4)]
+    one = private_models.model_bytes(session.get_model(first)[0])
+    budget = private_models.private_models_bytes() + 2 * one + one // 2  # room for two
+    monkeypatch.setattr(private_models, "PRIVATE_MODELS_BUDGET_BYTES", budget)
+    monkeypatch.setattr(private_models, "CLIENT_SHARE", (one + one // 2) / budget)  # one each
+
+    def as_client(address, state):
+        token = clients.CURRENT.set(address)
+        try:
+            session.private_model(state)
+        finally:
+            clients.CURRENT.reset(token)
+
+    as_client("10.0.0.1", first)
+    as_client("10.0.0.2", second)
+    with pytest.raises(ValueError, match=r"other visitors' own models already hold .* is freed in \d+ min"):
+        as_client("10.0.0.3", third)  # within its share, but the budget is full of other addresses' models
+    assert first["model"] is not None and second["model"] is not None and third["model"] is None
+    as_client("10.0.0.2", again)  # an address makes room from its own model
+    assert first["model"] is not None and second["model"] is None and again["model"] is not None
