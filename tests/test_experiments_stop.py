@@ -95,3 +95,25 @@ def test_each_long_action_has_a_stop_button_that_cancels_it(app_url, action):
     stop = next(d for d in deps if d.get("api_name") == action + "_stop")
     cancelling = [d for d in deps if run["id"] in d["cancels"]]  # Gradio adds the cancel as its own event
     assert any(d["targets"] == stop["targets"] for d in cancelling) and not stop["backend_fn"]
+
+
+def test_the_induction_probe_at_a_long_span_ends_at_its_time_cap_with_a_sentence(served, monkeypatch):
+    from explorer import probes
+    from explorer.panels import attention as tab
+    from explorer.state.cache import weights_key
+
+    model, _ = served
+    ran = []
+
+    def long_probe(model, span_len):
+        x = torch.ones(8, 8)
+        for _ in range(OPS):  # minutes of operations: only the cap, checked between them, ends this
+            x = torch.tanh(x)
+        ran.append("to the end")
+        return {"induction": x}
+    monkeypatch.setattr(probes, "head_scores", long_probe)
+    monkeypatch.setattr(job, "EXPERIMENT_SECONDS", 0.3)
+    span = tab.span_choices(model.config)[-2]
+    with pytest.raises(ValueError, match=f"induction scores at span {span} ran past their 0.3 s limit"):
+        tab._induction(model, [1, 2, 3], span, ("a key no other test uses", weights_key(model)))
+    assert not ran

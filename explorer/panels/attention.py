@@ -16,10 +16,11 @@ import numpy as np
 from explorer.web import links
 from explorer.web.groups import VIEW, lane
 from lens.device import gpu
-from explorer import measure, probes
+from explorer import jobs, measure, probes
 from lens import heads
 from explorer.state import session
 from explorer.state.cache import results, weights_key
+from explorer.state.threads import TimeLimit, stop_between_ops, time_limit
 from explorer.figures import attention as figs
 from explorer.figures.common import head_label, kv_head_of
 from explorer.probes.families import local_layers_sentence
@@ -86,9 +87,14 @@ def _induction(model, ids, span: str, wk) -> tuple[np.ndarray, str]:
         return scores, f"induction on your prompt's repeated last {n} tokens"
     if span not in span_choices(model.config):
         raise ValueError(f"Induction span must be one of {span_choices(model.config)}, got {str(span)[:40]!r}.")
-    n = int(span)
-    scores = results.get_or_compute(("attention.induction", wk, n),
-                                    lambda: probes.head_scores(model, span_len=n)["induction"])
+    n, cap = int(span), jobs.experiments.EXPERIMENT_SECONDS
+    try:
+        with time_limit(cap), stop_between_ops():  # a long span on a large model: capped, like the experiments
+            scores = results.get_or_compute(("attention.induction", wk, n),
+                                            lambda: probes.head_scores(model, span_len=n)["induction"])
+    except TimeLimit:
+        raise ValueError(f"the induction scores at span {n} ran past their {cap:g} s limit on this model: choose a "
+                         "shorter span.") from None
     return scores, f"induction on 4 rows of random tokens repeated at span {n}"
 
 
