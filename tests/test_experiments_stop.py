@@ -114,6 +114,6 @@ def test_the_induction_probe_at_a_long_span_ends_at_its_time_cap_with_a_sentence
     monkeypatch.setattr(probes, "head_scores", long_probe)
     monkeypatch.setattr(job, "EXPERIMENT_SECONDS", 0.3)
     span = tab.span_choices(model.config)[-2]
-    with pytest.raises(ValueError, match=f"induction scores at span {span} ran past their 0.3 s limit"):
+    with pytest.raises(ValueError, match=f"induction scores at span {span} ran past the 0.3 s limit"):
         tab._induction(model, [1, 2, 3], span, ("a key no other test uses", weights_key(model)))
     assert not ran

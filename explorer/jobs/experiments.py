@@ -11,6 +11,9 @@ operation (``state.threads.stop_between_ops``): closing the updates (Gradio's ca
 the worker after the operation it is in. Past ``cap_s`` the worker is stopped the same way and a last update says
 ``capped``, carrying the result of the steps completed.
 
+    within_cap(compute, "the induction scores at span 120", "choose a shorter span")
+                                        # a one-call probe: its value, or a sentence once it passes the cap
+
     EXPLORER_EXPERIMENT_SECONDS   the cap (default 60 s): the 270-head sweep on the SmolLM2-135M shape at 64 tokens
                                   ran 87 s uncapped on 2 cores
 """
@@ -24,7 +27,7 @@ from typing import Any, Callable, Iterator
 
 from explorer.measure.run import STILL_RUNNING, abandonable
 from explorer.state import session
-from explorer.state.threads import stop_between_ops
+from explorer.state.threads import TimeLimit, stop_between_ops, time_limit
 
 
 def _seconds() -> float:
@@ -74,3 +77,14 @@ def capped(model, steps: Callable[[], Iterator], *, cap_s: float = EXPERIMENT_SE
     if last is None or not last.finished:
         yield Update(0 if last is None else last.done, 0 if last is None else last.total,
                      None if last is None else last.result, time.monotonic() - t0, capped=True)
+
+
+def within_cap(compute: Callable[[], Any], what: str, change: str) -> Any:
+    """``compute()`` on this thread, ended before its next torch operation once it passes ``EXPERIMENT_SECONDS``:
+    then ValueError saying ``what`` ran past the limit and ``change`` (what to do instead)."""
+    cap = EXPERIMENT_SECONDS
+    try:
+        with time_limit(cap), stop_between_ops():
+            return compute()
+    except TimeLimit:
+        raise ValueError(f"{what} ran past the {cap:g} s limit on this model: {change}.") from None

@@ -20,7 +20,6 @@ from explorer import jobs, measure, probes
 from lens import heads
 from explorer.state import session
 from explorer.state.cache import results, weights_key
-from explorer.state.threads import TimeLimit, stop_between_ops, time_limit
 from explorer.figures import attention as figs
 from explorer.figures.common import head_label, kv_head_of
 from explorer.probes.families import local_layers_sentence
@@ -87,14 +86,11 @@ def _induction(model, ids, span: str, wk) -> tuple[np.ndarray, str]:
         return scores, f"induction on your prompt's repeated last {n} tokens"
     if span not in span_choices(model.config):
         raise ValueError(f"Induction span must be one of {span_choices(model.config)}, got {str(span)[:40]!r}.")
-    n, cap = int(span), jobs.experiments.EXPERIMENT_SECONDS
-    try:
-        with time_limit(cap), stop_between_ops():  # a long span on a large model: capped, like the experiments
-            scores = results.get_or_compute(("attention.induction", wk, n),
-                                            lambda: probes.head_scores(model, span_len=n)["induction"])
-    except TimeLimit:
-        raise ValueError(f"the induction scores at span {n} ran past their {cap:g} s limit on this model: choose a "
-                         "shorter span.") from None
+    n = int(span)
+    scores = jobs.experiments.within_cap(  # a long span on a large model: capped, like the experiments
+        lambda: results.get_or_compute(("attention.induction", wk, n),
+                                       lambda: probes.head_scores(model, span_len=n)["induction"]),
+        f"the induction scores at span {n}", "choose a shorter span")
     return scores, f"induction on 4 rows of random tokens repeated at span {n}"
 
 

@@ -331,9 +331,11 @@ def _circuit(state):
     span = chosen["scores"]["span"]
     wk = weights_key(model)
     x = head_kinds.repeated_random_tokens(c.vocab_size, span, CIRCUIT_ROWS, 0, bos_id=c.bos_token_id)
-    r = results.get_or_compute(("experiments.circuit", wk, span, chosen["previous"], chosen["induction"]),
-                               lambda: {k: to_host(v) for k, v in iv.induction_circuit(
-                                   model, x, chosen["previous"], chosen["induction"], span).items()})
+    r = jobs.experiments.within_cap(
+        lambda: results.get_or_compute(("experiments.circuit", wk, span, chosen["previous"], chosen["induction"]),
+                                       lambda: {k: to_host(v) for k, v in iv.induction_circuit(
+                                           model, x, chosen["previous"], chosen["induction"], span).items()}),
+        "the circuit's four runs", "use a smaller model")
     (lp, hp), (li, hi) = chosen["previous"], chosen["induction"]
     s = chosen["scores"]
     pname = f"previous-token head {lp}.{hp}"
