@@ -7,6 +7,7 @@ out its two heads. Every number comes from ``explorer.interventions`` on the loa
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, NamedTuple
 
@@ -224,8 +225,9 @@ def sweep_view(prompt, how, state):
 @gpu(120)
 def sweep_stream(prompt, how, state):
     """The button's sweep: progress while it computes; Stop (Gradio's cancel) ends it within a torch operation."""
-    for update in _sweep_updates(prompt, how, state):
-        yield (gr.skip(), gr.skip()) if update is None else update
+    with contextlib.closing(_sweep_updates(prompt, how, state)) as updates:  # closed at once when Stop cancels
+        for update in updates:
+            yield (gr.skip(), gr.skip()) if update is None else update
 
 
 def answer_id(tokenizer, text, what: str) -> int:
@@ -316,8 +318,9 @@ def patch_view(clean, corrupt, good, bad, state) -> PatchView:
 @gpu(120)
 def patch_stream(clean, corrupt, good, bad, state):
     """The button's patching: progress while it computes; Stop (Gradio's cancel) ends it within a torch operation."""
-    for update in _patch_updates(clean, corrupt, good, bad, state):
-        yield (gr.skip(), gr.skip(), gr.skip()) if update is None else update
+    with contextlib.closing(_patch_updates(clean, corrupt, good, bad, state)) as updates:
+        for update in updates:
+            yield (gr.skip(), gr.skip(), gr.skip()) if update is None else update
 
 
 def _circuit(state):

@@ -50,6 +50,12 @@ def is_pinned(key) -> bool:
         return key in _PINNED
 
 
+def pinned() -> frozenset:
+    """The keys pinned so far (kept in the result cache while its bounds allow)."""
+    with _PINNED_GUARD:
+        return frozenset(_PINNED)
+
+
 #: Makes a Plotly figure into what Gradio sends for a ``gr.Plot`` (its public ``postprocess``).
 _PLOT = gr.Plot(render=False)
 

@@ -182,7 +182,9 @@ class Rooms:
         while arrived and arrived[0] <= now - NEW_VOTER_WINDOW:
             arrived.popleft()
         share = max(1, int(self.address_share * self.max_votes))
-        if room.per_network.get(net, 0) >= share or len(room.voters) >= 4 * self.max_votes:
+        if len(room.voters) >= 4 * self.max_votes:  # the books of who voted stay bounded, whatever the addresses
+            raise ValueError(f"This room has seen {len(room.voters)} voters, its limit: your vote was not counted.")
+        if room.per_network.get(net, 0) >= share:
             room.refused, room.version = room.refused + 1, room.version + 1
             raise ValueError(f"This room already counts {share} voters from your network, its share of the room: "
                              "your vote was not counted. Tell your teacher.")
