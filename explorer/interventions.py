@@ -124,6 +124,14 @@ def knockout_sweep(model: nn.Module, tokens, how: str = "zero") -> dict:
     Returns {"base": (T - 1,) nats, "knocked": (L, H, T - 1) nats}; ``knocked[l, h] - base`` is what head (l, h)
     does for each prediction of this prompt. One batch of heads per layer, started at that layer.
     """
+    for _, _, result in iter_knockout_sweep(model, tokens, how):
+        pass
+    return result
+
+
+def iter_knockout_sweep(model: nn.Module, tokens, how: str = "zero"):
+    """``knockout_sweep`` a layer at a time: yields (layers done, L, result so far) after each layer, the rows of
+    the layers not done yet NaN, so a caller that stops early keeps what was computed."""
     check_decoder(model)
     how = check_how(how)
     tokens = _one_sequence(model, tokens, "a knock-out sweep")
@@ -131,7 +139,7 @@ def knockout_sweep(model: nn.Module, tokens, how: str = "zero") -> dict:
     L, H, T = len(model.blocks), c.n_heads, tokens.shape[1]
     logits, cache = _resid_pre(model, tokens)
     base = token_losses(logits, tokens)[0]  # (T - 1,)
-    knocked = torch.empty(L, H, T - 1, device=tokens.device)
+    knocked = torch.full((L, H, T - 1), float("nan"), device=tokens.device)
     step = _rows_per_batch(T, c.vocab_size, full_logits=True)
     for layer in range(L):
         resid = cache[f"blocks.{layer}.hook_resid_pre"]  # (1, T, C)
@@ -144,7 +152,7 @@ def knockout_sweep(model: nn.Module, tokens, how: str = "zero") -> dict:
             out = run_with_hooks(model, tokens.expand(R, T), [(f"blocks.{layer}.attn.hook_z", edit)],
                                  start_at_layer=layer, resid=resid.expand(R, T, -1))
             knocked[layer, start:start + R] = token_losses(out, tokens.expand(R, T))
-    return {"base": base, "knocked": knocked}
+        yield layer + 1, L, {"base": base, "knocked": knocked}
 
 
 def check_answer(model: nn.Module, answer) -> tuple[int, int]:
@@ -182,6 +190,11 @@ def patched_metrics(model: nn.Module, target, source, site: str, answer) -> torc
     ``source``; site="head": (L, H), entry [l, h] with head h's output z at layer l, every position, taken from
     ``source``. ``patch`` turns these into fractions recovered.
     """
+    return torch.stack([row for _, row in _patched_rows(model, target, source, site, answer)])
+
+
+def _patched_rows(model: nn.Module, target, source, site: str, answer):
+    """``patched_metrics`` a layer at a time: yields (layer, its row (T,) or (H,))."""
     check_decoder(model)
     if site not in SITES:
         raise ValueError(f"site must be one of {SITES}, got {site!r}.")
@@ -193,22 +206,22 @@ def patched_metrics(model: nn.Module, target, source, site: str, answer) -> torc
     return _patch_heads(model, target, src, answer)
 
 
-def _patch_resid_pre(model: nn.Module, target: torch.Tensor, src, answer) -> torch.Tensor:
-    """(L, T). A patch at position p leaves every position before p as it was (attention looks back only), so a
-    batch of patches at positions >= q runs positions q.. alone, reading the earlier keys and values from the
-    unchanged run's KV cache."""
+def _patch_resid_pre(model: nn.Module, target: torch.Tensor, src, answer):
+    """Yields (layer, (T,)). A patch at position p leaves every position before p as it was (attention looks back
+    only), so a batch of patches at positions >= q runs positions q.. alone, reading the earlier keys and values from
+    the unchanged run's KV cache."""
     c = model.config
     L, T = len(model.blocks), target.shape[1]
     kept = _full_cache(model, 1, T)
     logits, tgt = _resid_pre(model, target, cache=kept)
     unchanged = logit_diff(logits, answer)[0]
-    out = torch.empty(L, T, device=target.device)
     step = min(_rows_per_batch(T, c.vocab_size, full_logits=False), max(1, -(-T // 6)))
     for layer in range(L):
+        out = torch.empty(T, device=target.device)
         resid = tgt[f"blocks.{layer}.hook_resid_pre"][0]  # (T, C)
         patched = src[f"blocks.{layer}.hook_resid_pre"][0]  # (T, C)
         same = (patched == resid).all(-1)  # a shared prefix: the same residual in both runs, nothing to swap
-        out[layer, same] = unchanged
+        out[same] = unchanged
         todo = torch.nonzero(~same).flatten()
         for start in range(0, len(todo), step):
             idx = todo[start:start + step]
@@ -221,8 +234,8 @@ def _patch_resid_pre(model: nn.Module, target: torch.Tensor, src, answer) -> tor
                 cache.v[j][:, :, :q] = kept.v[j][:, :, :q]
             logits = run_with_hooks(model, target[:, q:].expand(R, T - q), [], start_pos=q, cache=cache,
                                     start_at_layer=layer, resid=x, last_only=True)
-            out[layer, idx] = logit_diff(logits, answer)
-    return out
+            out[idx] = logit_diff(logits, answer)
+        yield layer, out
 
 
 def _full_cache(model: nn.Module, batch: int, T: int) -> KVCache:
@@ -232,14 +245,14 @@ def _full_cache(model: nn.Module, batch: int, T: int) -> KVCache:
     return KVCache(c.n_layers, batch, c.n_kv_heads, T, c.head_dim, dtype=p.dtype, device=p.device)
 
 
-def _patch_heads(model: nn.Module, target: torch.Tensor, src, answer) -> torch.Tensor:
-    """(L, H): one batch of heads per layer, started at that layer from the unchanged run's residual."""
+def _patch_heads(model: nn.Module, target: torch.Tensor, src, answer):
+    """Yields (layer, (H,)): one batch of heads per layer, started at that layer from the unchanged run's residual."""
     c = model.config
     L, H, T = len(model.blocks), c.n_heads, target.shape[1]
     _, tgt = _resid_pre(model, target)
-    out = torch.empty(L, H, device=target.device)
     step = _rows_per_batch(T, c.vocab_size, full_logits=False)
     for layer in range(L):
+        out = torch.empty(H, device=target.device)
         resid = tgt[f"blocks.{layer}.hook_resid_pre"]  # (1, T, C)
         z_src = src[f"blocks.{layer}.attn.hook_z"][0]  # (H, T, D)
         for start in range(0, H, step):
@@ -252,8 +265,8 @@ def _patch_heads(model: nn.Module, target: torch.Tensor, src, answer) -> torch.T
                 return z
             logits = run_with_hooks(model, target.expand(R, T), [(f"blocks.{layer}.attn.hook_z", edit)],
                                     start_at_layer=layer, resid=resid.expand(R, T, -1), last_only=True)
-            out[layer, idx] = logit_diff(logits, answer)
-    return out
+            out[idx] = logit_diff(logits, answer)
+        yield layer, out
 
 
 def patch(model: nn.Module, clean, corrupt, site: str, answer) -> torch.Tensor:
@@ -275,13 +288,28 @@ def patch(model: nn.Module, clean, corrupt, site: str, answer) -> torch.Tensor:
 def patching_experiment(model: nn.Module, clean, corrupt, answer) -> dict:
     """What the Experiments tab shows for one pair: ``patch`` at both sites ("resid_pre" (L, T), "head" (L, H)),
     and the logit differences of the clean and corrupted runs ("clean", "corrupt", floats)."""
+    for _, _, result in iter_patching_experiment(model, clean, corrupt, answer):
+        pass
+    return result
+
+
+def iter_patching_experiment(model: nn.Module, clean, corrupt, answer):
+    """``patching_experiment`` a layer at a time: yields (steps done, steps in all, result so far) after each layer
+    of each site (resid_pre's layers, then the heads'), the entries not computed yet NaN."""
     check_decoder(model)
     answer = check_answer(model, answer)
     clean, corrupt = check_pair(model, clean, corrupt)
     m_clean, m_corrupt = _answer_gap(model, clean, corrupt, answer)
-    out = {site: (patched_metrics(model, corrupt, clean, site, answer) - m_corrupt) / (m_clean - m_corrupt)
-           for site in ("resid_pre", "head")}
-    return {**out, "clean": m_clean, "corrupt": m_corrupt}
+    L, H, T = len(model.blocks), model.config.n_heads, clean.shape[1]
+    nan = float("nan")
+    out = {"resid_pre": torch.full((L, T), nan), "head": torch.full((L, H), nan), "clean": m_clean,
+           "corrupt": m_corrupt}
+    done = 0
+    for site in ("resid_pre", "head"):
+        for layer, row in _patched_rows(model, corrupt, clean, site, answer):
+            out[site][layer] = ((row - m_corrupt) / (m_clean - m_corrupt)).to(out[site].device)
+            done += 1
+            yield done, 2 * L, out
 
 
 def _answer_gap(model: nn.Module, clean: torch.Tensor, corrupt: torch.Tensor, answer) -> tuple[float, float]:
@@ -324,5 +352,6 @@ def induction_circuit(model: nn.Module, tokens, previous, induction, span_len: i
     return out
 
 
-__all__ = ["ablate_heads", "patch", "per_token_loss", "knockout_sweep", "patched_metrics", "induction_circuit",
+__all__ = ["ablate_heads", "patch", "per_token_loss", "knockout_sweep", "iter_knockout_sweep", "patched_metrics",
+           "iter_patching_experiment", "induction_circuit",
            "logit_diff", "check_heads", "check_layer"]

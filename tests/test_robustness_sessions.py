@@ -146,17 +146,18 @@ def test_the_sweep_drops_results_nobody_used_but_keeps_the_opening_examples(monk
     import time as clock
 
     from explorer.state.cache import ResultCache
-    from explorer.web import sweeper
+    from explorer.state.openings import is_pinned, pin
 
     cache = ResultCache(2**20)
     cache.put(("opening", "attention", 1, ()), "shared")
+    pin(("opening", "attention", 1, ()))
     cache.put(("attention.forward", 1, (5, 6)), "one prompt")
     cache.put(("attention.forward", 1, (7, 8)), "another")
-    assert cache.drop_unused(60, keep=sweeper._is_opening) == 0  # all used just now
+    assert cache.drop_unused(60, keep=is_pinned) == 0  # all used just now
     later = clock.monotonic() + 120
     monkeypatch.setattr("explorer.state.cache.time.monotonic", lambda: later)
     assert cache.get(("attention.forward", 1, (7, 8))) == "another"  # read again "now"
-    assert cache.drop_unused(60, keep=sweeper._is_opening) == 1
+    assert cache.drop_unused(60, keep=is_pinned) == 1
     assert cache.get(("opening", "attention", 1, ())) == "shared"
     assert cache.get(("attention.forward", 1, (5, 6))) is None
     assert cache.stats()["entries"] == 2

@@ -16,7 +16,7 @@ import numpy as np
 from explorer.web import links
 from explorer.web.groups import VIEW, lane
 from lens.device import gpu
-from explorer import measure, probes
+from explorer import jobs, measure, probes
 from lens import heads
 from explorer.state import session
 from explorer.state.cache import results, weights_key
@@ -87,8 +87,10 @@ def _induction(model, ids, span: str, wk) -> tuple[np.ndarray, str]:
     if span not in span_choices(model.config):
         raise ValueError(f"Induction span must be one of {span_choices(model.config)}, got {str(span)[:40]!r}.")
     n = int(span)
-    scores = results.get_or_compute(("attention.induction", wk, n),
-                                    lambda: probes.head_scores(model, span_len=n)["induction"])
+    scores = jobs.experiments.within_cap(  # a long span on a large model: capped, like the experiments
+        lambda: results.get_or_compute(("attention.induction", wk, n),
+                                       lambda: probes.head_scores(model, span_len=n)["induction"]),
+        f"the induction scores at span {n}", "choose a shorter span")
     return scores, f"induction on 4 rows of random tokens repeated at span {n}"
 
 

@@ -7,6 +7,7 @@ out its two heads. Every number comes from ``explorer.interventions`` on the loa
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, NamedTuple
 
@@ -15,9 +16,10 @@ import numpy as np
 import torch
 
 from explorer import interventions as iv
-from explorer import measure
+from explorer import jobs, measure
 from explorer.figures import experiments as figs
 from explorer.figures.common import head_label, provenance_text
+from explorer.measure.run import STILL_RUNNING
 from explorer.state import session
 from explorer.state.cache import results, weights_key
 from explorer.state.openings import cached_opening
@@ -144,28 +146,56 @@ def knockout_view(prompt, chosen, how, state) -> KnockoutView:
         return _knockout(prompt, chosen, how, state)
 
 
-def _sweep(prompt, how, state):
+def _sweep_updates(prompt, how, state):
+    """The sweep as it computes (``jobs.experiments.capped``): (figure, text) updates, ``None`` while a layer
+    computes; the last is the answer, the layers it completed when the time cap ended it."""
     model, tokenizer, name = session.get_model(state)
     iv.check_decoder(model)
     mode = check_how(how)
     ids, labels, _ = _encode(tokenizer, model, prompt, "prompt")
     wk = weights_key(model)
-    r = results.get_or_compute(("experiments.sweep", wk, tuple(ids), mode),
-                               lambda: iv.knockout_sweep(model, [ids], how=mode))
+    key = ("experiments.sweep", wk, tuple(ids), mode)
+    r = results.get(key)
+    if r is not None:
+        yield _sweep_answer(model, ids, mode, name, r, wk)
+        return
+    cap = jobs.experiments.EXPERIMENT_SECONDS
+    for u in jobs.experiments.capped(model, lambda: iv.iter_knockout_sweep(model, [ids], how=mode), cap_s=cap):
+        if u is STILL_RUNNING:
+            yield None
+        elif u.finished:
+            results.put(key, u.result)
+            yield _sweep_answer(model, ids, mode, name, u.result, wk)
+        elif u.capped:
+            if not u.done:
+                raise ValueError(f"no layer of the sweep finished within its {cap:g} s limit: use a shorter prompt "
+                                 "or a smaller model.")
+            knocked = u.result["knocked"].clone()
+            knocked[u.done:] = float("nan")  # a layer cut short by the cap is not shown half done
+            yield _sweep_answer(model, ids, mode, name, {**u.result, "knocked": knocked}, wk, note=(
+                f"⏱️ Stopped at the {cap:g} s limit after {u.done} of {u.total} layers: the figure shows those "
+                "layers. Use a shorter prompt to see them all."))
+        else:
+            yield gr.skip(), f"Knocking out each head in turn: layer {u.done} of {u.total} done ({u.elapsed:.0f} s)."
+
+
+def _sweep_answer(model, ids, mode, name, r, wk, note: str = ""):
     n_rep = head_kinds.repeated_suffix_len(ids)
     where = slice(len(ids) - n_rep - 1, None) if n_rep else slice(None)
-    delta = to_host((r["knocked"][..., where] - r["base"][where]).mean(-1))  # (L, H)
-    s = _scores(model, wk)
+    delta = to_host((r["knocked"][..., where] - r["base"][where]).mean(-1))  # (L, H); NaN for layers not done
+    with session.threads_for(model):
+        s = _scores(model, wk)
     c = model.config
     shown = {"previous-token score": s["previous_token"], f"induction score (span {s['span']})": s["induction"]}
     L, H = delta.shape
-    flat = int(np.argmax(delta))
+    flat = int(np.nanargmax(delta))
     bl, bh = divmod(flat, H)
     on = f"the repeated last {n_rep} tokens" if n_rep else f"all {len(ids) - 1} predictions"
     fig = figs.knockout_sweep_figure(delta, shown, n_kv_heads=c.n_kv_heads, selected=(bl, bh),
                                      subtitle=f"loss change on {on} of your prompt; scores on repeated random tokens")
     big = [(lay, h) for lay in range(L) for h in range(H) if delta[lay, h] > 1.0]
-    text = (f"**{L * H} knock-outs, one head at a time** ({mode}), loss measured on {on}. The largest change: "
+    done = int(np.isfinite(delta).any(-1).sum())
+    text = (f"**{done * H} knock-outs, one head at a time** ({mode}), loss measured on {on}. The largest change: "
             f"layer {bl} · {head_label(bh, H, c.n_kv_heads)}, **{delta[bl, bh]:+.3f}** nats per token "
             f"(its previous-token score {float(s['previous_token'][bl, bh]):.2f}, induction "
             f"{float(s['induction'][bl, bh]):.2f}).")
@@ -173,15 +203,31 @@ def _sweep(prompt, how, state):
         text += (f" {len(big)} head(s) cost more than 1 nat per token: " + ", ".join(
             f"{lay}.{h} ({delta[lay, h]:+.2f})" for lay, h in big[:12]) + ". A head can matter without scoring high "
                  "on any pattern: compare the panels.")
-    return fig, text + f" Model: {name}."
+    return fig, text + f" Model: {name}." + (f"\n\n{note}" if note else "")
+
+
+def _last(updates):
+    """The answer of a job's updates, for a caller that cannot stream (an opening example: the time cap bounds it)."""
+    answer = None
+    for update in updates:
+        if update is not None:
+            answer = update
+    return answer
 
 
 @user_errors
 @gpu(120)
 def sweep_view(prompt, how, state):
-    model, _, _ = session.get_model(state)
-    with session.threads_for(model):
-        return _sweep(prompt, how, state)
+    return _last(_sweep_updates(prompt, how, state))
+
+
+@user_errors
+@gpu(120)
+def sweep_stream(prompt, how, state):
+    """The button's sweep: progress while it computes; Stop (Gradio's cancel) ends it within a torch operation."""
+    with contextlib.closing(_sweep_updates(prompt, how, state)) as updates:  # closed at once when Stop cancels
+        for update in updates:
+            yield (gr.skip(), gr.skip()) if update is None else update
 
 
 def answer_id(tokenizer, text, what: str) -> int:
@@ -201,7 +247,9 @@ class PatchView(NamedTuple):
     summary: str
 
 
-def _patch(clean, corrupt, good, bad, state) -> PatchView:
+def _patch_updates(clean, corrupt, good, bad, state):
+    """Patching as it computes (``jobs.experiments.capped``): ``PatchView`` updates, ``None`` while a layer
+    computes; the last is the answer, the layers it completed when the time cap ended it."""
     model, tokenizer, name = session.get_model(state)
     iv.check_decoder(model)
     c_ids, c_labels, _ = _encode(tokenizer, model, clean, "clean prompt")
@@ -211,34 +259,68 @@ def _patch(clean, corrupt, good, bad, state) -> PatchView:
                          "activations position by position, so make them the same length (swap words of one "
                          "token each).")
     answer = (answer_id(tokenizer, good, "first"), answer_id(tokenizer, bad, "second"))
-    wk = weights_key(model)
-
-    def compute():
-        r = iv.patching_experiment(model, [c_ids], [x_ids], answer)
-        return {**r, "resid_pre": to_host(r["resid_pre"]), "head": to_host(r["head"])}
-
-    r = results.get_or_compute(("experiments.patch", wk, tuple(c_ids), tuple(x_ids), answer), compute)
-    c = model.config
+    key = ("experiments.patch", weights_key(model), tuple(c_ids), tuple(x_ids), answer)
     shown = [f"{a} / {b.split('·', 1)[1]}" if a != b else a for a, b in zip(c_labels, x_labels)]
+    r = results.get(key)
+    if r is not None:
+        yield _patch_answer(model, tokenizer, name, r, answer, shown)
+        return
+    cap = jobs.experiments.EXPERIMENT_SECONDS
+    steps = lambda: iv.iter_patching_experiment(model, [c_ids], [x_ids], answer)  # noqa: E731
+    for u in jobs.experiments.capped(model, steps, cap_s=cap):
+        if u is STILL_RUNNING:
+            yield None
+            continue
+        if not (u.finished or u.capped):
+            yield PatchView(gr.skip(), gr.skip(), f"Patching: {u.done} of {u.total} layers done ({u.elapsed:.0f} s).")
+            continue
+        if u.capped and not u.done:
+            raise ValueError(f"no layer of the patching finished within its {cap:g} s limit: use shorter prompts "
+                             "or a smaller model.")
+        L = len(model.blocks)
+        resid, head = to_host(u.result["resid_pre"]).copy(), to_host(u.result["head"]).copy()
+        resid[u.done:] = np.nan  # a layer cut short by the cap is not shown half done
+        head[max(0, u.done - L):] = np.nan
+        r = {**u.result, "resid_pre": resid, "head": head}
+        if u.finished:
+            results.put(key, r)
+            yield _patch_answer(model, tokenizer, name, r, answer, shown)
+        else:
+            yield _patch_answer(model, tokenizer, name, r, answer, shown, note=(
+                f"⏱️ Stopped at the {cap:g} s limit after {u.done} of {u.total} layers (the residual stream's "
+                "layers first, then the heads'): the figures show those. Use shorter prompts to see them all."))
+
+
+def _patch_answer(model, tokenizer, name, r, answer, shown, note: str = "") -> PatchView:
+    c = model.config
     resid = figs.patching_figure(r["resid_pre"], shown, x_title="position (clean / corrupted token)",
                                  title="Residual stream patched in, one layer and position at a time")
     head = figs.patching_figure(r["head"], [head_label(h, c.n_heads, c.n_kv_heads) for h in range(c.n_heads)],
                                 x_title="head", title="One head's output patched in, every position")
-    hl, hh = np.unravel_index(np.argmax(r["head"]), r["head"].shape)
     g, b = session.token_strings(tokenizer, [answer[0]])[0], session.token_strings(tokenizer, [answer[1]])[0]
     text = (f"**logit({g}) − logit({b})** at the last position: **{r['clean']:.2f}** on the clean prompt, "
             f"**{r['corrupt']:.2f}** on the corrupted one. Each cell is the fraction of that gap one patch brings "
-            f"back: 1 = all of it, 0 = none. The head that brings back most: layer {hl} · "
-            f"{head_label(int(hh), c.n_heads, c.n_kv_heads)} ({r['head'][hl, hh]:.2f}). Model: {name}.")
-    return PatchView(resid=resid, head=head, summary=text)
+            "back: 1 = all of it, 0 = none.")
+    if np.isfinite(r["head"]).any():
+        hl, hh = np.unravel_index(np.nanargmax(r["head"]), r["head"].shape)
+        text += (f" The head that brings back most: layer {hl} · {head_label(int(hh), c.n_heads, c.n_kv_heads)} "
+                 f"({r['head'][hl, hh]:.2f}).")
+    return PatchView(resid=resid, head=head, summary=text + f" Model: {name}." + (f"\n\n{note}" if note else ""))
 
 
 @user_errors
 @gpu(120)
 def patch_view(clean, corrupt, good, bad, state) -> PatchView:
-    model, _, _ = session.get_model(state)
-    with session.threads_for(model):
-        return _patch(clean, corrupt, good, bad, state)
+    return _last(_patch_updates(clean, corrupt, good, bad, state))
+
+
+@user_errors
+@gpu(120)
+def patch_stream(clean, corrupt, good, bad, state):
+    """The button's patching: progress while it computes; Stop (Gradio's cancel) ends it within a torch operation."""
+    with contextlib.closing(_patch_updates(clean, corrupt, good, bad, state)) as updates:
+        for update in updates:
+            yield (gr.skip(), gr.skip(), gr.skip()) if update is None else update
 
 
 def _circuit(state):
@@ -252,9 +334,11 @@ def _circuit(state):
     span = chosen["scores"]["span"]
     wk = weights_key(model)
     x = head_kinds.repeated_random_tokens(c.vocab_size, span, CIRCUIT_ROWS, 0, bos_id=c.bos_token_id)
-    r = results.get_or_compute(("experiments.circuit", wk, span, chosen["previous"], chosen["induction"]),
-                               lambda: {k: to_host(v) for k, v in iv.induction_circuit(
-                                   model, x, chosen["previous"], chosen["induction"], span).items()})
+    r = jobs.experiments.within_cap(
+        lambda: results.get_or_compute(("experiments.circuit", wk, span, chosen["previous"], chosen["induction"]),
+                                       lambda: {k: to_host(v) for k, v in iv.induction_circuit(
+                                           model, x, chosen["previous"], chosen["induction"], span).items()}),
+        "the circuit's four runs", "use a smaller model")
     (lp, hp), (li, hi) = chosen["previous"], chosen["induction"]
     s = chosen["scores"]
     pname = f"previous-token head {lp}.{hp}"
@@ -307,6 +391,7 @@ def build_experiments(demo: gr.Blocks, state: gr.State) -> None:
     gr.Markdown("#### Each head in turn: what it does beside what it looks like")
     with gr.Row():
         sweep_btn = gr.Button("Knock out each head in turn", scale=0, min_width=260)
+        sweep_stop = gr.Button("Stop", variant="stop", scale=0, min_width=80)
         sweep_md = gr.Markdown()
     sweep_fig = gr.Plot(label="Loss change per head, with its scores", elem_id="experiments-sweep")
     gr.Markdown("#### Patch: which activation carries the answer from one prompt to the other?")
@@ -317,7 +402,9 @@ def build_experiments(demo: gr.Blocks, state: gr.State) -> None:
             with gr.Row():
                 good = gr.Textbox(label="Answer on the clean prompt", value=GOOD, max_lines=1)
                 bad = gr.Textbox(label="Answer on the corrupted prompt", value=BAD, max_lines=1)
-            patch_btn = gr.Button("Patch", variant="primary")
+            with gr.Row():
+                patch_btn = gr.Button("Patch", variant="primary")
+                patch_stop = gr.Button("Stop", variant="stop", min_width=80)
             patch_md = gr.Markdown()
         with gr.Column(scale=3):
             resid = gr.Plot(label="Residual stream patched in")
@@ -332,9 +419,12 @@ def build_experiments(demo: gr.Blocks, state: gr.State) -> None:
     outputs = outputs_of(KnockoutView, loss=loss, top=top, summary=summary, heads=chosen)
     run.click(knockout_view, inputs, outputs, api_name="knockout", **lane(VIEW))
     prompt.submit(knockout_view, inputs, outputs, api_name="knockout_submit", api_visibility="undocumented", **lane(VIEW))
-    sweep_btn.click(sweep_view, [prompt, how, state], [sweep_fig, sweep_md], api_name="experiment_sweep", **lane(MEASURE))
-    patch_btn.click(patch_view, [clean, corrupt, good, bad, state], [resid, head_fig, patch_md],
-                    api_name="experiment_patch", **lane(VIEW))
+    sweeping = sweep_btn.click(sweep_stream, [prompt, how, state], [sweep_fig, sweep_md], api_name="experiment_sweep",
+                               **lane(MEASURE))
+    sweep_stop.click(None, None, None, cancels=[sweeping], api_name="experiment_sweep_stop", api_visibility="private")
+    patching = patch_btn.click(patch_stream, [clean, corrupt, good, bad, state], [resid, head_fig, patch_md],
+                               api_name="experiment_patch", **lane(VIEW))
+    patch_stop.click(None, None, None, cancels=[patching], api_name="experiment_patch_stop", api_visibility="private")
     circuit_btn.click(circuit_view, [state], [circuit_fig, circuit_md], api_name="experiment_circuit", **lane(VIEW))
     # The sections below the first open on examples computed by the same handlers on the shipped model, with the
     # other tabs' opening examples (explorer/web/opening.py), not while the tab is built

@@ -15,6 +15,7 @@ session per question, changeable until the reveal; a timer picks up the teacher'
 from __future__ import annotations
 
 import base64
+import html
 import io
 import re
 from urllib.parse import urlsplit
@@ -25,6 +26,7 @@ from explorer.figures.vote import tally_figure
 from explorer.probes import questions as qs
 from explorer.state import rooms as room_store
 from explorer.state import session
+from explorer.web.clients import address_of_request
 from explorer.web.groups import CLASS, VIEW, lane
 from explorer.web.page import script
 from lens.device import gpu
@@ -74,10 +76,29 @@ def _letter(i: int) -> str:
     return chr(65 + i)
 
 
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]#|~$!])")
+
+
+def as_text(text: str) -> str:
+    """Text from a prompt or the model's tokens as a Markdown shows it: as written (``<i>I</i>`` in angle
+    brackets, ``*a*`` with its stars), never as markup."""
+    return _MARKDOWN.sub(r"\\\1", html.escape(str(text), quote=False))
+
+
 def _counts_text(t: room_store.Tally) -> str:
     minutes = max(1, round(t.seconds_left / 60))
     state = "answer revealed, votes closed" if t.revealed else "voting open"
-    return f"**{t.total} vote{'s' if t.total != 1 else ''}** · {state} · the room ends in {minutes} min."
+    text = f"**{t.total} vote{'s' if t.total != 1 else ''}** · {state} · the room ends in {minutes} min."
+    if t.refused:
+        text += (f"\n\n⚠️ {t.refused} new voter(s) were turned away because one network address sent more than "
+                 f"{room_store.rooms.new_voters_per_window} in {room_store.NEW_VOTER_WINDOW:g} s, or more than its "
+                 "share of the room: a script, not a class behind one network, votes like that.")
+    return text
+
+
+def _teacher_text(question_text: str, t: room_store.Tally, *more: str) -> str:
+    """The teacher's counts: the question (its prompt's text shown as text), the tally, then ``more``."""
+    return "\n\n".join([as_text(question_text), _counts_text(t), *more])
 
 
 def reveal_sentence(question: qs.Question, counts) -> str:
@@ -129,7 +150,7 @@ def ask_handler(question_fn):
         tally = store.tally(code, secret)
         owner["version"] = tally.version
         return (qr_image(link), link, gr.Markdown(code, visible=True), _figure(question, tally, False),
-                f"{question.text}\n\n{_counts_text(tally)}", gr.Timer(active=True), owner)
+                _teacher_text(question.text, tally), gr.Timer(active=True), owner)
     return ask
 
 
@@ -145,7 +166,7 @@ def tally(owner):
     if t.version == owner.get("version"):
         return gr.skip(), gr.skip(), gr.skip()
     owner["version"] = t.version  # this page's own state, changed in place: it holds where its drawing stands
-    return _figure(owner["question"], t, t.revealed), f"{t.text}\n\n{_counts_text(t)}", gr.skip()
+    return _figure(owner["question"], t, t.revealed), _teacher_text(t.text, t), gr.skip()
 
 
 @user_errors
@@ -154,7 +175,7 @@ def reveal(owner):
     t = room_store.rooms.reveal(owner["code"], owner["secret"])
     owner["version"] = t.version
     q = owner["question"]
-    return (_figure(q, t, True), f"{t.text}\n\n{_counts_text(t)}\n\n**{reveal_sentence(q, t.counts)}**",
+    return (_figure(q, t, True), _teacher_text(t.text, t, f"**{as_text(reveal_sentence(q, t.counts))}**"),
             gr.Timer(active=False))
 
 
@@ -228,7 +249,8 @@ def vote_handler(index: int):
     def vote(voter, request: gr.Request = None):
         if not isinstance(voter, dict) or "code" not in voter:
             raise ValueError("Join a room first: type the code on the projector and press Join.")
-        q, choice = room_store.rooms.vote(voter["code"], _voter_key(request), voter["qid"], index)
+        q, choice = room_store.rooms.vote(voter["code"], _voter_key(request), voter["qid"], index,
+                                          address=address_of_request(request))
         return (*_question_updates(q, choice),
                 f"Your vote: {_letter(choice)} {q.choices[choice]}. You can change it until the teacher reveals.")
     return vote

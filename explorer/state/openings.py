@@ -3,17 +3,58 @@
 40 visitors following one link at once then compute its answer, and serialise each of its figures, once.
 
     load = cached_opening("attention_example", attention_view)   # the same handler, answers shared
+    with pinning(): ...                   # answers computed here (the openings at start-up) are kept for good
+
+A link's view answers through the same wrapper for any input a link carries, so only the answers computed at
+start-up on the page's own inputs are pinned (``is_pinned``: the sweeper keeps them); a link's answer is evicted
+like any other result once nobody has asked for it.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import functools
 import inspect
+import threading
 
 import gradio as gr
 
 from explorer.state import session
 from explorer.state.cache import results, weights_key
+
+_PINNING: "contextvars.ContextVar[bool]" = contextvars.ContextVar("explorer_pinning", default=False)
+_PINNED: set = set()  # result keys of the opening examples computed at start-up
+_PINNED_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def pinning():
+    """Within the block (and the worker threads its event loop hands calls to, which copy its context), every
+    answer ``cached_opening`` serves is pinned."""
+    token = _PINNING.set(True)
+    try:
+        yield
+    finally:
+        _PINNING.reset(token)
+
+
+def pin(key) -> None:
+    """Keep the result ``key`` when the sweeper drops what nobody used (an opening example's own key)."""
+    with _PINNED_GUARD:
+        _PINNED.add(key)
+
+
+def is_pinned(key) -> bool:
+    with _PINNED_GUARD:
+        return key in _PINNED
+
+
+def pinned() -> frozenset:
+    """The keys pinned so far (kept in the result cache while its bounds allow)."""
+    with _PINNED_GUARD:
+        return frozenset(_PINNED)
+
 
 #: Makes a Plotly figure into what Gradio sends for a ``gr.Plot`` (its public ``postprocess``).
 _PLOT = gr.Plot(render=False)
@@ -41,6 +82,8 @@ def cached_opening(name: str, fn):
             return fn(*args)
         key = ("opening", name, weights_key(session.load_default()[0]), values)
         answer = results.get_or_compute(key, lambda: _each(_as_sent, fn(*args)))
+        if _PINNING.get():
+            pin(key)
         return _each(lambda v: copy.deepcopy(v) if isinstance(v, (dict, gr.components.Component)) else v, answer)
     load.cached_opening = True
     return load

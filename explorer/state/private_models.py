@@ -4,7 +4,8 @@ Every visitor's own model is registered here by the session state that holds it,
 used. A model idle for ``EXPLORER_SESSION_IDLE_MINUTES`` (default 30) is freed, and when a new copy or load
 would pass the cap the models idle longest are freed first, to make room: the registry clears the model out of
 its session's state (the same dict Gradio keeps), so the memory comes back even while Gradio keeps the session,
-and the visitor's next action is answered with a sentence saying what happened.
+and the visitor's next action is answered with a sentence saying what happened. A new copy or load makes room
+only from models opened from its own network address: another visitor's model goes only by its own idle time.
 
 Every visitor's own model (a copy to attach LoRA to, or a loaded checkpoint) lives in their session state until
 Gradio drops it (tab closed; API clients' sessions linger). Their total is capped, so many sessions cannot add up
@@ -75,23 +76,36 @@ def private_models_bytes() -> int:
 def reserve_private(nbytes: int, what: str) -> None:
     """Raise ValueError, before anything is allocated, when ``nbytes`` more of private models would pass the cap.
 
+    Room is made only from the requesting address's own models (idle longest first): another visitor's model is
+    never freed for it, only by its own idle time (``expire_idle``).
+
     Call it holding ``PRIVATE_LOCK`` and register the model made with ``add_private`` before releasing it.
     """
+    from explorer.state.clients import current
+
     expire_idle()
     _within_client_share(nbytes, what)
     held = private_models_bytes()
     if held + nbytes > PRIVATE_MODELS_BUDGET_BYTES:
         gc.collect()  # sessions Gradio has dropped may still wait for the collector
         held = private_models_bytes()
-    while held + nbytes > PRIVATE_MODELS_BUDGET_BYTES and _owners:  # room from the models idle longest
-        oldest = min(_owners.values(), key=lambda entry: entry[1])
-        _evict(oldest[0], "to make room for another visitor's model, after it was idle longest")
+    client = current()
+    while held + nbytes > PRIVATE_MODELS_BUDGET_BYTES:  # room from this address's own models, idle longest first
+        mine = [e for e in _owners.values() if len(e) > 2 and e[2] == client]
+        if not mine:
+            break
+        _evict(min(mine, key=lambda entry: entry[1])[0],
+               "to make room for another model opened from your network address, after it was idle longest")
         gc.collect()
         held = private_models_bytes()
     if held + nbytes > PRIVATE_MODELS_BUDGET_BYTES:
-        raise ValueError(f"{what} needs {format_bytes(nbytes)}, and visitors' own models already hold "
+        soonest = min((e[1] for e in _owners.values()), default=None)
+        wait = "" if soonest is None else (
+            f" (the one idle longest is freed in {max(1, round((soonest + IDLE_SECONDS - time.monotonic()) / 60))} "
+            "min unless its visitor comes back)")
+        raise ValueError(f"{what} needs {format_bytes(nbytes)}, and other visitors' own models already hold "
                          f"{format_bytes(held)} of the {format_bytes(PRIVATE_MODELS_BUDGET_BYTES)} this server keeps "
-                         "for them: try again in a while, or keep using the shared default model.")
+                         f"for them{wait}: try again then, or keep using the shared default model.")
 
 
 def _client_bytes(client: str) -> int:

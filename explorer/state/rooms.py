@@ -12,6 +12,18 @@ codes. Wrong codes are rate-limited, per session (5 in 10 minutes) and for the w
 after which every typed code waits for the minute to pass), so a stranger can try at most 13,500 codes in a
 room's 45 minutes: a chance of about 1.5e-5 of finding one given room, 7.6e-4 of finding any of 50.
 
+A session id costs a script nothing, so new voters are also limited per network address (an IPv6 address by
+its /64, which one machine may rotate through), sized for a class behind one campus NAT:
+
+    NEW_VOTERS_PER_ADDRESS   new voters one address may add to a room per ``NEW_VOTER_WINDOW`` (10 s)
+                             (``EXPLORER_ROOM_NEW_VOTERS``, default 60: a class of 60 scanning the QR code at once)
+    ADDRESS_SHARE            the share of ``MAX_VOTES`` one address's voters may take in a room
+                             (``EXPLORER_ROOM_ADDRESS_SHARE``, default 0.5: 100 of 200, well above a class)
+
+so a script rotating session ids from one address holds at most half a room, and the rest stays for the phones
+of other addresses; the teacher's page says when an address was refused. Phones behind the script's own address
+share its half: nothing tells them apart from the script.
+
 Only the session that opened a room holds its secret (a 32-byte token kept in that session's ``gr.State``,
 never sent to a browser): revealing, closing and asking the next question need it; the room code does not
 give it. A voter is one browser session (Gradio's session hash): one vote per question, changeable until the
@@ -22,6 +34,7 @@ The store's guard is held only to read or write its books (microseconds), never 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import os
 import re
 import secrets
@@ -47,6 +60,9 @@ ROOM_MINUTES = _env_number("EXPLORER_ROOM_MINUTES", 45, 0.01)
 MIN_CHOICES, MAX_CHOICES, MAX_CHOICE_CHARS, MAX_QUESTION_CHARS = 2, 6, 60, 300
 WRONG_PER_SESSION, WRONG_SESSION_WINDOW = 5, 600.0  # wrong codes one session may try, per 10 minutes
 WRONG_PER_PROCESS, WRONG_PROCESS_WINDOW = 300, 60.0  # wrong codes the whole process accepts, per minute
+NEW_VOTERS_PER_ADDRESS = int(_env_number("EXPLORER_ROOM_NEW_VOTERS", 60, 1))
+NEW_VOTER_WINDOW = 10.0
+ADDRESS_SHARE = min(1.0, _env_number("EXPLORER_ROOM_ADDRESS_SHARE", 0.5, 0.01))
 MAX_GUESSERS = 10_000  # sessions whose wrong codes are remembered (oldest forgotten first)
 
 _CODE = re.compile(f"^[{ALPHABET}]{{{CODE_LEN}}}$")
@@ -84,6 +100,7 @@ class Tally:
     revealed: bool
     version: int  # changes with every vote counted, so a page redraws only when something changed
     seconds_left: float
+    refused: int = 0  # new voters refused because their address sent too many (a script, most likely)
 
     @property
     def total(self) -> int:
@@ -99,6 +116,10 @@ class _Room:
     votes: dict = field(default_factory=dict)  # voter -> choice index
     revealed: bool = False
     version: int = 0
+    voters: dict = field(default_factory=dict)  # voter -> network, every voter admitted (kept across questions)
+    per_network: dict = field(default_factory=dict)  # network -> how many voters it holds in this room
+    arrivals: dict = field(default_factory=dict)  # network -> deque of when its voters were admitted
+    refused: int = 0
 
 
 def check_question(text, choices) -> tuple[str, tuple[str, ...]]:
@@ -118,8 +139,10 @@ class Rooms:
     """Every room of this process. ``clock`` is injectable so tests can expire rooms without waiting."""
 
     def __init__(self, *, max_rooms: int = MAX_ROOMS, max_votes: int = MAX_VOTES, minutes: float = ROOM_MINUTES,
-                 clock=time.monotonic) -> None:
+                 clock=time.monotonic, new_voters_per_window: int = NEW_VOTERS_PER_ADDRESS,
+                 address_share: float = ADDRESS_SHARE) -> None:
         self.max_rooms, self.max_votes, self.minutes, self.clock = max_rooms, max_votes, minutes, clock
+        self.new_voters_per_window, self.address_share = new_voters_per_window, address_share
         self._rooms: dict[str, _Room] = {}
         self._guard = threading.Lock()
         self._wrong: "OrderedDict[str, deque]" = OrderedDict()  # session -> times of its wrong codes
@@ -149,7 +172,29 @@ class Rooms:
         for choice in room.votes.values():
             counts[choice] += 1
         return Tally(room.code, room.question.qid, room.question.text, room.question.choices, tuple(counts),
-                     room.revealed, room.version, max(0.0, room.expires - now))
+                     room.revealed, room.version, max(0.0, room.expires - now), room.refused)
+
+    def _admit(self, room: _Room, voter: str, address: str, now: float) -> None:
+        """Admit a new voter from ``address`` to ``room``, or count a refusal and raise ValueError with a sentence
+        when that address's voters came too fast or hold their share of the room already."""
+        net = network(address)
+        arrived = room.arrivals.get(net)
+        while arrived and arrived[0] <= now - NEW_VOTER_WINDOW:
+            arrived.popleft()
+        share = max(1, int(self.address_share * self.max_votes))
+        if len(room.voters) >= 4 * self.max_votes:  # the books of who voted stay bounded, whatever the addresses
+            raise ValueError(f"This room has seen {len(room.voters)} voters, its limit: your vote was not counted.")
+        if room.per_network.get(net, 0) >= share:
+            room.refused, room.version = room.refused + 1, room.version + 1
+            raise ValueError(f"This room already counts {share} voters from your network, its share of the room: "
+                             "your vote was not counted. Tell your teacher.")
+        if arrived is not None and len(arrived) >= self.new_voters_per_window:
+            room.refused, room.version = room.refused + 1, room.version + 1
+            raise ValueError(f"{self.new_voters_per_window} new voters from your network joined this room in the "
+                             f"last {NEW_VOTER_WINDOW:g} seconds: wait a few seconds and tap your answer again.")
+        room.arrivals.setdefault(net, deque()).append(now)
+        room.per_network[net] = room.per_network.get(net, 0) + 1
+        room.voters[voter] = net
 
     def _refuse_guessing(self, voter: str, now: float) -> None:
         while self._wrong_all and self._wrong_all[0] <= now - WRONG_PROCESS_WINDOW:
@@ -240,8 +285,9 @@ class Rooms:
                                  f"{self.minutes:g} minutes after they open, or when the teacher closes them).")
             return room.question
 
-    def vote(self, code: str, voter: str, qid, choice) -> tuple[Question, int]:
-        """Count ``voter``'s choice (replacing their earlier one) for question ``qid``: (question, choice)."""
+    def vote(self, code: str, voter: str, qid, choice, address: str | None = None) -> tuple[Question, int]:
+        """Count ``voter``'s choice (replacing their earlier one) for question ``qid``: (question, choice).
+        ``address``: the voter's network address, for the limits on new voters per address (None: none apply)."""
         now = self.clock()
         with self._guard:
             self._sweep(now)
@@ -257,6 +303,8 @@ class Rooms:
                 raise ValueError(f"Choose one of the {len(q.choices)} answers shown.")
             if voter not in room.votes and len(room.votes) >= self.max_votes:
                 raise ValueError(f"This room has {self.max_votes} votes, its limit: your vote was not counted.")
+            if address is not None and voter not in room.voters:
+                self._admit(room, voter, address, now)
             if room.votes.get(voter) != choice:
                 room.votes[voter] = choice
                 room.version += 1
@@ -274,6 +322,16 @@ class Rooms:
         with self._guard:
             self._sweep(self.clock())
             return len(self._rooms)
+
+
+def network(address: str) -> str:
+    """What the limits per address count: an IPv4 address itself, an IPv6 address by its /64 (one machine is
+    commonly given a whole /64), anything else (a host name, "unknown") as it is."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    return str(ipaddress.ip_network(f"{ip}/64", strict=False)) if ip.version == 6 else str(ip)
 
 
 #: The process's rooms (one process holds them all: with several replicas, a room lives on the one that opened it).

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 
 import torch
 
@@ -65,12 +66,33 @@ def stoppable(event: threading.Event):
         _stop.event = before
 
 
+class TimeLimit(Exception):
+    """A ``time_limit`` block ran past its seconds: raised by ``check_stop`` between two operations."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Within the block, ``check_stop()`` on this thread raises ``TimeLimit`` once ``seconds`` have passed (an
+    outer limit that ends sooner still holds), so a one-call probe with no steps to stop between is capped too."""
+    before = getattr(_stop, "deadline", None)
+    deadline = time.monotonic() + seconds
+    _stop.deadline = deadline if before is None else min(before, deadline)
+    try:
+        yield
+    finally:
+        _stop.deadline = before
+
+
 def check_stop() -> None:
-    """Raise ``Stopped`` when this thread's work was stopped (``stoppable``); cheap enough to call per kernel, so
-    a Stop frees the cores after the kernel running now rather than after a whole measured length."""
+    """Raise ``Stopped`` when this thread's work was stopped (``stoppable``), ``TimeLimit`` past its ``time_limit``;
+    cheap enough to call per kernel, so a Stop frees the cores after the kernel running now rather than after a
+    whole measured length."""
     event = getattr(_stop, "event", None)
     if event is not None and event.is_set():
         raise Stopped("stopped")
+    deadline = getattr(_stop, "deadline", None)
+    if deadline is not None and time.monotonic() > deadline:
+        raise TimeLimit("time limit")
 
 
 class _StopBetweenOps(torch.overrides.TorchFunctionMode):
@@ -83,9 +105,9 @@ class _StopBetweenOps(torch.overrides.TorchFunctionMode):
 
 
 def stop_between_ops():
-    """Within the block, a Stop (``stoppable``) ends the work before the next torch operation; where no Stop can
-    come (the benchmark, tests, start-up) nothing changes."""
-    if getattr(_stop, "event", None) is None:
+    """Within the block, a Stop (``stoppable``) or a ``time_limit`` ends the work before the next torch operation;
+    where neither can come (the benchmark, tests, start-up) nothing changes."""
+    if getattr(_stop, "event", None) is None and getattr(_stop, "deadline", None) is None:
         return contextlib.nullcontext()
     return _StopBetweenOps()
 

@@ -24,6 +24,7 @@ import time
 
 import gradio as gr
 
+from explorer.state.openings import pinning
 from explorer.web import gradio_adapter as adapter
 
 
@@ -67,18 +68,19 @@ def open_in_page(demo: gr.Blocks, first: list[int], skip: frozenset[int] = froze
 
     async def run_all() -> dict[str, float]:
         taken: dict[str, float] = {}
-        for i in adapter.events_after(demo, first):
-            if i in skip:
-                continue
-            t0 = time.perf_counter()
-            try:
-                await adapter.answer_into_page(demo, i)
-            except Exception as exc:  # noqa: BLE001 - the caller asked to be told and to go on
-                if failed is None:
-                    raise
-                failed[adapter.event_name(demo, i)] = exc
-                continue
-            taken[adapter.event_name(demo, i)] = time.perf_counter() - t0
+        with pinning():  # these answers are the page's own: kept for good (explorer.state.openings)
+            for i in adapter.events_after(demo, first):
+                if i in skip:
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    await adapter.answer_into_page(demo, i)
+                except Exception as exc:  # noqa: BLE001 - the caller asked to be told and to go on
+                    if failed is None:
+                        raise
+                    failed[adapter.event_name(demo, i)] = exc
+                    continue
+                taken[adapter.event_name(demo, i)] = time.perf_counter() - t0
         return taken
 
     return _run(run_all())

@@ -137,19 +137,21 @@ def sweep_once(demo: gr.Blocks) -> tuple[int, int]:
     examples excepted); (models freed, sessions dropped)."""
     from explorer.state import private_models
 
-    from explorer.state.cache import results
-
     freed = private_models.expire_idle()
     dropped = forget_idle_sessions(demo, private_models.IDLE_SECONDS)
-    # results nobody asked for during the idle time go too; the opening examples stay for the next class
-    unused = results.drop_unused(private_models.IDLE_SECONDS, keep=_is_opening)
+    unused = drop_unused_results(private_models.IDLE_SECONDS)
     if freed or dropped or unused:
         _give_back_memory()
     return freed, dropped
 
 
-def _is_opening(key) -> bool:
-    return isinstance(key, tuple) and bool(key) and key[0] == "opening"
+def drop_unused_results(seconds: float) -> int:
+    """Drop the results nobody asked for in ``seconds``, a link's answers included; the opening examples computed at
+    start-up stay for the next class (``explorer.state.openings.is_pinned``). How many were dropped."""
+    from explorer.state.cache import results
+    from explorer.state.openings import is_pinned
+
+    return results.drop_unused(seconds, keep=is_pinned)
 
 
 #: demo -> (its sweeper thread, the event that stops it)
