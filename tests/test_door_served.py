@@ -72,3 +72,15 @@ def test_the_kept_page_with_its_root_substituted_is_gradios_own_page(app_url, pa
     assert kept.status_code == own.status_code == 200
     assert "explorer-page.invalid" not in kept.text
     assert kept.content == own.content
+
+
+def test_a_fine_tune_text_over_the_limit_is_refused_when_it_joins_not_when_it_runs(app_url):
+    import httpx
+
+    fn = _fn(_config(app_url), "lora_finetune")
+    values = [8, 16, ["q_proj", "v_proj"], "x" * 150_000, 20, None, 60, None]
+    r = httpx.post(app_url + "gradio_api/queue/join", timeout=30,
+                   json={"data": values, "fn_index": fn, "session_hash": "long-text"})
+    assert r.status_code == 422 and "longer than 100,000 characters" in r.text, (r.status_code, r.text[:300])
+    shown = [v for v in r.json()["detail"] if not v["is_valid"]]
+    assert len(shown) == 1 and len(r.json()["detail"]) == len(values)  # one message, at the text box
