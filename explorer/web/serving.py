@@ -116,8 +116,8 @@ def queue_rules(on_join=None) -> adapter.QueueRules:
 def apply(demo: gr.Blocks, *, openings_later: bool = False) -> gr.Blocks:
     """After ``demo.queue(**QUEUE)``: every listener's lane checked (ValueError naming those without one), each
     session's and client's share of the queue capped (in all and per lane), each event's values checked at join,
-    uvicorn told to trust no forwarded header (``clients.trust_no_proxy_headers``), the opening examples computed into the page, uploads
-    switched off when nothing takes files, the sweeper started.
+    uvicorn told to trust no forwarded header (``clients.trust_no_proxy_headers``), the opening examples computed
+    into the page, uploads switched off when nothing takes files, the sweeper started.
 
     With ``openings_later`` the opening examples are not computed here: ``start_openings`` computes them once the
     server answers (``python app.py``), and the page says so meanwhile."""

@@ -103,9 +103,10 @@ def cap_queue(demo: gr.Blocks, rules: QueueRules) -> None:
     """At each join: the event's values checked (``rules.check_values``) before anything is stored; at most
     ``rules.session_cap`` of a session's events and ``rules.client_cap`` of a client address's in the queue at
     once, and ``rules.lane_cap(lane)`` of that address's in each lane, whatever session ids it sends; at most one
-    long job (an event of ``rules.long_groups``) per session; then the new event takes its fair place in its group's line: round robin by client address (a client's
-    n-th waiting event goes after every other client's n-th), so one client's flood of fresh sessions waits
-    behind everyone else's next request, where Gradio's line is first come first served."""
+    long job (an event of ``rules.long_groups``) per session; then the new event takes its fair place in its
+    group's line: round robin by client address (a client's n-th waiting event goes after every other client's
+    n-th), so one client's flood of fresh sessions waits behind everyone else's next request, where Gradio's line
+    is first come first served."""
     queue = queue_of(demo)
     push = queue.push
     clients: dict[str, str] = {}  # event id -> client address, for the events in the queue
