@@ -77,6 +77,19 @@ def test_a_page_for_a_new_host_is_not_rendered_again_and_names_its_own_root(door
     assert seen.count("render") == 1
 
 
+def test_pages_for_new_queries_never_push_the_plain_page_out(door, monkeypatch):
+    from explorer.web.page_cache import PageCache
+
+    client, seen = door
+    monkeypatch.setattr(PageCache, "MAX_ENTRIES", 4)
+    client.get("/", headers={"Host": "a.example"})
+    for i in range(10):
+        client.get(f"/?deep_link=junk{i}", headers={"Host": "a.example"})
+    renders = seen.count("render")
+    client.get("/", headers={"Host": "b.example"})
+    assert renders == 11 and seen.count("render") == renders  # the plain page was still kept
+
+
 def test_the_gzipped_page_is_built_from_kept_pieces_and_unzips_to_the_plain_one(door):
     client, _ = door
     for host in ("a.example", "b.example:7860"):

@@ -86,7 +86,8 @@ class PageCache:
     """ASGI middleware: ``GET /``, ``/config`` and ``/gradio_api/config`` rendered once per (path, root path, page
     query) for the placeholder address and served from memory with the request's root URL in it (and gzipped to a
     browser that accepts it). Responses that set a cookie or are not a plain 200 are never kept; a request with
-    credentials goes to Gradio as it is."""
+    credentials goes to Gradio as it is. When ``MAX_ENTRIES`` are kept, a page for a query goes first, never the
+    plain page while one for a query is left."""
     PATHS = ("/", "/config", "/gradio_api/config")
     MAX_ENTRIES = 32
     #: Bumped when the page changes after start-up (the opening examples computed after the server answered:
@@ -158,6 +159,7 @@ class PageCache:
             return None
         kept = Kept(dict(captured), b"".join(chunks), placeholder_root)
         self._kept[key] = kept
-        while len(self._kept) > self.MAX_ENTRIES:
-            self._kept.popitem(last=False)
+        while len(self._kept) > self.MAX_ENTRIES:  # pages for a query go first: any link may name a new one
+            oldest = next((k for k in self._kept if k[3]), next(iter(self._kept)))
+            del self._kept[oldest]
         return kept
