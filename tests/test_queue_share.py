@@ -109,7 +109,7 @@ def test_views_from_one_address_get_a_larger_share_and_a_class_fits(app):
 @pytest.mark.parametrize("api, data, said", [
     ("long_job", ["x" * 150_000], "longer than 100,000 characters"),
     ("short_look", ["y" * 51], "longer than 50 characters"),
-    ("look", [["a"] * 20], "takes text, not a list"),
+    ("look", [["a"] * 20_000], "10,000 items"),
     ("look", "not a list", "not a list"),
 ])
 def test_values_over_a_controls_limit_are_refused_at_join_and_nothing_is_stored(app, api, data, said):

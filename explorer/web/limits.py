@@ -4,12 +4,13 @@ script's oversized values are refused at the door, not when a worker finally rea
 
     a text box          at most its own ``max_length``, else ``MAX_TEXT_CHARS`` characters (the handlers' limit)
     any other control   at most ``MAX_OTHER_CHARS`` characters of text and ``MAX_ITEMS`` list or table items in all
-    a slider or number  a number within its range, when no event can change that range (a layer slider's maximum
-                        follows the loaded model, so those are left to the handler)
+
+A number holds no memory while it waits: a slider's range (steps, sizes) is refused by Gradio's own check before
+the handler runs, and by the handler where the range follows the loaded model, with the sentences the page and
+its API clients already show.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import gradio as gr
@@ -46,34 +47,23 @@ def _label(block, i: int) -> str:
 
 
 def join_problem(api_name: str | None, controls: list, data: Any) -> tuple[int | None, str] | None:
-    """Why an event's ``data`` for the inputs ``controls`` ((component, whether an event can change its
-    properties) pairs) of ``api_name`` is refused: (the input's index, or None for the whole, and a sentence);
-    None when every value is within its control's limits."""
+    """Why an event's ``data`` for the input components ``controls`` of ``api_name`` is refused: (the input's
+    index, or None for the whole, and a sentence); None when every value is within its control's limits. A value
+    of the wrong kind but a small size is left to Gradio and the handler, which answer it with a sentence."""
     where = f" to {api_name}" if api_name else ""
     if not isinstance(data, list):
         return None, f"The values sent{where} are not a list: reload the page."
     if len(data) > len(controls) + 1:  # Gradio may add one value past the inputs (a request or progress slot)
         return None, f"{len(data)} values were sent{where}, which takes {len(controls)}: reload the page."
-    for i, ((block, changeable), value) in enumerate(zip(controls, data)):
-        if isinstance(block, gr.Textbox):
-            limit = getattr(block, "max_length", None) or MAX_TEXT_CHARS
-            chars, items = _size(value, max(limit, MAX_ITEMS))
-            if chars > limit:
-                return i, (f"The text sent to {_label(block, i)} is longer than {limit:,} characters: paste a "
-                           "shorter text (every view uses far fewer tokens than that).")
-            if items:
-                return i, f"{_label(block, i)} takes text, not a list: type or paste text."
-            continue
-        chars, items = _size(value, max(MAX_OTHER_CHARS, MAX_ITEMS))
-        if chars > MAX_OTHER_CHARS or items > MAX_ITEMS:
+    for i, (block, value) in enumerate(zip(controls, data)):
+        limit = (getattr(block, "max_length", None) or MAX_TEXT_CHARS) if isinstance(block, gr.Textbox) else None
+        chars, items = _size(value, max(limit or MAX_OTHER_CHARS, MAX_ITEMS))
+        if limit is not None and chars > limit:
+            return i, (f"The text sent to {_label(block, i)} is longer than {limit:,} characters: paste a shorter "
+                       "text (every view uses far fewer tokens than that).")
+        if (limit is None and chars > MAX_OTHER_CHARS) or items > MAX_ITEMS:
             return i, _not_accepted(api_name, f"{_label(block, i)} got more than {MAX_OTHER_CHARS:,} characters or "
                                            f"{MAX_ITEMS:,} items")
-        if isinstance(block, (gr.Slider, gr.Number)) and not changeable and isinstance(value, (int, float)) \
-                and not isinstance(value, bool):
-            lo, hi = getattr(block, "minimum", None), getattr(block, "maximum", None)
-            if not math.isfinite(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
-                span = f"from {lo:g} to {hi:g}" if lo is not None and hi is not None else "within its range"
-                return i, _not_accepted(api_name, f"{_label(block, i)} takes a number {span}")
     return None
 
 

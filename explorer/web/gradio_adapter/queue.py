@@ -94,8 +94,8 @@ class QueueRules(NamedTuple):
     lane_of: Callable[[str], str] | None = None  # a concurrency group's lane name
     lane_cap: Callable[[str], int] | None = None  # events of one client address in a lane at once
     lane_refusal: Callable[[str, int], str] | None = None  # the sentence for a lane's cap (lane name, cap)
-    # (api name, [(input component, whether any event can change its properties)], values) -> None, or the index
-    # of the input refused (None: the whole) and a sentence
+    # (api name, the input components, the values) -> None, or the index of the input refused (None: the whole)
+    # and a sentence
     check_values: Callable[[str | None, list, Any], tuple[int | None, str] | None] | None = None
 
 
@@ -111,7 +111,6 @@ def cap_queue(demo: gr.Blocks, rules: QueueRules) -> None:
     push = queue.push
     clients: dict[str, str] = {}  # event id -> client address, for the events in the queue
     lanes: dict[str, str] = {}  # event id -> its lane, for the same events
-    changed = {id(block) for fn in demo.fns.values() for block in fn.outputs}  # controls whose range may change
 
     def held(ids) -> list:
         return [queue.event_ids_to_events[i] for i in list(ids or ()) if i in queue.event_ids_to_events]
@@ -122,7 +121,7 @@ def cap_queue(demo: gr.Blocks, rules: QueueRules) -> None:
         if fn is None or fn.fn is None:
             return False, rules.unknown_refusal, "error"
         if rules.check_values is not None:
-            problem = rules.check_values(fn.api_name, [(b, id(b) in changed) for b in fn.inputs], body.data)
+            problem = rules.check_values(fn.api_name, list(fn.inputs), body.data)
             if problem is not None:
                 return _refused_value(len(fn.inputs), *problem)
         if rules.on_join is not None and session:
