@@ -110,7 +110,7 @@ def soak(server, *, seconds: float = 300.0, settle_s: float = 90.0, ask_every: f
 
     def flooding() -> None:
         cheap = plan.fn_of("kv_calculator")
-        while not stop.is_set():
+        while not stop.is_set():  # flood() counts a failed join as status 0 and returns
             out = flood(server.url, cheap, plan.values[cheap], 50, tag="soak", workers=8,
                         headers={"X-Forwarded-For": FLOODER})
             add("flood_joins", out["joins"])
@@ -130,7 +130,10 @@ def soak(server, *, seconds: float = 300.0, settle_s: float = 90.0, ask_every: f
                 status, _ = big_body(server.url)
                 add("big_bodies")
                 add("big_bodies_413", status == 413)
-                http.get(server.url, headers={"Host": f"junk-{uuid.uuid4().hex[:10]}.example"})
+                try:
+                    http.get(server.url, headers={"Host": f"junk-{uuid.uuid4().hex[:10]}.example"})
+                except httpx.HTTPError:  # counted as sent; the soak goes on
+                    pass
                 add("new_hosts")
 
     def sampling() -> None:
@@ -141,11 +144,18 @@ def soak(server, *, seconds: float = 300.0, settle_s: float = 90.0, ask_every: f
     for w in workers:
         w.start()
     asked: list[float | None] = []
+    errors: list[str] = []
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
         values[0] = f"Question {len(asked)} from the visitor: who sat on the mat, and why?"
-        took, _ = answer_seconds(server.url, "attention", values, headers={"X-Forwarded-For": VICTIM}, timeout=60)
+        try:
+            took, failed = answer_seconds(server.url, "attention", values, headers={"X-Forwarded-For": VICTIM},
+                                          timeout=60)
+        except Exception as exc:  # noqa: BLE001 - a cut stream is an unanswered question, said in the report
+            took, failed = None, [f"{type(exc).__name__}: {exc}"[:200]]
         asked.append(took)
+        if took is None:
+            errors.append(f"question {len(asked) - 1} at {time.monotonic() - t0:.0f} s: {'; '.join(failed)[:200]}")
         time.sleep(max(0.0, ask_every - (took or 0.0)))
     stop.set()
     for w in workers:
@@ -160,7 +170,7 @@ def soak(server, *, seconds: float = 300.0, settle_s: float = 90.0, ask_every: f
         f"{max(answered, default=float('nan')):.2f} s")
     return {"seconds": seconds, "settle_seconds": settle_s, "first_answer_seconds": first, **counts,
             "questions": len(asked), "answered": len(answered), "answer_seconds_max": max(answered, default=None),
-            "answer_seconds": [None if a is None else round(a, 3) for a in asked],
+            "answer_seconds": [None if a is None else round(a, 3) for a in asked], "unanswered": errors[:10],
             "rss_before": rss_before, "rss_peak": rss_peak[0], "rss_after": rss_after, "rss_settled": rss_settled,
             "rss_settled_above_start": rss_settled - rss_before}
 
