@@ -24,7 +24,7 @@ def test_the_queue_answers_after_more_new_sessions_than_gradios_books_hold():
     """Long jobs queued, then more fresh-session joins than Gradio's per-session message books hold (2,000 in
     Gradio 6.31; the issue saw the queue stop for good at join ~2,026): nothing says the queue stopped, and
     a new visitor gets the page and an answer."""
-    with served_app({"EXPLORER_CLIENT_QUEUE_CAP": "100000"}) as server:
+    with served_app(flood.NO_CLIENT_CAPS) as server:
         out = flood.queue_outlives_flood(server.url, joins=2300)
         assert out["flood"]["queue_stopped"] == 0, out
         assert out["sessions_joined"] > 2000, out  # more sessions than the books hold, sweeps still pending
@@ -78,7 +78,7 @@ def test_every_response_carries_the_security_headers(behind_proxy):
 
 
 def test_rss_is_back_within_100_mib_two_minutes_after_600_throwaway_sessions():
-    with served_app({"EXPLORER_CLIENT_QUEUE_CAP": "100000"}) as server:  # the script's joins all taken
+    with served_app(flood.NO_CLIENT_CAPS) as server:  # the script's joins all taken
         flood.fetch_plan(server.url)  # the first configuration built before the baseline
         out = flood.memory_after_throwaway(server, sessions=600, settle_s=120.0)
         assert out["flood"]["accepted"] == 600, out

@@ -96,8 +96,9 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
         report["load"] = {"skipped": "tiny mode: no classroom"}
         report["vote"] = {"skipped": "tiny mode: no class vote"}
         report["robust"] = {"skipped": "tiny mode: no flood (tests/test_robustness_flood.py runs the same clients)"}
+        report["door"] = {"skipped": "tiny mode: no soak (tests/test_door_soak.py runs the same clients)"}
     elif dev.is_cuda(device):  # these rows time `python app.py`, which the CPU float32 run measures
-        for row in ("load", "vote", "robust"):
+        for row in ("load", "vote", "robust", "door"):
             report[row] = {"skipped": "served-app rows run with the CPU float32 benchmark"}
     else:
         from .load import bench_load
@@ -109,6 +110,9 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
         from .flood import bench_robust
 
         report["robust"] = bench_robust(log=log)
+        from .door import bench_door
+
+        report["door"] = bench_door(log=log)
     report["targets"] = evaluate_targets(report)
     if hasattr(os, "getloadavg"):
         m = report["machine"]

@@ -10,12 +10,15 @@ import re
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from .page_client import API, fetch_plan, run_events  # noqa: F401 (fetch_plan: tests)
 
 #: The memory lab's sweep at lengths that take seconds on 2 cores: a long measurement.
 SWEEP = [4096, 8, 64, 8, ["naive", "tiled"], True, "float32"]
+#: A server's settings that let one address hold as many events as it sends (rows that measure the queue itself).
+NO_CLIENT_CAPS = {"EXPLORER_CLIENT_QUEUE_CAP": "100000", "EXPLORER_CLIENT_LANE_CAP": "100000",
+                  "EXPLORER_CLIENT_LONG_CAP": "100000"}
 
 
 def _join(http, url: str, fn: int, data: list, session_hash: str, headers: dict | None = None) -> tuple[int, str]:
@@ -28,10 +31,11 @@ def _join(http, url: str, fn: int, data: list, session_hash: str, headers: dict 
 
 
 def flood(url: str, fn: int, data: list, n: int, *, tag: str, workers: int = 32,
-          headers: dict | None = None, wait_when_full: float = 0.0) -> dict[str, Any]:
+          headers: dict | Callable[[int], dict] | None = None, wait_when_full: float = 0.0) -> dict[str, Any]:
     """``n`` joins of event ``fn``, each from a new session id, ``workers`` at a time, streams never read: how
-    many were accepted, refused (by status) and how many said the queue was stopped. With ``wait_when_full``
-    seconds, a join told the queue is full is sent again until accepted or that long has passed."""
+    many were accepted, refused (by status) and how many said the queue was stopped. ``headers`` may be a
+    function of the join's number. With ``wait_when_full`` seconds, a join told the queue is full is sent again
+    until accepted or that long has passed."""
     import httpx
 
     deadline = time.monotonic() + wait_when_full
@@ -39,7 +43,8 @@ def flood(url: str, fn: int, data: list, n: int, *, tag: str, workers: int = 32,
     def one(i: int):
         with httpx.Client() as http:
             while True:
-                code, text = _join(http, url, fn, data, f"{tag}-{i}-{uuid.uuid4().hex[:6]}", headers)
+                code, text = _join(http, url, fn, data, f"{tag}-{i}-{uuid.uuid4().hex[:6]}",
+                                   headers(i) if callable(headers) else headers)
                 if code != 503 or "Queue is full" not in text or time.monotonic() > deadline:
                     return code, text
                 time.sleep(0.25)
@@ -130,13 +135,15 @@ def memory_after_throwaway(server, *, sessions: int = 600, settle_s: float = 120
 
 
 def generation_beside_finetunes(url: str, *, finetunes: int = 20, sweeps: int = 1) -> dict[str, Any]:
-    """``finetunes`` LoRA fine-tunes (each from its own session) and ``sweeps`` memory sweeps queued, then a
-    generation from a new session: seconds until its first streamed token (or its answer)."""
+    """``finetunes`` LoRA fine-tunes (each from its own session and forwarded address: one address holds only a
+    few of a lane) and ``sweeps`` memory sweeps queued, then a generation from a new session: seconds until its
+    first streamed token (or its answer). The server must trust one proxy hop (``EXPLORER_PROXY_HOPS=1``)."""
     import httpx
 
     plan = fetch_plan(url)
     ft = plan.fn_of("lora_finetune")
-    queued = flood(url, ft, plan.values[ft], finetunes, tag="finetune", workers=8)
+    queued = flood(url, ft, plan.values[ft], finetunes, tag="finetune", workers=8,
+                   headers=lambda i: {"X-Forwarded-For": f"10.4.{i // 250}.{i % 250 + 1}"})
     swept = flood(url, plan.fn_of("memory_compare"), SWEEP, sweeps, tag="sweep", workers=1) if sweeps else None
     time.sleep(0.5)
     gen = plan.fn_of("generate")
@@ -319,7 +326,7 @@ def bench_robust(log=print) -> dict[str, Any]:
     from .server import served_app
 
     out: dict[str, Any] = {}
-    with served_app({"EXPLORER_CLIENT_QUEUE_CAP": "100000"}) as server:
+    with served_app(NO_CLIENT_CAPS) as server:
         out["queue"] = queue_outlives_flood(server.url)
     log(f"robust: queue after {out['queue']['flood']['joins']} new-session joins: "
         f"{out['queue']['flood']['queue_stopped']} 'queue stopped', answer {out['queue']['answer_seconds']}")
@@ -332,7 +339,7 @@ def bench_robust(log=print) -> dict[str, Any]:
         out["stop"] = stop_frees_cpu(server)
         log(f"robust: CPU settled {out['stop']['settled_after']} s after Stop")
     out["finetune_stop"] = bench_finetune_stop(log=log)
-    with served_app({"EXPLORER_CLIENT_QUEUE_CAP": "100000"}) as server:
+    with served_app(NO_CLIENT_CAPS) as server:
         fetch_plan(server.url)
         out["memory"] = memory_after_throwaway(server, log=log)
         log(f"robust: RSS {out['memory']['rss_settled_above_start'] / 2**20:.0f} MiB above start, 2 min after")

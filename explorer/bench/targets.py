@@ -105,6 +105,16 @@ TARGETS: tuple[Target, ...] = (
            "seconds) <= 1 s", "robust_finetune_stop_seconds", "<=", 1.0, "issue 31"),
     Target("Memory: RSS above its start 2 min after 600 throw-away memory_trace sessions <= 100 MiB",
            "robust_rss_above_start", "<=", 100 * 2**20, "issue 31"),
+    # the door (explorer/bench/door.py: `python app.py`, loopback clients)
+    Target("Door: a page request naming a Host never seen before costs the server <= 30 ms of CPU (30 such "
+           "requests; the usual page still kept)", "door_new_host_cpu", "<=", 0.03, "issue 42",
+           requires="door_page_kept"),
+    Target("Door: a queue join declaring 25 MB answered 413 before its body is read <= 1 s", "door_big_body_seconds",
+           "<=", 1.0, "issue 42", requires="door_big_body_413"),
+    Target("Soak: RSS above its start after the mixed abuse ends (fresh-session floods, fine-tunes, 25 MB bodies, "
+           "new Hosts from one address) <= 200 MiB", "soak_rss_above_start", "<=", 200 * 2**20, "issue 42"),
+    Target("Soak: a visitor's attention question (another address, every 10 s) answered throughout, slowest <= 5 s",
+           "soak_answer_max", "<=", 5.0, "issue 42", requires="soak_all_answered"),
     *(Target(f"Experiments, {SMOL_NAME}, {EXPERIMENT_TOKENS}-token prompt: {what} <= 10 s", f"experiments:{key}", "<=",
              10.0, "issue 26") for key, what in (("knockout_sweep", "knock out each of the 270 heads in turn"),
                                                  ("patch_resid_pre", "resid_pre patching (30 layers x 24 positions)"),
@@ -233,6 +243,7 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
         m["robust_rss_above_start"] = (mem["rss_settled_above_start"], f"{mem['rss_settled_above_start'] / 2**20:.0f} "
                                        f"MiB ({mem['rss_before'] / 2**20:.0f} -> {mem['rss_after'] / 2**20:.0f} -> "
                                        f"{mem['rss_settled'] / 2**20:.0f} MiB)")
+    _door_metrics(report.get("door") or {}, m)
     for key, r in (report.get("experiments") or {}).items():
         if isinstance(r, dict) and "seconds" in r:
             m[f"experiments:{key}"] = (r["seconds"], f"{r['seconds']:.1f} s")
@@ -244,6 +255,27 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
     for span, r in ((report.get("induction") or {}).get("spans") or {}).items():
         m[f"induction:{span}"] = (r["best"], f"{r['best']:.3f} (layer {r['layer']}, head {r['head']})")
     return m
+
+
+def _door_metrics(door: dict[str, Any], m: dict[str, tuple[float, str]]) -> None:
+    hosts, body, soak = door.get("new_hosts"), door.get("big_body"), door.get("soak")
+    if hosts:
+        kept = hosts["own_page_cpu_after"] <= 0.03
+        m["door_new_host_cpu"] = (hosts["cpu_seconds_per_request"], f"{hosts['cpu_seconds_per_request'] * 1e3:.1f} ms "
+                                  f"(usual page after: {hosts['own_page_cpu_after'] * 1e3:.0f} ms)")
+        m["door_page_kept"] = (float(kept), "")
+    if body:
+        m["door_big_body_seconds"] = (body["answered_seconds"], f"{body['answered_seconds'] * 1e3:.0f} ms "
+                                                               f"(HTTP {body['status']})")
+        m["door_big_body_413"] = (float(body["status"] == 413), "")
+    if soak:
+        m["soak_rss_above_start"] = (soak["rss_settled_above_start"], f"{soak['rss_settled_above_start'] / 2**20:.0f} "
+                                     f"MiB ({soak['rss_before'] / 2**20:.0f} -> peak {soak['rss_peak'] / 2**20:.0f} "
+                                     f"-> {soak['rss_settled'] / 2**20:.0f} MiB, {soak['seconds']:.0f} s)")
+        if soak["answer_seconds_max"] is not None:
+            worst = soak["answer_seconds_max"]
+            m["soak_answer_max"] = (worst, f"{worst:.2f} s ({soak['answered']} of {soak['questions']} answered)")
+        m["soak_all_answered"] = (float(soak["answered"] == soak["questions"] > 0), "")
 
 
 def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:

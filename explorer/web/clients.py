@@ -34,6 +34,13 @@ def _proxy_hops() -> int:
 PROXY_HOPS = _proxy_hops()
 
 
+def trust_no_proxy_headers(env=None) -> None:
+    """Tell uvicorn (its Config reads ``FORWARDED_ALLOW_IPS`` when ``launch`` makes it) to trust no peer's
+    forwarded headers: by default it rewrites a loopback peer's address from X-Forwarded-For, so with
+    ``PROXY_HOPS`` 0 any local client could name its own address. ``address_of`` alone applies the hops."""
+    (os.environ if env is None else env)["FORWARDED_ALLOW_IPS"] = ""
+
+
 def address_of(headers, peer: str | None, hops: int | None = None) -> str:
     """The client's address: the peer, or with ``hops`` trusted proxies the ``hops``-th entry of
     X-Forwarded-For from the right (the peer when the header has fewer entries than that)."""

@@ -22,6 +22,7 @@ whose handler runs in the page (no server function) take no lane: they never rea
     lane(which, same_as=None)   the listener arguments (Gradio's ``concurrency_id``/``concurrency_limit``)
     undeclared(demo)            the server listeners that name no lane; ``check_lanes`` raises naming them
     lane_of(demo, api_name)     the lane an event runs in, by name
+    lane_name(group)            the lane of a concurrency group (views' groups: "view")
 """
 from __future__ import annotations
 
@@ -61,6 +62,11 @@ LANES = (VIEW, GENERATION, MEASURE, FINETUNE, TRAIN, PLAY, CLASS)
 #: The concurrency groups of long jobs.
 LONG_GROUPS = frozenset(lane.name for lane in LANES if lane.long)
 _SHARED = {lane.name: lane for lane in LANES if lane is not VIEW}  # lanes that are one concurrency group each
+
+
+def lane_name(group: str) -> str:
+    """The lane of a concurrency group: a shared lane's own name, else "view" (every view function's group)."""
+    return _SHARED[group].name if group in _SHARED else VIEW.name
 
 
 def lane(which: Lane, same_as: Callable | None = None) -> dict:

@@ -1,6 +1,8 @@
 """The HTTP side of a public Space, as ASGI middleware around Gradio's app (``launch(app_kwargs=app_kwargs())``):
 
-    PageCache        the page and its configuration built once, served from memory (and gzipped)
+    PageCache        the page and its configuration rendered once, served from memory with each request's root
+                     URL (and gzipped): explorer.web.page_cache
+    RequestLimit     every request's body bounded before it is parsed (uploads by UploadLimit)
     UploadLimit      Gradio's upload route bounded per request, or refused when no component takes files;
                      Gradio's recording route refused (no component records audio)
     SecurityHeaders  a Content-Security-Policy, frame-ancestors and nosniff on every response
@@ -11,88 +13,13 @@
 """
 from __future__ import annotations
 
-import gzip
 import threading
 from collections import OrderedDict
 
 import gradio as gr
 
-
-class PageCache:
-    """ASGI middleware: the page itself (``GET /``, with Gradio's configuration inside) and ``GET /config`` are
-    built once per (path, page, host and proxy headers) and served from memory.
-
-    Gradio builds both afresh for every visitor, which costs a class opening the page at once dearly, yet they
-    are the same for every visitor of this app (no login, no per-user layout), so a copy is served; responses
-    that set a cookie or are not a plain 200 are never kept. A kept copy is also gzipped once, and sent gzipped
-    to a browser that accepts it, since the page carries every opening figure.
-    """
-    PATHS = ("/", "/config", "/gradio_api/config")
-    KEY_HEADERS = (b"host", b"x-forwarded-host", b"x-forwarded-proto", b"x-forwarded-port", b"x-forwarded-prefix",
-                   b"x-forwarded-for-root", b"forwarded")
-    MAX_ENTRIES = 32
-    #: Bumped when the page changes after start-up (the opening examples computed after the server answered:
-    #: ``explorer.web.serving.start_openings``): copies kept before are no longer served.
-    version = 0
-
-    @classmethod
-    def page_changed(cls) -> None:
-        cls.version += 1
-
-    def __init__(self, app) -> None:
-        self.app = app
-        # key -> (start, body, gzipped body), least recently served first: junk Host headers push each other
-        # out, never the page real visitors ask for
-        self._kept: "OrderedDict[tuple, tuple[dict, bytes, bytes | None]]" = OrderedDict()
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["method"] != "GET" or scope["path"] not in self.PATHS:
-            return await self.app(scope, receive, send)
-        from urllib.parse import parse_qsl
-
-        headers = dict(scope.get("headers") or [])
-        if b"authorization" in headers:
-            return await self.app(scope, receive, send)
-        query = tuple(sorted((k, v) for k, v in parse_qsl(scope.get("query_string", b"").decode("latin-1"))
-                             if k in ("page", "deep_link")))
-        key = (PageCache.version, scope["path"], scope.get("root_path", ""), query,
-               tuple(headers.get(h) for h in self.KEY_HEADERS))
-        kept = self._kept.get(key)
-        if kept is not None:
-            self._kept.move_to_end(key)
-            start, body, zipped = kept
-            if zipped is not None and b"gzip" in headers.get(b"accept-encoding", b"").lower():
-                start, body = _gzipped_start(start, len(zipped)), zipped
-            await send(start)
-            await send({"type": "http.response.body", "body": body, "more_body": False})
-            return None
-        captured: dict = {}
-        chunks: list[bytes] = []
-
-        async def capture(message):
-            if message["type"] == "http.response.start":
-                captured.update(message)
-            elif message["type"] == "http.response.body":
-                chunks.append(message.get("body", b""))
-                if not message.get("more_body", False):
-                    names = {k.lower() for k, _ in captured.get("headers", [])}
-                    if captured.get("status") == 200 and b"set-cookie" not in names:
-                        body = b"".join(chunks)
-                        zipped = None if b"content-encoding" in names else gzip.compress(body, 6)
-                        self._kept[key] = (dict(captured), body, zipped)
-                        while len(self._kept) > self.MAX_ENTRIES:
-                            self._kept.popitem(last=False)
-            await send(message)
-
-        return await self.app(scope, receive, capture)
-
-
-def _gzipped_start(start: dict, length: int) -> dict:
-    """A response start message for the gzipped body of ``length`` bytes."""
-    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() not in (b"content-length", b"vary")]
-    headers += [(b"content-encoding", b"gzip"), (b"content-length", str(length).encode()),
-                (b"vary", b"Accept-Encoding")]
-    return {**start, "headers": headers}
+from explorer.web.groups import env_int
+from explorer.web.page_cache import PageCache
 
 
 #: Set by ``apply``: whether any component of the app takes files (none does: then no upload is accepted).
@@ -152,6 +79,58 @@ class UploadLimit:
             return message
 
         return await self.app(scope, counted, send)
+
+
+#: The most one request's body may carry on any route but uploads: a queue join carrying the longest text a control
+#: takes (100,000 characters: 0.4 MB as a browser sends it, 1.2 MB at worst \u-escaped) fits, a 25 MB one does not.
+REQUEST_BYTES = env_int("EXPLORER_REQUEST_BYTES", 2 * 2**20, lo=64 * 1024)
+
+
+def request_refused(limit: int) -> str:
+    return (f"A request to this server may carry at most {limit / 2**20:.1f} MB: send a shorter text (the text boxes "
+            "take at most 100,000 characters).")
+
+
+class RequestLimit:
+    """ASGI middleware: the body of every request but an upload (``UploadLimit``) is read here, at most
+    ``REQUEST_BYTES`` of it, before the app parses any of it. A body that declares a larger length is refused
+    with 413 unread; one that streams past the limit is refused as soon as it does, the rest never read. Gradio
+    parses and keeps a queue join's whole body while the event waits, so without this a script's 25 MB joins
+    each held 50 MB for as long as they waited."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS") or \
+                scope["path"].rstrip("/").endswith("/upload"):
+            return await self.app(scope, receive, send)
+        limit = REQUEST_BYTES
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            return await _plain(send, 413, request_refused(limit))
+        chunks: list[bytes] = []
+        seen = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: nothing to answer
+                return None
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
+            if seen > limit:
+                return await _plain(send, 413, request_refused(limit))
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
 
 
 async def _plain(send, status: int, text: str) -> None:
@@ -241,9 +220,9 @@ class BrowserSessions:
 
 
 def app_kwargs() -> dict:
-    """For ``launch(app_kwargs=...)``: security headers, browser sessions noted, the upload limit and the page
-    cache, as Starlette middleware (the first listed is the outermost)."""
+    """For ``launch(app_kwargs=...)``: security headers, browser sessions noted, the upload and request limits
+    and the page cache, as Starlette middleware (the first listed is the outermost)."""
     from starlette.middleware import Middleware
 
     return {"middleware": [Middleware(SecurityHeaders), Middleware(BrowserSessions), Middleware(UploadLimit),
-                           Middleware(PageCache)]}
+                           Middleware(RequestLimit), Middleware(PageCache)]}

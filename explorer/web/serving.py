@@ -10,7 +10,9 @@ Caps, checked at each join (``explorer.web.gradio_adapter.cap_queue``), each ref
     at once (queued or running; a page load sends at most a link's three events), and at most one long job
     (generation, measurement or fine-tune);
     a client address (``explorer.web.clients``: the peer, or behind a Space's proxy the address the proxy
-    forwarded) holds at most ``EXPLORER_CLIENT_QUEUE_CAP``, so fresh session ids do not buy a script more;
+    forwarded) holds at most ``EXPLORER_CLIENT_QUEUE_CAP`` in all, ``EXPLORER_CLIENT_LONG_CAP`` in each long lane
+    and ``EXPLORER_CLIENT_LANE_CAP`` in each other lane, so fresh session ids do not buy a script more;
+    each event's values are checked before it is stored (``explorer.web.limits``: text length, sizes, ranges);
     within a lane, events wait round robin by client address, so a flood waits behind everyone's next request.
 The queue's size stays well below Gradio's per-session message books (2,000 sessions in Gradio 6.31), which
 keep every session with an event pending (``keep_sessions_with_events``).
@@ -38,12 +40,13 @@ import weakref
 import gradio as gr
 
 from explorer.web import gradio_adapter as adapter
+from explorer.web import limits
 from explorer.web import links
 from explorer.web import middleware
 from explorer.web import sweeper
-from explorer.web.clients import address_of_request
+from explorer.web.clients import address_of_request, trust_no_proxy_headers
 from explorer.web.errors import no_paths, short
-from explorer.web.groups import LONG_GROUPS, VIEW_CONCURRENCY, check_lanes, env_int
+from explorer.web.groups import LONG_GROUPS, VIEW_CONCURRENCY, check_lanes, env_int, lane_name
 
 
 #: Events per session in the queue at once (queued or running): a link's page load sends 3.
@@ -51,6 +54,12 @@ SESSION_QUEUE_CAP = env_int("EXPLORER_SESSION_QUEUE_CAP", 24)
 #: Events per client address in the queue at once: a class behind one school address opening a link (3 events
 #: each) and asking questions fits.
 CLIENT_QUEUE_CAP = env_int("EXPLORER_CLIENT_QUEUE_CAP", 256)
+#: Events per client address in each long lane (generation, measure, finetune) at once: each runs for seconds to
+#: minutes one or two at a time, so a fifth waiting from one address only makes everyone else wait longer.
+CLIENT_LONG_CAP = env_int("EXPLORER_CLIENT_LONG_CAP", 4)
+#: Events per client address in each other lane (all views together, play, class) at once: a class of 64 behind
+#: one school address opening a link (3 views each) fits.
+CLIENT_LANE_CAP = env_int("EXPLORER_CLIENT_LANE_CAP", 192)
 #: The whole queue: room for a class's page loads many times over, and at most half of Gradio's per-session
 #: message books (``apply`` lowers it to that), so a session with an event pending always has its place there.
 QUEUE_MAX_SIZE = env_int("EXPLORER_QUEUE_SIZE", 1024)
@@ -73,6 +82,16 @@ def client_refused_sentence(cap: int) -> str:
             "to finish before sending more.")
 
 
+def lane_refused_sentence(lane: str, cap: int) -> str:
+    when = "in a minute or two, when one of them has finished" if lane in LONG_GROUPS else "in a few seconds"
+    return (f"Your network address already has {cap} {lane} requests waiting or running on this server: try "
+            f"again {when}.")
+
+
+def lane_cap(lane: str) -> int:
+    return CLIENT_LONG_CAP if lane in LONG_GROUPS else CLIENT_LANE_CAP
+
+
 LONG_REFUSED = ("This page already has a generation, measurement or fine-tune waiting or running: wait for it to "
                 "finish (or press Stop) before starting another.")
 UNKNOWN_EVENT = "That event does not exist in this app: reload the page."
@@ -85,14 +104,25 @@ def bad_value_sentence(api_name: str | None, exc: Exception) -> str:
                  "page's own choices and ranges, or reload the page.")
 
 
+def queue_rules(on_join=None) -> adapter.QueueRules:
+    """What every join is held to (``gradio_adapter.cap_queue``): the caps per session, per client address in all
+    and per lane, one long job per session, each event's values checked, with a sentence for each refusal."""
+    return adapter.QueueRules(
+        SESSION_QUEUE_CAP, CLIENT_QUEUE_CAP, LONG_GROUPS, address_of_request, refused_sentence(SESSION_QUEUE_CAP),
+        client_refused_sentence(CLIENT_QUEUE_CAP), LONG_REFUSED, UNKNOWN_EVENT, on_join=on_join, lane_of=lane_name,
+        lane_cap=lane_cap, lane_refusal=lane_refused_sentence, check_values=limits.join_problem)
+
+
 def apply(demo: gr.Blocks, *, openings_later: bool = False) -> gr.Blocks:
     """After ``demo.queue(**QUEUE)``: every listener's lane checked (ValueError naming those without one), each
-    session's and client's share of the queue capped, the opening examples computed into the page, uploads
-    switched off when nothing takes files, the sweeper started.
+    session's and client's share of the queue capped (in all and per lane), each event's values checked at join,
+    uvicorn told to trust no forwarded header (``clients.trust_no_proxy_headers``), the opening examples computed
+    into the page, uploads switched off when nothing takes files, the sweeper started.
 
     With ``openings_later`` the opening examples are not computed here: ``start_openings`` computes them once the
     server answers (``python app.py``), and the page says so meanwhile."""
     check_lanes(demo)
+    trust_no_proxy_headers()  # before launch, which makes uvicorn's Config
     adapter.keep_sessions_with_events(demo)
     adapter.configs_on_demand(demo)  # a class arriving at once no longer waits for 40 copies of the page's config
 
@@ -100,9 +130,7 @@ def apply(demo: gr.Blocks, *, openings_later: bool = False) -> gr.Blocks:
         adapter.configs_on_demand(demo)  # launch made a new session holder: the same for it
         sweeper.tell_returning_visitor(demo, session_hash)
 
-    adapter.cap_queue(demo, adapter.QueueRules(
-        SESSION_QUEUE_CAP, CLIENT_QUEUE_CAP, LONG_GROUPS, address_of_request, refused_sentence(SESSION_QUEUE_CAP),
-        client_refused_sentence(CLIENT_QUEUE_CAP), LONG_REFUSED, UNKNOWN_EVENT, on_join=on_join))
+    adapter.cap_queue(demo, queue_rules(on_join))
     adapter.sentence_for_bad_values(demo, bad_value_sentence)
     if openings_later:
         _LATER[demo] = _detach_openings(demo)

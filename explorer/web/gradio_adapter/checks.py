@@ -22,6 +22,7 @@ try:
     from gradio.blocks import Blocks
     from gradio.components.plot import PlotData
     from gradio.queueing import Event, EventQueue, Queue
+    from gradio.route_utils import get_root_url
     from gradio.state_holder import SessionState, StateHolder
     from gradio.utils import LRUCache
 except ImportError as exc:  # a module moved: say which version this was written for
@@ -29,7 +30,7 @@ except ImportError as exc:  # a module moved: say which version this was written
                        f"tested with {TESTED_GRADIO}: install gradio=={TESTED_GRADIO} or update the adapter.") from exc
 
 __all__ = ["BlockFunction", "Blocks", "Event", "EventQueue", "LRUCache", "PlotData", "Queue", "SessionState",
-           "StateHolder", "TESTED_GRADIO", "check_gradio", "default_group", "shape_problems"]
+           "StateHolder", "TESTED_GRADIO", "check_gradio", "default_group", "get_root_url", "shape_problems"]
 
 #: The classes whose methods and attributes are used here.
 CLASSES = {"Blocks": Blocks, "Queue": Queue, "BlockFunction": BlockFunction, "StateHolder": StateHolder,
@@ -153,7 +154,29 @@ def _behaviour_problems(made: dict[str, Any]) -> list[str]:
     payload = PlotData(type="plotly", plot="{}")
     if gr.Plot(render=False).postprocess(payload) is not payload:
         problems.append("gr.Plot no longer passes a PlotData(type=, plot=) on as it is")
+    problems += _root_problems()
     return problems
+
+
+def _root_problems() -> list[str]:
+    """The page's root URL read from the headers as the page cache (explorer.web.page_cache) substitutes it."""
+    from starlette.requests import Request
+
+    def root(headers: dict, path: str, route: str) -> str:
+        scope = {"type": "http", "method": "GET", "scheme": "http", "path": path, "root_path": "", "query_string": b"",
+                 "server": ("127.0.0.1", 7860), "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+        return get_root_url(Request(scope), route, None)
+
+    wanted = [({"host": "a.example"}, "/", "/", "http://a.example"),
+              ({"host": "a.example"}, "/config", "/config", "http://a.example"),
+              ({"host": "a", "x-forwarded-host": "b.example", "x-forwarded-proto": "https"}, "/", "/",
+               "https://b.example")]
+    try:
+        if all(root(h, path, route) == want for h, path, route, want in wanted):
+            return []
+    except Exception:  # noqa: BLE001 - a changed signature is the same problem
+        pass
+    return ["route_utils.get_root_url no longer reads the root URL from Host, X-Forwarded-Host and -Proto"]
 
 
 def shape_problems() -> list[str]:

@@ -3,7 +3,8 @@
     queue_of(demo)                         the queue ``demo.queue()`` made
     keep_sessions_with_events(demo)        the books never drop a session with events pending, and an event whose
                                            session they dropped is dropped, not fatal
-    cap_queue(demo, rules)                 per session and per client address: caps, one long job, fair order
+    cap_queue(demo, rules)                 per session and per client address: caps (in all and per lane), one
+                                           long job, each event's inputs checked, fair order
     cap_per_session(demo, cap, refusal)    at most ``cap`` of one session's events in the queue at once
     events_held(demo, session)             how many of a session's events are queued or running
 """
@@ -90,17 +91,26 @@ class QueueRules(NamedTuple):
     long_refusal: str
     unknown_refusal: str  # a join naming no event of the app (Gradio answers it with HTTP 500)
     on_join: Callable[[str], None] | None = None  # runs first on every join, with the session hash
+    lane_of: Callable[[str], str] | None = None  # a concurrency group's lane name
+    lane_cap: Callable[[str], int] | None = None  # events of one client address in a lane at once
+    lane_refusal: Callable[[str, int], str] | None = None  # the sentence for a lane's cap (lane name, cap)
+    # (api name, the input components, the values) -> None, or the index of the input refused (None: the whole)
+    # and a sentence
+    check_values: Callable[[str | None, list, Any], tuple[int | None, str] | None] | None = None
 
 
 def cap_queue(demo: gr.Blocks, rules: QueueRules) -> None:
-    """At each join: at most ``rules.session_cap`` of a session's events and ``rules.client_cap`` of a client
-    address's in the queue at once, and at most one long job (an event of ``rules.long_groups``) per session;
-    then the new event takes its fair place in its group's line: round robin by client address (a client's
-    n-th waiting event goes after every other client's n-th), so one client's flood of fresh sessions waits
-    behind everyone else's next request, where Gradio's line is first come first served."""
+    """At each join: the event's values checked (``rules.check_values``) before anything is stored; at most
+    ``rules.session_cap`` of a session's events and ``rules.client_cap`` of a client address's in the queue at
+    once, and ``rules.lane_cap(lane)`` of that address's in each lane, whatever session ids it sends; at most one
+    long job (an event of ``rules.long_groups``) per session; then the new event takes its fair place in its
+    group's line: round robin by client address (a client's n-th waiting event goes after every other client's
+    n-th), so one client's flood of fresh sessions waits behind everyone else's next request, where Gradio's line
+    is first come first served."""
     queue = queue_of(demo)
     push = queue.push
     clients: dict[str, str] = {}  # event id -> client address, for the events in the queue
+    lanes: dict[str, str] = {}  # event id -> its lane, for the same events
 
     def held(ids) -> list:
         return [queue.event_ids_to_events[i] for i in list(ids or ()) if i in queue.event_ids_to_events]
@@ -110,27 +120,48 @@ def cap_queue(demo: gr.Blocks, rules: QueueRules) -> None:
         fn = demo.fns.get(body.fn_index) if isinstance(body.fn_index, int) and body.fn_index >= 0 else None
         if fn is None or fn.fn is None:
             return False, rules.unknown_refusal, "error"
+        if rules.check_values is not None:
+            problem = rules.check_values(fn.api_name, list(fn.inputs), body.data)
+            if problem is not None:
+                return _refused_value(len(fn.inputs), *problem)
         if rules.on_join is not None and session:
             rules.on_join(session)
         for gone in [i for i in clients if i not in queue.event_ids_to_events]:
             del clients[gone]
+            lanes.pop(gone, None)
         client = rules.client_of(request)
+        lane = rules.lane_of(fn.concurrency_id) if rules.lane_of is not None else fn.concurrency_id
         ids = queue.pending_event_ids_session.get(session) if session else None
         mine = held(ids)
         if len(ids or ()) >= rules.session_cap:
             return False, rules.session_refusal, "queue_full"
         if sum(1 for c in clients.values() if c == client) >= rules.client_cap:
             return False, rules.client_refusal, "queue_full"
+        if rules.lane_cap is not None:
+            cap = rules.lane_cap(lane)
+            if sum(1 for i, c in clients.items() if c == client and lanes.get(i) == lane) >= cap:
+                refusal = rules.lane_refusal(lane, cap) if rules.lane_refusal is not None else rules.client_refusal
+                return False, refusal, "queue_full"
         if fn.concurrency_id in rules.long_groups and \
                 any(e.concurrency_id in rules.long_groups for e in mine):
             return False, rules.long_refusal, "queue_full"
         ok, answer, kind = await push(body, request, username)
         if ok and isinstance(answer, str) and answer in queue.event_ids_to_events:
             clients[answer] = client
+            lanes[answer] = lane
             _fair_place(queue, queue.event_ids_to_events[answer], clients)
         return ok, answer, kind
 
     queue.push = push_within_rules
+
+
+def _refused_value(inputs: int, index: int | None, sentence: str) -> tuple:
+    """A join's answer refusing one input's value as Gradio's validators do (HTTP 422: the page shows the
+    sentence at that input, Gradio's client raises it), or the whole event's values (HTTP 400)."""
+    if index is None or not 0 <= index < inputs:
+        return False, sentence, "error"
+    return False, [{"__type__": "validate", "is_valid": i != index, "message": sentence if i == index else ""}
+                   for i in range(inputs)], "validator_error"
 
 
 def _fair_place(queue: Queue, event, clients: dict[str, str]) -> None:
