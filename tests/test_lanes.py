@@ -47,7 +47,7 @@ def test_the_lanes_and_their_limits():
     assert lane(MEASURE) == {"concurrency_id": "measure", "concurrency_limit": 1}
     assert lane(GENERATION) == {"concurrency_id": "generation", "concurrency_limit": 2}
     assert lane(CLASS)["concurrency_limit"] > 1 and VIEW.limit > 1
-    assert groups.LONG_GROUPS == {"measure", "generation", "finetune", "train"}
+    assert groups.LONG_GROUPS == {"measure", "generation", "finetune"}
     assert lane(VIEW) == {"concurrency_limit": VIEW.limit}  # Gradio's default group: the function's own
 
 

@@ -74,7 +74,7 @@ def test_events_run_in_groups_by_what_they_hold():
     assert groups.lane(groups.MEASURE) == {"concurrency_id": "measure", "concurrency_limit": 1}
     assert groups.lane(groups.GENERATION)["concurrency_id"] == "generation"
     assert groups.lane(groups.FINETUNE) == {"concurrency_id": "finetune", "concurrency_limit": 1}
-    assert {"measure", "generation", "finetune", "train"} == groups.LONG_GROUPS
+    assert {"measure", "generation", "finetune"} == groups.LONG_GROUPS
     assert groups.lane(groups.VIEW) == {"concurrency_limit": groups.VIEW_CONCURRENCY}
     assert groups.VIEW_CONCURRENCY > 1
 

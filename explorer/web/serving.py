@@ -1,7 +1,7 @@
 """How the queue serves many visitors: each listener in its lane, caps per session and per client.
 
 Each listener declares its lane where it is registered (``explorer.web.groups``: view, generation, measure,
-finetune, play, class), and ``apply`` refuses to serve an app with a listener that declares none. A lane's line
+finetune, train, play, class), and ``apply`` refuses to serve an app with a listener that declares none. A lane's line
 never waits behind another lane's: a generation starts as soon as the generation lane is free, whatever
 fine-tunes and sweeps wait. Views take their limit from the queue's default too (``QUEUE``).
 
