@@ -34,8 +34,9 @@ def test_quick_bench_on_a_tiny_config_writes_markdown_and_json(tmp_path):
     # (time and payload, 2 models; head switch), 5 induction spans, 5 for classroom load (a plain page, a link,
     # 64 sessions, 40 own questions, attention beside measurements), 3 for the Experiments tab, 1 for a class voting, 5 for a
     # stranger's script (queue, victim, lanes, Stop of a sweep and of a fine-tune, memory), 2 for a lecture (the
-    # formats view, cold start), 1 for the Training tab's step
-    assert len(report["targets"]) == 41
+    # formats view, cold start), 1 for the Training tab's step, 4 for the door (a new Host, a 25 MB body, the soak's
+    # memory and its visitor), 1 for growing an induction head live
+    assert len(report["targets"]) == 46
     assert all(report["experiments"][k]["seconds"] > 0 for k in ("knockout_sweep", "patch_resid_pre", "patch_head"))
     assert "skipped" in report["load"] and "Classroom load" in md
     assert "skipped" in report["vote"] and "A class votes from their phones" in md
@@ -139,3 +140,15 @@ def test_training_tab_target_is_the_slowest_cold_step():
     assert slow["measured"].startswith("350 ms (median 100 ms")
     assert next(x for x in bench.evaluate_targets(_report())
                 if x["target"].startswith("Training tab"))["pass"] is None
+
+
+def test_live_training_target_is_the_slowest_seed_and_fails_when_one_never_formed():
+    def judged(phases):
+        runs = [{"seed": i, "phase_s": p} for i, p in enumerate(phases)]
+        report = _report(live_training={"runs": runs})
+        return next(x for x in bench.evaluate_targets(report) if x["target"].startswith("Live training"))
+    ok, slow, never = judged([12.4, 13.5, 11.1, 9.8, 12.3]), judged([12.4, 95.0]), judged([12.4, None])
+    assert ok["pass"] is True and ok["measured"].startswith("13.5 s (each seed: 12.4, 13.5, 11.1, 9.8, 12.3 s")
+    assert slow["pass"] is False and never["pass"] is False and "1 of 2 formed" in never["measured"]
+    assert next(x for x in bench.evaluate_targets(_report())
+                if x["target"].startswith("Live training"))["pass"] is None

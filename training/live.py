@@ -346,15 +346,25 @@ def parse_steps(text: str) -> list[int]:
 
 
 def bench(seeds: list[int], seconds: float, settings: LiveSettings | None = None,
-          log: Callable[[str], None] = lambda line: print(line, flush=True)) -> dict:
+          log: Callable[[str], None] = lambda line: print(line, flush=True), after_phase_s: float | None = None) -> dict:
     """Train one live per seed (nothing written) and report, for each, the seconds until the best induction score
-    first reached ``PHASE_SCORE`` and the final losses and scores, with the machine and its load."""
+    first reached ``PHASE_SCORE``, the final losses and scores and the curves (about 40 points), with the machine
+    and its load. With ``after_phase_s`` a run ends that long after its phase change (the benchmark's shortcut)."""
     from lens.machine import machine_info
 
     runs = []
     for seed in seeds:
         load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        run = train_live(seconds, seed, None, settings=settings)
+        seen: dict[str, float] = {}
+
+        def on_step(rec: dict) -> None:
+            if rec.get("phase_change"):
+                seen.setdefault("phase", time.monotonic())
+
+        def should_stop() -> bool:
+            return after_phase_s is not None and "phase" in seen and time.monotonic() - seen["phase"] > after_phase_s
+
+        run = train_live(seconds, seed, None, settings=settings, on_step=on_step, should_stop=should_stop)
         load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         f, p = run.final, run.phase_change
         row = {"seed": seed, "steps": run.steps, "steps_per_s": round(run.steps / run.seconds, 2),
@@ -363,7 +373,9 @@ def bench(seeds: list[int], seconds: float, settings: LiveSettings | None = None
                "long_rows_from": run.long_rows_from, "final_loss": f["loss"],
                "final_repeated_half_loss": f["repeated_half_loss"], "final_best_induction": f["best_induction"],
                "final_best_previous_token": f["best_previous_token"], "wall_s": run.seconds,
-               "cpu_s": run.cpu_seconds, "load_before": load_before, "load_after": load_after}
+               "cpu_s": run.cpu_seconds, "load_before": load_before, "load_after": load_after,
+               "curve": [{k: r.get(k) for k in ("step", "seconds", "loss", "repeated_half_loss", "best_induction")}
+                         for r in run.records[::max(1, len(run.records) // 40)]]}
         runs.append(row)
         log(bench_line(row))
     return {"seconds": seconds, "phase_score": PHASE_SCORE, "machine": machine_info(), "runs": runs}

@@ -22,7 +22,7 @@ from .families import family_models
 from .formats import bench_formats, bench_formats_view
 from .generation import bench_generation
 from .report import render_markdown
-from .training import bench_training
+from .training import bench_live, bench_training
 from .runs import (bench_app, bench_attention, bench_induction, bench_cache, bench_vs_transformers, default_budget,
                    load_transformers_copy, log, model_config, settings_for, weight_bytes_per_token)
 from .targets import (EXPERIMENT_TOKENS, LOAD_CLASS, LOAD_MOST, PROMPT_LEN, SHIPPED_NAME, SMOL_NAME,
@@ -85,6 +85,8 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
         if not dev.is_cuda(device) and torch_dtype == torch.float32:  # the tab serves float32 on the CPU
             report["training"] = bench_training()
             log(f"training tab: {report['training']}")
+            if not tiny:
+                report["live_training"] = bench_live(log=log)
     if not tiny:  # the Attention tab at each family's real shape (issue 29), built one at a time
         app_models.update(family_models())
     report["app"] = bench_app(app_models, settings) if not dev.is_cuda(device) and torch_dtype == torch.float32 else {

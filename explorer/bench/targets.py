@@ -115,6 +115,9 @@ TARGETS: tuple[Target, ...] = (
            "new Hosts from one address) <= 200 MiB", "soak_rss_above_start", "<=", 200 * 2**20, "issue 42"),
     Target("Soak: a visitor's attention question (another address, every 10 s) answered throughout, slowest <= 5 s",
            "soak_answer_max", "<=", 5.0, "issue 42", requires="soak_all_answered"),
+    Target("Live training: seconds until the best induction head first scores >= 0.5, slowest of 5 seeds, one "
+           "thread (python -m training.live) <= 90 s", "live_phase_seconds", "<=", 90.0, "issue 41",
+           requires="live_all_formed"),
     *(Target(f"Experiments, {SMOL_NAME}, {EXPERIMENT_TOKENS}-token prompt: {what} <= 10 s", f"experiments:{key}", "<=",
              10.0, "issue 26") for key, what in (("knockout_sweep", "knock out each of the 270 heads in turn"),
                                                  ("patch_resid_pre", "resid_pre patching (30 layers x 24 positions)"),
@@ -244,6 +247,15 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
                                        f"MiB ({mem['rss_before'] / 2**20:.0f} -> {mem['rss_after'] / 2**20:.0f} -> "
                                        f"{mem['rss_settled'] / 2**20:.0f} MiB)")
     _door_metrics(report.get("door") or {}, m)
+    live = (report.get("live_training") or {}).get("runs") or []
+    if live:
+        phases = [r["phase_s"] for r in live]
+        formed = [p for p in phases if p is not None]
+        m["live_all_formed"] = (float(len(formed) == len(phases)), "")
+        each = ", ".join("never" if p is None else f"{p:.1f}" for p in phases)
+        slowest = max(formed) if len(formed) == len(phases) else float("inf")
+        m["live_phase_seconds"] = (slowest, f"{max(formed, default=float('nan')):.1f} s (each seed: {each} s; "
+                                            f"{len(formed)} of {len(phases)} formed)")
     for key, r in (report.get("experiments") or {}).items():
         if isinstance(r, dict) and "seconds" in r:
             m[f"experiments:{key}"] = (r["seconds"], f"{r['seconds']:.1f} s")

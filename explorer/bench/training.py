@@ -71,3 +71,22 @@ def bench_training() -> dict[str, Any]:
 if __name__ == "__main__":
     for key, value in bench_training().items():
         print(key, value)
+
+
+LIVE_SEEDS = (0, 1, 2, 3, 4)
+LIVE_SECONDS = 90.0  # the issue's limit for each seed; a run ends 5 s after its phase change to keep this row short
+
+
+def bench_live(log=print) -> dict[str, Any]:
+    """``python -m training.live`` as the Training tab's "Train one now" runs it (one thread), once per seed: the
+    seconds until its best induction score first reached 0.5, the final losses and scores, and the curves."""
+    import torch
+    from training.live import bench
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return bench(list(LIVE_SEEDS), LIVE_SECONDS, log=lambda line: log(f"live training: {line}"), after_phase_s=5.0)
+    finally:
+        torch.set_num_threads(threads)
+
