@@ -37,7 +37,12 @@ def test_a_live_run_leaves_other_visitors_answered_and_ends_loadable(app_url):
     assert not run.finished.is_set(), "the run ended before the question was answered: nothing was measured"
     assert took < 5.0, f"an attention question took {took:.1f} s while the live run trained"
 
-    said = other.predict(api_name="/training_live_stop")  # another visitor may stop the shared run
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="Only the page that started this live run can stop it"):
+        other.predict(api_name="/training_live_stop")  # a watcher cannot end the lecturer's run
+    assert not run.finished.is_set()
+    said = trainer.predict(api_name="/training_live_stop")  # the page that started it can
     assert "Ended (stopped)" in said and "live@final" in said
     final = stream.result(timeout=30)
     assert "live@final" in final[-1]
