@@ -57,6 +57,7 @@ def test_fill_in_blank_is_the_encoders_own_softmax(client, served, encoder_and_t
         np.testing.assert_allclose(arr(f["data"][1]["x"]), dtop.values.numpy(), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_held_out_accuracies_are_the_measured_ones(client, served, encoder_and_tokenizer):
     import json
 

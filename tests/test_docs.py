@@ -249,6 +249,7 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", path.read_text(encoding="utf-8"), re.M | re.S)
 
 
+@pytest.mark.slow
 def test_the_api_examples_run_on_the_shipped_model(monkeypatch):
     if not (REPO / "assets" / "default-model" / "config.json").is_file():
         pytest.skip("the shipped default model is not in this checkout (python -m training makes it)")

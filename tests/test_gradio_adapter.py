@@ -9,6 +9,8 @@ import types
 
 import gradio as gr
 import pytest
+
+from tests.tiers import fast_first
 from gradio.block_function import BlockFunction
 from gradio.blocks import Blocks
 from gradio.queueing import Queue
@@ -77,7 +79,7 @@ def _plot_copies(self, value):
     return None if value is None else value.model_copy()
 
 
-@pytest.mark.parametrize("owner, name, replacement, named", [
+@pytest.mark.parametrize("owner, name, replacement, named", fast_first([
     (Queue, "push", _push_without_username, "Queue.push takes"),
     (Blocks, "preprocess_data", _preprocess_not_async, "Blocks.preprocess_data is no longer a coroutine"),
     (Blocks, "process_api", _process_api_renamed, "Blocks.process_api takes"),
@@ -91,7 +93,7 @@ def _plot_copies(self, value):
     (BlockFunction, "__init__", _init_dropping(BlockFunction, "trigger_after"), "trigger_after"),
     (StateHolder, "__init__", _init_dropping(StateHolder, "time_last_used"), "StateHolder has no attribute time_last"),
     (BlockFunction, "__init__", _grouped_by_name(BlockFunction), "is no longer in its function's own group"),
-])
+], 4, unpack=True))
 def test_a_changed_shape_is_named_and_stops_the_app(monkeypatch, owner, name, replacement, named):
     monkeypatch.setattr(owner, name, replacement)
     problems = adapter.shape_problems()

@@ -5,6 +5,7 @@ import pytest
 from explorer import glossary
 
 from explorer.web import links
+from tests.tiers import fast_first
 
 
 def _view():
@@ -33,11 +34,11 @@ def test_good_values_become_the_components_values():
                       p["pairs"]: [1, 3], p["causal"]: False}
 
 
-@pytest.mark.parametrize("key,raw,reason", [
+@pytest.mark.parametrize("key,raw,reason", fast_first([
     ("layer", "2", "must be one of 0, 1"), ("tokens", "65", "between 1 and 64"), ("tokens", "2.5", "multiple of 1"),
     ("temperature", "nan", "finite"), ("seed", "1.5", "whole number"), ("pairs", "0,9", "must be one of"),
     ("causal", "maybe", "1 or 0"), ("prompt", "x" * (links.MAX_TEXT + 1), "longer than"), ("colour", "red", "takes"),
-])
+], 4, unpack=True))
 def test_a_bad_value_is_ignored_with_a_sentence(key, raw, reason):
     _, views = _view()
     tab, values, notes = links.read_query({"tab": "attention", key: raw}, views)

@@ -78,6 +78,7 @@ def _flood(url: str, fn: int, n: int, data: list, headers_of=lambda i: {}) -> li
     return out
 
 
+@pytest.mark.slow
 def test_300_long_joins_from_one_address_leave_only_its_lane_share_queued(app):
     demo, url, fns = app
     answers = _flood(url, fns["long_job"], 300, ["fine-tune me"])

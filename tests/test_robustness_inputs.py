@@ -115,6 +115,7 @@ def test_generate_step_any_input(gen_view, view, step):  # the view is server-si
 
 
 @SETTINGS
+@pytest.mark.slow
 @given(args=calls((st.sampled_from(["this app's model", "Llama-2-7B", "SmolLM2-135M"]), junk),
                   (st.integers(1, 10**6), st.one_of(junk, st.integers(-10, 10**9))), (st.integers(1, 64), junk),
                   (st.sampled_from(["float16", "bfloat16", "float32"]), junk)))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from explorer.state.cache import results
 from explorer.state.openings import is_pinned, pinned
 from explorer.web.sweeper import drop_unused_results
@@ -22,6 +24,7 @@ def _unpinned() -> int:
     return results.count_where(lambda k: not is_pinned(k))
 
 
+@pytest.mark.slow
 def test_link_views_leave_no_more_results_than_plain_views_once_idle(client):
     """Before: 500 link views left +276 MiB after the idle sweep, each cached as an "opening" the sweeper kept."""
     pinned_at_start = [k for k in pinned() if k[:2] == ("opening", "attention_example")]
@@ -47,6 +50,7 @@ def test_link_views_leave_no_more_results_than_plain_views_once_idle(client):
     assert all(results.contains(k) for k in kept)
 
 
+@pytest.mark.slow
 def test_one_address_within_its_share_never_frees_another_addresss_model(monkeypatch):
     """Before: an address loading within its share of the private-model budget freed another visitor's model."""
     import gc

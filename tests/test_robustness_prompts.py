@@ -12,6 +12,7 @@ import pytest
 
 from explorer.state import session
 
+from tests.tiers import fast_first
 from tests.hostile import (  # noqa: F401 - fixtures are found by their names here
     VIEWS, _prompt_endpoints, forbid, forbid_model_runs, fresh, hub_local_only, prompt_handlers, served,
 )
@@ -38,8 +39,8 @@ def test_huge_texts_are_refused_before_tokenizing(monkeypatch, handler):
 
 
 @pytest.mark.parametrize("handler", ["attention", "rope", "encoder_decoder", "generate", "lora_compare"])
-@pytest.mark.parametrize("prompt", ["🦄🐳 the purple whale 🐋", "中文 日本語 한국어", "العربية עברית",
-                                    "Tom\x00 gave\x07 the\x1b ball\u200b."])
+@pytest.mark.parametrize("prompt", fast_first(["🦄🐳 the purple whale 🐋", "Tom\x00 gave\x07 the\x1b ball\u200b.",
+                                               "中文 日本語 한국어", "العربية עברית"], 2))
 def test_emoji_non_latin_and_control_characters_work(handler, prompt):
     out = prompt_handlers()[handler](prompt)
     text = json.dumps([o.to_plotly_json() if isinstance(o, go.Figure) else o for o in out], default=str)
