@@ -238,7 +238,7 @@ def _question_updates(q: room_store.Question, chosen: int | None = None) -> list
 
 @user_errors
 def join(code, voter, request: gr.Request = None):
-    q = room_store.rooms.join(code, _voter_key(request))
+    q = room_store.rooms.join(code, _voter_key(request), address=address_of_request(request))
     typed = room_store.normalize(code)
     return (q.text, *_question_updates(q), "Tap your answer. You can change it until the teacher reveals.",
             {"code": typed, "qid": q.qid}, gr.Timer(active=True))
