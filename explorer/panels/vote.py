@@ -6,7 +6,9 @@ Two pieces:
 current inputs (``explorer.probes.questions``), opens a room (``explorer.state.rooms``) and shows its join link
 (text and QR code) and short code; a ``gr.Timer`` redraws the tally about every second while the room is open;
 "Reveal" shows the model's value for each choice beside the class's share, with one sentence; "Close" ends the
-room. The room's secret lives only in this page's ``gr.State``: a voter's page cannot reveal or close.
+room. The room's secret lives only in this page's ``gr.State``: a voter's page cannot reveal or close. Ask also
+sends the browser's lecturer id (``page_url.js``), so a reloaded page asks in the same room; the timer keeps
+asking after the reveal (more slowly), since a room whose page stops asking ends (``explorer.state.rooms``).
 
 ``build_join(demo)``, at the top of the page: shown alone when the URL carries ``?join=CODE`` (or ``?join=`` to
 type the code), as on a phone: the question and one big button per choice, nothing else. One vote per browser
