@@ -20,11 +20,12 @@ PROMPT = "Tom gave the red ball to Anna. Anna gave the red ball to"
 
 def ask(client: Client, tab: str = "walkthrough", *values):
     values = values or (PROMPT,)
-    out = client.predict(*values, "http://127.0.0.1:7860/", api_name=f"/ask_class_{tab}")
-    qr, link, code_md, plot, counts, timer = out
+    out = client.predict(*values, "", "http://127.0.0.1:7860/", api_name=f"/ask_class_{tab}")
+    qr, link, code_md, plot, counts, timer, reach = out
     assert qr.startswith('<img src="data:image/png;base64,') and qr.count("<") == 1
     code = link.rsplit("?join=", 1)[1]
     assert link == f"http://127.0.0.1:7860/?join={code}" and code_md["value"] == code
+    assert "Phones cannot open this link" in reach["value"]  # the test server listens on loopback only
     return code, counts, fig(plot)
 
 

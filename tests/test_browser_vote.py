@@ -84,3 +84,32 @@ def test_projector_asks_phones_vote_the_tally_redraws_and_reveals(app_url, brows
     phone.wait_for_function("() => (document.querySelector('#join-status textarea') || {}).value"
                             "?.includes('votes are closed')", timeout=30_000)
     assert not [e for e in errors if "favicon" not in e], errors
+
+
+def _ask_in_browser(page, app_url: str) -> str:
+    page.goto(app_url, wait_until="domcontentloaded")
+    page.get_by_text("Ask the class: which token comes next?").click(timeout=60_000)
+    page.locator("#ask-walkthrough-go").click()
+    page.wait_for_function("() => { const e = document.querySelector('#ask-walkthrough-link textarea, "
+                           "#ask-walkthrough-link input'); return e && e.value.includes('?join='); }",
+                           timeout=120_000)
+    return page.locator("#ask-walkthrough-link textarea, #ask-walkthrough-link input").first.input_value()
+
+
+def test_a_reload_asks_in_the_same_room_and_a_loopback_server_says_phones_cannot_reach_it(app_url, browser):  # noqa: F811
+    context = browser.new_context(viewport={"width": 1280, "height": 720})
+    teacher = context.new_page()
+    first = _ask_in_browser(teacher, app_url)
+    assert len(teacher.evaluate("() => localStorage.getItem('explorer-lecturer')")) == 48
+    reach = teacher.locator("#ask-walkthrough-reach")
+    assert "Phones cannot open this link" in reach.inner_text() and "GRADIO_SERVER_NAME=0.0.0.0" in reach.inner_text()
+    assert _ask_in_browser(teacher, app_url) == first  # reloaded: the page's state is gone, its browser id is not
+    other_context = browser.new_context()
+    other = other_context.new_page()  # another browser: a room of its own
+    assert _ask_in_browser(other, app_url) != first
+    for page in (teacher, other):
+        page.locator("#ask-walkthrough-close").click()
+        page.wait_for_function("() => (document.querySelector('#ask-walkthrough-counts') || {}).innerText"
+                               "?.includes('The room is closed')", timeout=30_000)
+    context.close()
+    other_context.close()

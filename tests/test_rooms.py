@@ -112,7 +112,10 @@ def test_rooms_expire_and_nothing_is_kept():
     store = R.Rooms(minutes=45, clock=clock)
     code, secret, qid = store.open("Q?", CHOICES)
     store.vote(code, "s1", qid, 0)
-    clock.t += 45 * 60 - 1
+    for _ in range(14):  # the teacher's page asks for the tally all along: the room lives its 45 minutes
+        clock.t += 3 * 60
+        assert store.tally(code, secret).total == 1
+    clock.t += 3 * 60 - 1
     assert store.tally(code, secret).total == 1
     clock.t += 2
     assert len(store) == 0 and not store._rooms
@@ -124,7 +127,7 @@ def test_rooms_expire_and_nothing_is_kept():
         store.vote(code, "s1", qid, 0)
 
 
-def test_bad_codes_get_sentences_and_guessing_is_limited():
+def test_bad_codes_get_sentences_and_wrong_codes_are_limited_never_a_right_one():
     clock = Clock()
     store = R.Rooms(clock=clock)
     code, _, _ = store.open("Q?", CHOICES)
@@ -136,18 +139,12 @@ def test_bad_codes_get_sentences_and_guessing_is_limited():
         with pytest.raises(ValueError, match="No open room has the code"):
             store.join(other, "guesser")
     with pytest.raises(ValueError, match="wrong room codes from this page"):
-        store.join(code, "guesser")  # refused even when right: no answer to learn from
+        store.join(other, "guesser")
+    assert store.join(code, "guesser").text == "Q?"  # the room is looked up first: a right code always joins
     assert store.join(code.lower(), "someone-else").text == "Q?"
     clock.t += R.WRONG_SESSION_WINDOW + 1
-    assert store.join(code, "guesser").text == "Q?"
-    # the whole process: after WRONG_PER_PROCESS wrong codes in a minute, every typed code waits
-    for i in range(R.WRONG_PER_PROCESS):
-        with pytest.raises(ValueError, match="No open room"):
-            store.join(other, f"bot-{i}")
-    with pytest.raises(ValueError, match="in the last minute"):
-        store.join(code, "honest")
-    clock.t += R.WRONG_PROCESS_WINDOW + 1
-    assert store.join(code, "honest").qid
+    with pytest.raises(ValueError, match="No open room has the code"):
+        store.join(other, "guesser")
 
 
 def test_questions_are_checked():

@@ -89,7 +89,8 @@ def test_the_teachers_page_shows_prompt_markup_as_text_and_names_a_burst(monkeyp
     monkeypatch.setattr(R, "rooms", store)
     question = Question("next_token", "Which token does the model predict next after “…<i>I</i> *am*”?", CHOICES,
                         (0.4, 0.3, 0.2, 0.1), "probability", "The model's most likely is “<b>x</b>”.")
-    qr, link, code_md, fig, counts, timer, owner = vote.ask_handler(lambda: question)(None, "http://127.0.0.1:7860/")
+    qr, link, code_md, fig, counts, timer, owner, _ = vote.ask_handler(lambda: question)(None, "",
+                                                                                        "http://127.0.0.1:7860/")
     html = _rendered(counts)
     assert "&lt;i&gt;I&lt;/i&gt; *am*" in html and "<i>" not in html and "<em>" not in html
     qid = store.tally(owner["code"], owner["secret"]).qid

@@ -6,7 +6,9 @@ Two pieces:
 current inputs (``explorer.probes.questions``), opens a room (``explorer.state.rooms``) and shows its join link
 (text and QR code) and short code; a ``gr.Timer`` redraws the tally about every second while the room is open;
 "Reveal" shows the model's value for each choice beside the class's share, with one sentence; "Close" ends the
-room. The room's secret lives only in this page's ``gr.State``: a voter's page cannot reveal or close.
+room. The room's secret lives only in this page's ``gr.State``: a voter's page cannot reveal or close. Ask also
+sends the browser's lecturer id (``page_url.js``), so a reloaded page asks in the same room; the timer keeps
+asking after the reveal (more slowly), since a room whose page stops asking ends (``explorer.state.rooms``).
 
 ``build_join(demo)``, at the top of the page: shown alone when the URL carries ``?join=CODE`` (or ``?join=`` to
 type the code), as on a phone: the question and one big button per choice, nothing else. One vote per browser
@@ -28,6 +30,7 @@ from explorer.state import rooms as room_store
 from explorer.state import session
 from explorer.web.clients import address_of_request
 from explorer.web.groups import CLASS, VIEW, lane
+from explorer.web.join_link import join_base
 from explorer.web.page import script
 from lens.device import gpu
 
@@ -35,6 +38,7 @@ from .errors import user_errors
 from .heads import HOWS, parse_heads
 
 TALLY_SECONDS = 1.0  # the projector's tally redraw
+HEARTBEAT_SECONDS = 30.0  # after the reveal: the page still asks now and then, which keeps its room alive
 POLL_SECONDS = 3.0  # a phone looks for the teacher's next question
 MAX_URL = 200
 _URL_PATH = re.compile(r"^[A-Za-z0-9/._~-]*$")
@@ -42,7 +46,8 @@ _HOST = re.compile(r"^[A-Za-z0-9.-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:]+\](:\d{1,5})?$"
 
 JOIN_JS = script("join.js")  # on page load: ?join=... shows the vote view alone and joins the room in the link
 JOIN_CODE_JS = script("join_code.js")  # Join sends the typed code, or the link's when nothing is typed
-PAGE_URL_JS = script("page_url.js")  # Ask sends the page's own address, which the join link is built from
+PAGE_URL_JS = script("page_url.js")  # Ask sends the browser's lecturer id and the page's own address
+_LECTURER = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 
 
 def page_base(raw, request: gr.Request | None) -> str:
@@ -129,11 +134,18 @@ def _owned(owner) -> dict:
 
 # --- the teacher's page ---------------------------------------------------------------------------------------
 
-def ask_handler(question_fn):
+def lecturer_key(browser, tab: str) -> str | None:
+    """The room's owner for this browser's Ask in ``tab`` (a reload of the page asks in the same room), or None
+    when the page sent no usable id (an API client: a room each time)."""
+    return f"{browser}/{tab}" if isinstance(browser, str) and _LECTURER.match(browser) else None
+
+
+def ask_handler(question_fn, tab: str = "", demo: gr.Blocks | None = None):
+    """Ask's handler; ``demo`` tells where the server listens, for a join link phones can open."""
     @user_errors
     @gpu(30)
     def ask(*args, request: gr.Request = None):
-        *values, owner, raw_url = args
+        *values, owner, browser, raw_url = args
         question = question_fn(*values)  # the model runs here, holding no room lock
         store = room_store.rooms
         code = secret = None
@@ -144,19 +156,28 @@ def ask_handler(question_fn):
             except ValueError:  # the room ended: open a new one
                 code = None
         if code is None:
-            code, secret, _ = store.open(question.text, question.choices)
+            code, secret, _ = store.open(question.text, question.choices, owner=lecturer_key(browser, tab),
+                                         address=address_of_request(request))
         owner = {"code": code, "secret": secret, "question": question, "version": -1}
-        link = f"{page_base(raw_url, request)}?join={code}"
+        base, reach = join_base(page_base(raw_url, request), getattr(demo, "server_name", None),
+                                share_url=getattr(demo, "share_url", None))
+        link = f"{base}?join={code}"
         tally = store.tally(code, secret)
         owner["version"] = tally.version
         return (qr_image(link), link, gr.Markdown(code, visible=True), _figure(question, tally, False),
-                _teacher_text(question.text, tally), gr.Timer(active=True), owner)
+                _teacher_text(question.text, tally), gr.Timer(TALLY_SECONDS, active=True), owner,
+                gr.Markdown(reach or "", visible=bool(reach)))
     return ask
+
+
+def _revealed_text(q: qs.Question, t: room_store.Tally) -> str:
+    return _teacher_text(t.text, t, f"**{as_text(reveal_sentence(q, t.counts))}**")
 
 
 @user_errors
 def tally(owner):
-    """The timer's redraw: the live counts, sent only when they changed."""
+    """The timer's redraw: the live counts, sent only when they changed. Asking is also what keeps the room
+    alive: a page gone for the grace time lets it end."""
     if not isinstance(owner, dict) or "code" not in owner:
         return gr.skip(), gr.skip(), gr.Timer(active=False)
     try:
@@ -166,7 +187,9 @@ def tally(owner):
     if t.version == owner.get("version"):
         return gr.skip(), gr.skip(), gr.skip()
     owner["version"] = t.version  # this page's own state, changed in place: it holds where its drawing stands
-    return _figure(owner["question"], t, t.revealed), _teacher_text(t.text, t), gr.skip()
+    q = owner["question"]
+    text = _revealed_text(q, t) if t.revealed else _teacher_text(t.text, t)
+    return _figure(q, t, t.revealed), text, gr.skip()
 
 
 @user_errors
@@ -175,8 +198,7 @@ def reveal(owner):
     t = room_store.rooms.reveal(owner["code"], owner["secret"])
     owner["version"] = t.version
     q = owner["question"]
-    return (_figure(q, t, True), _teacher_text(t.text, t, f"**{as_text(reveal_sentence(q, t.counts))}**"),
-            gr.Timer(active=False))
+    return _figure(q, t, True), _revealed_text(q, t), gr.Timer(HEARTBEAT_SECONDS, active=True)
 
 
 @user_errors
@@ -209,11 +231,14 @@ def ask_section(demo: gr.Blocks, tab: str, question_fn, inputs: list, *, what: s
             with gr.Column(scale=2):
                 plot = gr.Plot(label="Votes", elem_id=f"ask-{tab}-tally")
                 counts = gr.Markdown(elem_id=f"ask-{tab}-counts")
+        reach = gr.Markdown(visible=False, elem_id=f"ask-{tab}-reach")  # when phones cannot open the link
+        browser = gr.Textbox(visible=False)  # this browser's lecturer id (page_url.js)
         page_url = gr.Textbox(visible=False)
         owner = gr.State(None)  # {"code", "secret", "question", "version"}: the room's key stays on the server
         timer = gr.Timer(TALLY_SECONDS, active=False)
-    ask.click(ask_handler(question_fn), [*inputs, owner, page_url], [qr, link, code_md, plot, counts, timer, owner],
-              js=PAGE_URL_JS, api_name=f"ask_class_{tab}", **lane(VIEW))
+    ask.click(ask_handler(question_fn, tab, demo), [*inputs, owner, browser, page_url],
+              [qr, link, code_md, plot, counts, timer, owner, reach], js=PAGE_URL_JS, api_name=f"ask_class_{tab}",
+              **lane(VIEW))
     timer.tick(tally, [owner], [plot, counts, timer], api_name=f"class_tally_{tab}", show_progress="hidden",
                **lane(CLASS))
     show.click(reveal, [owner], [plot, counts, timer], api_name=f"class_reveal_{tab}", **lane(CLASS))
@@ -238,7 +263,7 @@ def _question_updates(q: room_store.Question, chosen: int | None = None) -> list
 
 @user_errors
 def join(code, voter, request: gr.Request = None):
-    q = room_store.rooms.join(code, _voter_key(request))
+    q = room_store.rooms.join(code, _voter_key(request), address=address_of_request(request))
     typed = room_store.normalize(code)
     return (q.text, *_question_updates(q), "Tap your answer. You can change it until the teacher reveals.",
             {"code": typed, "qid": q.qid}, gr.Timer(active=True))

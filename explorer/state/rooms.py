@@ -3,14 +3,22 @@
 One process holds every room, in memory, bounded and expiring (nothing of a room is kept once it ends):
 
     MAX_ROOMS        rooms open at once on this process (``EXPLORER_MAX_ROOMS``, default 50)
+    ROOMS_PER_ADDRESS  rooms one network address may hold open at once (``EXPLORER_ROOMS_PER_ADDRESS``, default 5)
     MAX_VOTES        voters per question in one room (``EXPLORER_MAX_VOTES``, default 200)
     ROOM_MINUTES     a room ends this long after it opened (``EXPLORER_ROOM_MINUTES``, default 45)
+    GRACE_MINUTES    ... or this long after its page last asked for its tally (``EXPLORER_ROOM_GRACE_MINUTES``,
+                     default 5): the teacher's page polls it while open, so a closed tab frees its room
     2-6 choices      each at most 60 characters, made by the app (never a visitor's free text)
 
+A room belongs to the lecturer's browser when the page sends its id (``open(owner=...)``, a random id the browser
+keeps): asking again from that browser, after a reload too, asks in the same room while it lives.
+
 A room code is 6 characters from a 31-letter alphabet without look-alikes (no 0/O, 1/I/L): 31**6 = 887,503,681
-codes. Wrong codes are rate-limited, per session (5 in 10 minutes) and for the whole process (300 a minute,
-after which every typed code waits for the minute to pass), so a stranger can try at most 13,500 codes in a
-room's 45 minutes: a chance of about 1.5e-5 of finding one given room, 7.6e-4 of finding any of 50.
+codes. The room is looked up first, so a correct code always joins, whatever was typed before it from the same
+page or network; wrong codes are then limited per session (5 in 10 minutes) and per network address
+(``EXPLORER_ROOM_WRONG_CODES``, default 30 in 10 minutes), each refusal a sentence. These limits cannot slow a
+guesser, who learns from each answer whether a code was right: guessing is bounded by the code space against how
+fast the server answers, and a found room gives a vote (within its network's share), never the tally or the reveal.
 
 A session id costs a script nothing, so new voters are also limited per network address (an IPv6 address by
 its /64, which one machine may rotate through), sized for a class behind one campus NAT:
@@ -33,6 +41,7 @@ The store's guard is held only to read or write its books (microseconds), never 
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import os
@@ -57,13 +66,15 @@ CODE_SPACE = len(ALPHABET) ** CODE_LEN
 MAX_ROOMS = int(_env_number("EXPLORER_MAX_ROOMS", 50, 1))
 MAX_VOTES = int(_env_number("EXPLORER_MAX_VOTES", 200, 1))
 ROOM_MINUTES = _env_number("EXPLORER_ROOM_MINUTES", 45, 0.01)
+GRACE_MINUTES = _env_number("EXPLORER_ROOM_GRACE_MINUTES", 5, 0.01)
+ROOMS_PER_ADDRESS = int(_env_number("EXPLORER_ROOMS_PER_ADDRESS", 5, 1))
 MIN_CHOICES, MAX_CHOICES, MAX_CHOICE_CHARS, MAX_QUESTION_CHARS = 2, 6, 60, 300
 WRONG_PER_SESSION, WRONG_SESSION_WINDOW = 5, 600.0  # wrong codes one session may try, per 10 minutes
-WRONG_PER_PROCESS, WRONG_PROCESS_WINDOW = 300, 60.0  # wrong codes the whole process accepts, per minute
+WRONG_PER_ADDRESS = int(_env_number("EXPLORER_ROOM_WRONG_CODES", 30, 1))  # per network, per WRONG_SESSION_WINDOW
 NEW_VOTERS_PER_ADDRESS = int(_env_number("EXPLORER_ROOM_NEW_VOTERS", 60, 1))
 NEW_VOTER_WINDOW = 10.0
 ADDRESS_SHARE = min(1.0, _env_number("EXPLORER_ROOM_ADDRESS_SHARE", 0.5, 0.01))
-MAX_GUESSERS = 10_000  # sessions whose wrong codes are remembered (oldest forgotten first)
+MAX_GUESSERS = 10_000  # sessions (and networks) whose wrong codes are remembered (oldest forgotten first)
 
 _CODE = re.compile(f"^[{ALPHABET}]{{{CODE_LEN}}}$")
 
@@ -120,6 +131,9 @@ class _Room:
     per_network: dict = field(default_factory=dict)  # network -> how many voters it holds in this room
     arrivals: dict = field(default_factory=dict)  # network -> deque of when its voters were admitted
     refused: int = 0
+    seen: float = 0.0  # when the owner's page last asked for the tally (or asked, revealed)
+    owner: str | None = None  # a digest of the lecturer's browser id, when the page sent one
+    network: str | None = None  # the network address that opened it
 
 
 def check_question(text, choices) -> tuple[str, tuple[str, ...]]:
@@ -140,32 +154,46 @@ class Rooms:
 
     def __init__(self, *, max_rooms: int = MAX_ROOMS, max_votes: int = MAX_VOTES, minutes: float = ROOM_MINUTES,
                  clock=time.monotonic, new_voters_per_window: int = NEW_VOTERS_PER_ADDRESS,
-                 address_share: float = ADDRESS_SHARE) -> None:
+                 address_share: float = ADDRESS_SHARE, grace_minutes: float = GRACE_MINUTES,
+                 rooms_per_address: int = ROOMS_PER_ADDRESS, wrong_per_address: int = WRONG_PER_ADDRESS) -> None:
         self.max_rooms, self.max_votes, self.minutes, self.clock = max_rooms, max_votes, minutes, clock
         self.new_voters_per_window, self.address_share = new_voters_per_window, address_share
+        self.grace_minutes, self.rooms_per_address = grace_minutes, rooms_per_address
+        self.wrong_per_address = wrong_per_address
         self._rooms: dict[str, _Room] = {}
         self._guard = threading.Lock()
         self._wrong: "OrderedDict[str, deque]" = OrderedDict()  # session -> times of its wrong codes
-        self._wrong_all: deque = deque()
+        self._wrong_net: "OrderedDict[str, deque]" = OrderedDict()  # network -> times of its wrong codes
         self._next_qid = 1
 
     # --- books, under the guard ---------------------------------------------------------------------------
+    def _ends(self, room: _Room) -> float:
+        return min(room.expires, room.seen + self.grace_minutes * 60)
+
     def _sweep(self, now: float) -> None:
-        for code in [c for c, r in self._rooms.items() if r.expires <= now]:
+        for code in [c for c, r in self._rooms.items() if self._ends(r) <= now]:
             del self._rooms[code]  # nothing of an ended room is kept
 
     def _new_question(self, text: str, choices: tuple[str, ...]) -> Question:
         qid, self._next_qid = self._next_qid, self._next_qid + 1
         return Question(qid, text, choices)
 
-    def _owned(self, code: str, secret) -> _Room:
+    def _owned(self, code: str, secret, now: float) -> _Room:
+        """The room, for its owner's page (which keeps it alive by asking); ValueError otherwise."""
         room = self._rooms.get(code) if isinstance(code, str) else None
         if room is None:
-            raise ValueError(f"Room {code} has ended (rooms last {self.minutes:g} minutes, or it was closed): "
-                             "ask the class again to open a new one.")
+            raise ValueError(f"Room {code} has ended (a room lasts {self.minutes:g} minutes, ends "
+                             f"{self.grace_minutes:g} minutes after its page is closed, or when it is closed): ask "
+                             "the class again to open a new one.")
         if not isinstance(secret, str) or not hmac.compare_digest(room.secret, secret):
             raise ValueError("Only the page that asked this question can reveal it, close it or ask the next one.")
+        room.seen = now
         return room
+
+    def _put(self, room: _Room, text: str, choices: tuple[str, ...], now: float) -> int:
+        room.question, room.votes, room.revealed = self._new_question(text, choices), {}, False
+        room.version, room.seen = room.version + 1, now
+        return room.question.qid
 
     def _tally(self, room: _Room, now: float) -> Tally:
         counts = [0] * len(room.question.choices)
@@ -196,45 +224,63 @@ class Rooms:
         room.per_network[net] = room.per_network.get(net, 0) + 1
         room.voters[voter] = net
 
-    def _refuse_guessing(self, voter: str, now: float) -> None:
-        while self._wrong_all and self._wrong_all[0] <= now - WRONG_PROCESS_WINDOW:
-            self._wrong_all.popleft()
-        if len(self._wrong_all) >= WRONG_PER_PROCESS:
-            raise ValueError("Too many wrong room codes were typed on this server in the last minute: wait a "
-                             "minute and type the code again, or open the link or QR code on the projector.")
-        mine = self._wrong.get(voter)
-        if mine is not None:
-            while mine and mine[0] <= now - WRONG_SESSION_WINDOW:
-                mine.popleft()
-            if len(mine) >= WRONG_PER_SESSION:
-                raise ValueError(f"{WRONG_PER_SESSION} wrong room codes from this page in 10 minutes: wait a few "
-                                 "minutes, or open the link or QR code on the projector.")
+    @staticmethod
+    def _recent(book: "OrderedDict[str, deque]", key, now: float) -> int:
+        times = book.get(key)
+        while times and times[0] <= now - WRONG_SESSION_WINDOW:
+            times.popleft()
+        return len(times) if times else 0
 
-    def _count_wrong(self, voter: str, now: float) -> None:
-        self._wrong_all.append(now)
-        mine = self._wrong.pop(voter, None) or deque()
-        mine.append(now)
-        self._wrong[voter] = mine
-        while len(self._wrong) > MAX_GUESSERS:
-            self._wrong.popitem(last=False)
+    def _refuse_guessing(self, voter: str, net: str | None, now: float) -> None:
+        """Only for a code no open room has: a correct code never reaches here."""
+        if self._recent(self._wrong, voter, now) >= WRONG_PER_SESSION:
+            raise ValueError(f"{WRONG_PER_SESSION} wrong room codes from this page in 10 minutes: check the code on "
+                             "the projector, or open its link or QR code.")
+        if net is not None and self._recent(self._wrong_net, net, now) >= self.wrong_per_address:
+            raise ValueError(f"{self.wrong_per_address} wrong room codes from your network in 10 minutes: check the "
+                             "code on the projector, or open its link or QR code (the right code still joins).")
+
+    def _count_wrong(self, voter: str, net: str | None, now: float) -> None:
+        for book, key in ((self._wrong, voter), (self._wrong_net, net)):
+            if key is None:
+                continue
+            times = book.pop(key, None) or deque()
+            times.append(now)
+            book[key] = times
+            while len(book) > MAX_GUESSERS:
+                book.popitem(last=False)
 
     # --- the teacher's page ---------------------------------------------------------------------------------
-    def open(self, text: str, choices) -> tuple[str, str, int]:
-        """A new room with its first question: (code, secret, question id). ValueError when the process is full."""
+    def open(self, text: str, choices, *, owner: str | None = None, address: str | None = None
+             ) -> tuple[str, str, int]:
+        """A room with this question: (code, secret, question id). ``owner``: the lecturer's browser id; while a
+        room it opened lives, the question is asked there (votes start again). ``address``: the network address
+        asking, held to ``rooms_per_address``. ValueError with a sentence when the process or the address is full."""
         text, choices = check_question(text, choices)
+        key = hashlib.sha256(owner.encode()).hexdigest() if isinstance(owner, str) and owner else None
+        net = None if address is None else network(address)
         now = self.clock()
         with self._guard:
             self._sweep(now)
+            mine = next((r for r in self._rooms.values() if key is not None and r.owner == key), None)
+            if mine is not None:  # the lecturer's reload, or a second Ask after its page lost the room's key
+                return mine.code, mine.secret, self._put(mine, text, choices, now)
             if len(self._rooms) >= self.max_rooms:
-                soonest = min(r.expires for r in self._rooms.values()) - now
-                raise ValueError(f"This server already holds {self.max_rooms} class rooms, its limit: one ends in "
-                                 f"{max(1, round(soonest / 60))} min; try again then, or run your own copy.")
+                oldest = min(r.expires for r in self._rooms.values()) - now
+                raise ValueError(f"This server already holds {self.max_rooms} class rooms, its limit: a room ends "
+                                 f"{self.grace_minutes:g} min after its page is closed, and the oldest in at most "
+                                 f"{max(1, round(oldest / 60))} min; try again then, or run your own copy.")
+            if net is not None and sum(r.network == net for r in self._rooms.values()) >= self.rooms_per_address:
+                raise ValueError(f"Your network address already holds {self.rooms_per_address} open class rooms, "
+                                 "its limit: close one (\"Close the room\" on its page), or wait: a room ends "
+                                 f"{self.grace_minutes:g} min after its page is closed.")
             code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
             while code in self._rooms:
                 code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
             secret = secrets.token_urlsafe(32)
             question = self._new_question(text, choices)
-            self._rooms[code] = _Room(code, secret, now + self.minutes * 60, question)
+            self._rooms[code] = _Room(code, secret, now + self.minutes * 60, question, seen=now, owner=key,
+                                      network=net)
             return code, secret, question.qid
 
     def ask(self, code: str, secret: str, text: str, choices) -> int:
@@ -243,47 +289,48 @@ class Rooms:
         now = self.clock()
         with self._guard:
             self._sweep(now)
-            room = self._owned(code, secret)
-            room.question, room.votes, room.revealed = self._new_question(text, choices), {}, False
-            room.version += 1
-            return room.question.qid
+            return self._put(self._owned(code, secret, now), text, choices, now)
 
     def tally(self, code: str, secret: str) -> Tally:
+        """The tally as it stands; asking for it is what keeps the room alive (its page polls it)."""
         now = self.clock()
         with self._guard:
             self._sweep(now)
-            return self._tally(self._owned(code, secret), now)
+            return self._tally(self._owned(code, secret, now), now)
 
     def reveal(self, code: str, secret: str) -> Tally:
         """Votes closed for this question; the tally as it stands."""
         now = self.clock()
         with self._guard:
             self._sweep(now)
-            room = self._owned(code, secret)
+            room = self._owned(code, secret, now)
             if not room.revealed:
                 room.revealed, room.version = True, room.version + 1
             return self._tally(room, now)
 
     def close(self, code: str, secret: str) -> None:
+        now = self.clock()
         with self._guard:
-            self._sweep(self.clock())
-            self._owned(code, secret)
+            self._sweep(now)
+            self._owned(code, secret, now)
             del self._rooms[code]
 
     # --- a voter's phone ------------------------------------------------------------------------------------
-    def join(self, code, voter: str) -> Question:
-        """The room's current question for a voter. ValueError with a sentence for a bad, unknown or ended code."""
+    def join(self, code, voter: str, address: str | None = None) -> Question:
+        """The room's current question for a voter. ValueError with a sentence for a bad, unknown or ended code.
+        ``address``: the voter's network address, whose wrong codes are limited (None: only the session's are)."""
         typed = normalize(code)
         now = self.clock()
         with self._guard:
             self._sweep(now)
-            self._refuse_guessing(voter, now)
             room = self._rooms.get(typed)
-            if room is None:
-                self._count_wrong(voter, now)
-                raise ValueError(f"No open room has the code {typed}: check the code on the projector (rooms end "
-                                 f"{self.minutes:g} minutes after they open, or when the teacher closes them).")
-            return room.question
+            if room is not None:  # looked up first: nobody's wrong codes ever keep a right one out
+                return room.question
+            net = None if address is None else network(address)
+            self._refuse_guessing(voter, net, now)
+            self._count_wrong(voter, net, now)
+            raise ValueError(f"No open room has the code {typed}: check the code on the projector (rooms end "
+                             f"{self.minutes:g} minutes after they open, or when the teacher closes them).")
 
     def vote(self, code: str, voter: str, qid, choice, address: str | None = None) -> tuple[Question, int]:
         """Count ``voter``'s choice (replacing their earlier one) for question ``qid``: (question, choice).
