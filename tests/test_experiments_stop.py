@@ -98,8 +98,8 @@ def test_each_long_action_has_a_stop_button_that_cancels_it(app_url, action):
 
 
 def test_the_induction_probe_at_a_long_span_ends_at_its_time_cap_with_a_sentence(served, monkeypatch):
-    from explorer import probes
     from explorer.panels import attention as tab
+    from lens import heads
     from explorer.state.cache import weights_key
 
     model, _ = served
@@ -110,8 +110,8 @@ def test_the_induction_probe_at_a_long_span_ends_at_its_time_cap_with_a_sentence
         for _ in range(OPS):  # minutes of operations: only the cap, checked between them, ends this
             x = torch.tanh(x)
         ran.append("to the end")
-        return {"induction": x}
-    monkeypatch.setattr(probes, "head_scores", long_probe)
+        return x
+    monkeypatch.setattr(heads, "induction_scores", long_probe)
     monkeypatch.setattr(job, "EXPERIMENT_SECONDS", 0.3)
     span = tab.span_choices(model.config)[-2]
     with pytest.raises(ValueError, match=f"induction scores at span {span} ran past the 0.3 s limit"):
