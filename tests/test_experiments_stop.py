@@ -117,3 +117,13 @@ def test_the_induction_probe_at_a_long_span_ends_at_its_time_cap_with_a_sentence
     with pytest.raises(ValueError, match=f"induction scores at span {span} ran past the 0.3 s limit"):
         tab._induction(model, [1, 2, 3], span, ("a key no other test uses", weights_key(model)))
     assert not ran
+
+
+def test_the_estimate_counts_each_layers_rows_from_that_layer_to_the_last():
+    # 30 layers: layer l's rows run 30 - l blocks; the first 10 layers are 255 of the 465 block-rows
+    u = job.Update(done=10, total=30, result=None, elapsed=5.1)
+    assert job.seconds_left(u, 30) == pytest.approx(5.1 * 210 / 255)
+    both = job.Update(done=30, total=60, result=None, elapsed=8.0)  # patching: the resid_pre site done, the heads' next
+    assert job.seconds_left(both, 30) == pytest.approx(8.0)
+    assert job.seconds_left(job.Update(0, 30, None, 1.0), 30) != job.seconds_left(job.Update(0, 30, None, 1.0), 30)
+    assert job.progress_text("Patching", u, 30) == "Patching: layer 10 of 30 done (5 s, about 4 s left)."
