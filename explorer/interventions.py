@@ -205,7 +205,8 @@ def iter_knockout_sweep(model: nn.Module, tokens, how: str = "zero"):
         joins = {j: (cache[f"blocks.{j}.hook_resid_pre"].expand(H, T, -1), edit) for j in range(a, b)}
         x = _staircase(model, tokens, joins)  # (rows (j, h) for j in a..b-1, T, C)
         losses = torch.empty(x.shape[0], T - 1, device=tokens.device)
-        for i, out in _logits(model, tokens, x, max(1, ROW_BYTES // (4 * T * c.vocab_size))):
+        # one layer's rows at a time at most: already a tall product, and the logits and their log-softmax stay small
+        for i, out in _logits(model, tokens, x, max(1, min(H, ROW_BYTES // (4 * T * c.vocab_size)))):
             losses[i:i + out.shape[0]] = token_losses(out, tokens.expand(out.shape[0], T))
         knocked[a:b] = losses.view(b - a, H, T - 1)
         yield b, L, {"base": base, "knocked": knocked}
