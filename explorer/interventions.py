@@ -23,6 +23,10 @@ from lens.loss import per_token_loss, token_losses  # noqa: F401 (per_token_loss
 HOWS = ("zero", "mean")
 SITES = ("resid_pre", "head")
 ROW_BYTES = 256 * 2**20  # the most one batch's logits may take; longer prompts run fewer rows at a time
+# The most row-positions one block runs at once (a block's activations take ~25 KB a row-position on the
+# SmolLM2-135M shape), and the fewest layer groups a sweep or patching reports progress in.
+STAIR_TOKENS = 4096
+PROGRESS_STEPS = 5
 
 
 def check_decoder(model: nn.Module) -> None:
@@ -107,9 +111,61 @@ def _one_sequence(model: nn.Module, tokens, what: str, min_len: int = 2) -> torc
     return t
 
 
-def _rows_per_batch(T: int, V: int, full_logits: bool) -> int:
-    per_row = 4 * (T * V if full_logits else V) + 64 * T * 1024  # logits, and a generous allowance for activations
-    return max(1, ROW_BYTES // per_row)
+def _layer_groups(L: int, tokens_per_layer: int) -> list[tuple[int, int]]:
+    """Consecutive layers [a, b) whose rows run as one staircase (``_staircase``): at most ``STAIR_TOKENS``
+    row-positions in all, and at least ``PROGRESS_STEPS`` groups so a long action reports progress."""
+    size = max(1, min(-(-L // PROGRESS_STEPS), STAIR_TOKENS // max(1, tokens_per_layer)))
+    return [(a, min(L, a + size)) for a in range(0, L, size)]
+
+
+def _staircase(model: nn.Module, tokens: torch.Tensor, joins: dict, *, start_pos: int = 0,
+               kept: KVCache | None = None) -> torch.Tensor:
+    """Rows that join one batch block by block, each running from the block it joins at to the last block.
+
+    tokens (1, T') the positions run (T' = T - start_pos); joins {layer j: (x, edit)}: x (r, T', C) the joining
+    rows' residual stream entering block j, edit None or ``edit(z) -> z`` for their heads' outputs at block j
+    (z (r, H, T', D)). kept: the unchanged run's KV cache (1 row), whose positions before ``start_pos`` every row
+    reads. Returns the residual stream leaving the last block (R, T', C), rows in the order they joined.
+
+    The same numbers as one run per row (``Decoder.forward`` from ``start_at_layer``): each block sees each row
+    alone, only in a larger batch, so its products fill the CPU's vector units and the model is called once per
+    block, not once per block per row.
+    """
+    first, L, Tn = min(joins), len(model.blocks), tokens.shape[1]
+    cache = None
+    if start_pos:
+        cache = _full_cache(model, sum(x.shape[0] for x, _ in joins.values()), start_pos + Tn)
+        for j in range(first, L):
+            cache.k[j][:, :, :start_pos] = kept.k[j][:, :, :start_pos]
+            cache.v[j][:, :, :start_pos] = kept.v[j][:, :, :start_pos]
+    x = None
+    for j in range(first, L):
+        edits = []
+        if j in joins:
+            new, edit = joins[j]
+            n_old = 0 if x is None else x.shape[0]
+            x = new if x is None else torch.cat([x, new])
+            if edit is not None:
+                def z_edit(z: torch.Tensor, point, n_old=n_old, edit=edit) -> torch.Tensor:  # (R, H, T', D)
+                    z = z.clone()
+                    z[n_old:] = edit(z[n_old:])  # only the rows joining at this block
+                    return z
+                edits = [(f"blocks.{j}.attn.hook_z", z_edit)]
+        R = x.shape[0]
+        if cache is not None:  # block j reads its cache once: the rows present now are its batch
+            cache.k[j], cache.v[j] = cache.k[j][:R], cache.v[j][:R]
+        x = run_with_hooks(model, tokens.expand(R, Tn), edits, start_pos=start_pos, cache=cache, start_at_layer=j,
+                           stop_at_layer=j + 1, resid=x)
+    return x
+
+
+def _logits(model: nn.Module, tokens: torch.Tensor, x: torch.Tensor, rows: int):
+    """The LM head on the residual stream leaving the last block, ``rows`` rows at a time: yields (start, logits
+    (r, T', V)), tokens (1, T') giving T'."""
+    for i in range(0, x.shape[0], rows):
+        part = x[i:i + rows]
+        yield i, run_with_hooks(model, tokens.expand(part.shape[0], -1), [], start_at_layer=len(model.blocks),
+                                resid=part)
 
 
 def _resid_pre(model: nn.Module, tokens: torch.Tensor, extra: tuple[str, ...] = (), **forward_kwargs):
@@ -122,7 +178,8 @@ def knockout_sweep(model: nn.Module, tokens, how: str = "zero") -> dict:
     """Knock out each head in turn: the loss at every position with each head gone.
 
     Returns {"base": (T - 1,) nats, "knocked": (L, H, T - 1) nats}; ``knocked[l, h] - base`` is what head (l, h)
-    does for each prediction of this prompt. One batch of heads per layer, started at that layer.
+    does for each prediction of this prompt. Row (l, h) starts at block l from the unchanged run's residual stream
+    (the blocks before it are computed once), in a staircase of rows (``_staircase``).
     """
     for _, _, result in iter_knockout_sweep(model, tokens, how):
         pass
@@ -130,8 +187,8 @@ def knockout_sweep(model: nn.Module, tokens, how: str = "zero") -> dict:
 
 
 def iter_knockout_sweep(model: nn.Module, tokens, how: str = "zero"):
-    """``knockout_sweep`` a layer at a time: yields (layers done, L, result so far) after each layer, the rows of
-    the layers not done yet NaN, so a caller that stops early keeps what was computed."""
+    """``knockout_sweep`` a group of layers at a time: yields (layers done, L, result so far) after each group,
+    the rows of the layers not done yet NaN, so a caller that stops early keeps what was computed."""
     check_decoder(model)
     how = check_how(how)
     tokens = _one_sequence(model, tokens, "a knock-out sweep")
@@ -140,19 +197,19 @@ def iter_knockout_sweep(model: nn.Module, tokens, how: str = "zero"):
     logits, cache = _resid_pre(model, tokens)
     base = token_losses(logits, tokens)[0]  # (T - 1,)
     knocked = torch.full((L, H, T - 1), float("nan"), device=tokens.device)
-    step = _rows_per_batch(T, c.vocab_size, full_logits=True)
-    for layer in range(L):
-        resid = cache[f"blocks.{layer}.hook_resid_pre"]  # (1, T, C)
-        for start in range(0, H, step):
-            hs = torch.arange(start, min(H, start + step))
-            R = len(hs)
+    heads = torch.arange(H)
 
-            def edit(z: torch.Tensor, point, hs=hs) -> torch.Tensor:  # (R, H, T, D): row i loses head hs[i]
-                return _knocked_out(z, torch.arange(len(hs)), hs, how)
-            out = run_with_hooks(model, tokens.expand(R, T), [(f"blocks.{layer}.attn.hook_z", edit)],
-                                 start_at_layer=layer, resid=resid.expand(R, T, -1))
-            knocked[layer, start:start + R] = token_losses(out, tokens.expand(R, T))
-        yield layer + 1, L, {"base": base, "knocked": knocked}
+    def edit(z: torch.Tensor) -> torch.Tensor:  # (H, H, T, D): row i loses head i
+        return _knocked_out(z, heads, heads, how)
+    for a, b in _layer_groups(L, H * T):
+        joins = {j: (cache[f"blocks.{j}.hook_resid_pre"].expand(H, T, -1), edit) for j in range(a, b)}
+        x = _staircase(model, tokens, joins)  # (rows (j, h) for j in a..b-1, T, C)
+        losses = torch.empty(x.shape[0], T - 1, device=tokens.device)
+        # one layer's rows at a time at most: already a tall product, and the logits and their log-softmax stay small
+        for i, out in _logits(model, tokens, x, max(1, min(H, ROW_BYTES // (4 * T * c.vocab_size)))):
+            losses[i:i + out.shape[0]] = token_losses(out, tokens.expand(out.shape[0], T))
+        knocked[a:b] = losses.view(b - a, H, T - 1)
+        yield b, L, {"base": base, "knocked": knocked}
 
 
 def check_answer(model: nn.Module, answer) -> tuple[int, int]:
@@ -203,39 +260,42 @@ def _patched_rows(model: nn.Module, target, source, site: str, answer):
     _, src = _resid_pre(model, source, ("attn.hook_z",) if site == "head" else ())
     if site == "resid_pre":
         return _patch_resid_pre(model, target, src, answer)
-    return _patch_heads(model, target, src, answer)
+    return _patch_heads(model, target, source, src, answer)
 
 
 def _patch_resid_pre(model: nn.Module, target: torch.Tensor, src, answer):
-    """Yields (layer, (T,)). A patch at position p leaves every position before p as it was (attention looks back
-    only), so a batch of patches at positions >= q runs positions q.. alone, reading the earlier keys and values from
-    the unchanged run's KV cache."""
-    c = model.config
+    """Yields (layer, (T,)), a group of layers at a time. A patch at position p leaves every position before p as
+    it was (attention looks back only), so patches at positions >= q run positions q.. alone, reading the earlier
+    keys and values from the unchanged run's KV cache; the patches of a group of layers run as one staircase."""
     L, T = len(model.blocks), target.shape[1]
     kept = _full_cache(model, 1, T)
     logits, tgt = _resid_pre(model, target, cache=kept)
     unchanged = logit_diff(logits, answer)[0]
-    step = min(_rows_per_batch(T, c.vocab_size, full_logits=False), max(1, -(-T // 6)))
+    step = max(1, -(-T // 6))  # positions per staircase: rows of one batch compute positions q.. whatever their p
+    out = torch.full((L, T), float(unchanged), device=target.device)
+    todo = []
     for layer in range(L):
-        out = torch.empty(T, device=target.device)
-        resid = tgt[f"blocks.{layer}.hook_resid_pre"][0]  # (T, C)
-        patched = src[f"blocks.{layer}.hook_resid_pre"][0]  # (T, C)
-        same = (patched == resid).all(-1)  # a shared prefix: the same residual in both runs, nothing to swap
-        out[same] = unchanged
-        todo = torch.nonzero(~same).flatten()
-        for start in range(0, len(todo), step):
-            idx = todo[start:start + step]
-            q, R = int(idx[0]), len(idx)  # the first position this batch changes
-            x = resid[q:].expand(R, T - q, -1).clone()  # (R, T - q, C)
-            x[torch.arange(R), idx - q] = patched[idx]
-            cache = _full_cache(model, R, T)
-            for j in range(layer, L):
-                cache.k[j][:, :, :q] = kept.k[j][:, :, :q]
-                cache.v[j][:, :, :q] = kept.v[j][:, :, :q]
-            logits = run_with_hooks(model, target[:, q:].expand(R, T - q), [], start_pos=q, cache=cache,
-                                    start_at_layer=layer, resid=x, last_only=True)
-            out[idx] = logit_diff(logits, answer)
-        yield layer, out
+        same = (src[f"blocks.{layer}.hook_resid_pre"][0] == tgt[f"blocks.{layer}.hook_resid_pre"][0]).all(-1)
+        todo.append(torch.nonzero(~same).flatten())  # a shared prefix: the same residual in both runs, no swap
+    for a, b in _layer_groups(L, step * T):
+        for lo in range(0, T, step):
+            joins, rows = {}, []
+            idx = {j: todo[j][(todo[j] >= lo) & (todo[j] < lo + step)] for j in range(a, b)}
+            if not any(len(i) for i in idx.values()):
+                continue
+            q = min(int(i[0]) for i in idx.values() if len(i))  # the first position this staircase changes
+            for j, i in idx.items():
+                if len(i):
+                    x = tgt[f"blocks.{j}.hook_resid_pre"][0, q:].expand(len(i), T - q, -1).clone()  # (r, T - q, C)
+                    x[torch.arange(len(i)), i - q] = src[f"blocks.{j}.hook_resid_pre"][0, i]
+                    joins[j] = (x, None)
+                    rows += [(j, int(p)) for p in i]
+            x = _staircase(model, target[:, q:], joins, start_pos=q, kept=kept)
+            for i, logits in _logits(model, target[:, -1:], x[:, -1:], len(rows)):
+                for (j, p), m in zip(rows, logit_diff(logits, answer)):
+                    out[j, p] = m
+        for layer in range(a, b):
+            yield layer, out[layer]
 
 
 def _full_cache(model: nn.Module, batch: int, T: int) -> KVCache:
@@ -245,28 +305,32 @@ def _full_cache(model: nn.Module, batch: int, T: int) -> KVCache:
     return KVCache(c.n_layers, batch, c.n_kv_heads, T, c.head_dim, dtype=p.dtype, device=p.device)
 
 
-def _patch_heads(model: nn.Module, target: torch.Tensor, src, answer):
-    """Yields (layer, (H,)): one batch of heads per layer, started at that layer from the unchanged run's residual."""
+def _patch_heads(model: nn.Module, target: torch.Tensor, source: torch.Tensor, src, answer):
+    """Yields (layer, (H,)), a group of layers at a time: row (l, h) starts at block l from the unchanged run's
+    residual stream, at the first position where the two prompts differ (before it both runs are the same, so a
+    head's output there is the same too), the earlier keys and values read from the unchanged run's KV cache."""
     c = model.config
     L, H, T = len(model.blocks), c.n_heads, target.shape[1]
-    _, tgt = _resid_pre(model, target)
-    step = _rows_per_batch(T, c.vocab_size, full_logits=False)
-    for layer in range(L):
-        out = torch.empty(H, device=target.device)
-        resid = tgt[f"blocks.{layer}.hook_resid_pre"]  # (1, T, C)
-        z_src = src[f"blocks.{layer}.attn.hook_z"][0]  # (H, T, D)
-        for start in range(0, H, step):
-            idx = torch.arange(start, min(H, start + step))
-            R, rows = len(idx), torch.arange(len(idx))
+    differ = torch.nonzero(target[0] != source[0]).flatten()
+    q = min(int(differ[0]), T - 1) if len(differ) else T - 1
+    kept = _full_cache(model, 1, T)
+    _, tgt = _resid_pre(model, target, cache=kept)
+    heads = torch.arange(H)
+    for a, b in _layer_groups(L, H * (T - q)):
+        joins = {}
+        for j in range(a, b):
+            z_src = src[f"blocks.{j}.attn.hook_z"][0, :, q:]  # (H, T - q, D)
 
-            def edit(z: torch.Tensor, point, idx=idx, rows=rows) -> torch.Tensor:  # (R, H, T, D)
+            def edit(z: torch.Tensor, z_src=z_src) -> torch.Tensor:  # (H, H, T - q, D): row i gets head i's z
                 z = z.clone()
-                z[rows, idx] = z_src[idx]
+                z[heads, heads] = z_src
                 return z
-            logits = run_with_hooks(model, target.expand(R, T), [(f"blocks.{layer}.attn.hook_z", edit)],
-                                    start_at_layer=layer, resid=resid.expand(R, T, -1), last_only=True)
-            out[idx] = logit_diff(logits, answer)
-        yield layer, out
+            joins[j] = (tgt[f"blocks.{j}.hook_resid_pre"][:, q:].expand(H, T - q, -1), edit)
+        x = _staircase(model, target[:, q:], joins, start_pos=q, kept=kept)
+        (_, logits), = _logits(model, target[:, -1:], x[:, -1:], x.shape[0])
+        metric = logit_diff(logits, answer).view(b - a, H)
+        for layer in range(a, b):
+            yield layer, metric[layer - a]
 
 
 def patch(model: nn.Module, clean, corrupt, site: str, answer) -> torch.Tensor:

@@ -184,12 +184,15 @@ def as_tokens(model: nn.Module, tokens, start_pos: int = 0) -> torch.Tensor:
 
 
 def run_with_cache(model: nn.Module, tokens, names=None, *, attn_impl: str | None = None,
+                   reduce: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
                    **forward_kwargs) -> tuple[torch.Tensor, ActivationCache]:
     """Run ``model(tokens, ...)`` once, recording hook points. Returns (output, cache).
 
     output: the model's return value (decoder logits (B, T, V), encoder hidden states (B, T, C)).
     names: None (every hook point), a list of hook names, one name, or a predicate ``name -> bool``.
     attn_impl: this call's attention implementation (default: the model's own).
+    reduce: ``reduce(name, x)`` is what the cache keeps of each recorded ``x`` instead of a clone of it (a score
+    computed as soon as the activation exists: memory for one layer's activation at a time, not every layer's).
     forward_kwargs: passed to the model (``causal``, ``key_padding``, ``start_pos``, ``cache``...).
     The cached tensors are detached clones made under inference mode: read them (``.numpy()``, slicing,
     arithmetic), don't modify them in place.
@@ -207,7 +210,7 @@ def run_with_cache(model: nn.Module, tokens, names=None, *, attn_impl: str | Non
     def make_hook(name: str):
         def hook(module, inputs, output):
             if threading.get_ident() == owner:
-                cache[name] = output.detach().clone()
+                cache[name] = output.detach().clone() if reduce is None else reduce(name, output.detach())
         return hook
 
     kwargs = dict(forward_kwargs)

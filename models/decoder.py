@@ -85,6 +85,7 @@ class Decoder(SwitchableAttention, nn.Module):
         rope_theta: float | None = None,
         start_at_layer: int = 0,
         resid: torch.Tensor | None = None,
+        stop_at_layer: int | None = None,
     ) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T, V), or (B, 1, V) with ``last_only``.
 
@@ -98,6 +99,9 @@ class Decoder(SwitchableAttention, nn.Module):
         start_at_layer, resid: begin at block ``start_at_layer`` with ``resid`` (B, T, C), the residual stream
         entering it, instead of the embedded ``tokens`` (which still give B and T): an intervention at layer l
         need not recompute the layers before it (TransformerLens' ``start_at_layer``).
+        stop_at_layer: end before block ``stop_at_layer`` and return the residual stream entering it (B, T, C)
+        instead of logits (TransformerLens' ``stop_at_layer``): with ``start_at_layer`` one block at a time, so a
+        caller may add rows to the batch between blocks.
 
         The token ids are not range-checked here: reading them is a host sync on a GPU, once per decode
         step. Callers that take ids from outside call ``check_tokens`` once (``generate`` does).
@@ -124,10 +128,13 @@ class Decoder(SwitchableAttention, nn.Module):
             x = self.hook_embed(x)
         else:
             x = _check_resid(resid, start_at_layer, tokens.shape, self.config)
-        for i in range(start_at_layer, len(self.blocks)):
+        stop = len(self.blocks) if stop_at_layer is None else _check_stop(stop_at_layer, start_at_layer, self.config)
+        for i in range(start_at_layer, stop):
             block = self.blocks[i]
             x = block(x, rope=rope if block.attn.sliding_window is None else local_rope, cache=cache, layer=i,
                       start_pos=start_pos, key_padding=key_padding, causal=causal, impl=attn_impl)
+        if stop_at_layer is not None:
+            return x  # (B, T, C): the residual stream entering block ``stop``
         if last_only:
             x = x[:, -1:]  # (B, 1, C): generation needs only the next-token logits
         logits = self.lm_head(self.norm(x))  # (B, T, V)
@@ -203,3 +210,9 @@ def _check_resid(resid: torch.Tensor | None, layer: int, token_shape, config: Mo
         raise ValueError(f"starting at layer {layer} needs resid, the residual stream entering it, of shape "
                          f"{shape} (batch, positions, model dim); got {got}.")
     return resid
+
+
+def _check_stop(stop: int, start: int, config: ModelConfig) -> int:
+    if isinstance(stop, bool) or not isinstance(stop, int) or not start <= stop <= config.n_layers:
+        raise ValueError(f"stop_at_layer must be between start_at_layer ({start}) and {config.n_layers}, got {stop!r}.")
+    return stop

@@ -98,8 +98,8 @@ def test_each_long_action_has_a_stop_button_that_cancels_it(app_url, action):
 
 
 def test_the_induction_probe_at_a_long_span_ends_at_its_time_cap_with_a_sentence(served, monkeypatch):
-    from explorer import probes
     from explorer.panels import attention as tab
+    from lens import heads
     from explorer.state.cache import weights_key
 
     model, _ = served
@@ -110,10 +110,20 @@ def test_the_induction_probe_at_a_long_span_ends_at_its_time_cap_with_a_sentence
         for _ in range(OPS):  # minutes of operations: only the cap, checked between them, ends this
             x = torch.tanh(x)
         ran.append("to the end")
-        return {"induction": x}
-    monkeypatch.setattr(probes, "head_scores", long_probe)
+        return x
+    monkeypatch.setattr(heads, "induction_scores", long_probe)
     monkeypatch.setattr(job, "EXPERIMENT_SECONDS", 0.3)
     span = tab.span_choices(model.config)[-2]
     with pytest.raises(ValueError, match=f"induction scores at span {span} ran past the 0.3 s limit"):
         tab._induction(model, [1, 2, 3], span, ("a key no other test uses", weights_key(model)))
     assert not ran
+
+
+def test_the_estimate_counts_each_layers_rows_from_that_layer_to_the_last():
+    # 30 layers: layer l's rows run 30 - l blocks; the first 10 layers are 255 of the 465 block-rows
+    u = job.Update(done=10, total=30, result=None, elapsed=5.1)
+    assert job.seconds_left(u, 30) == pytest.approx(5.1 * 210 / 255)
+    both = job.Update(done=30, total=60, result=None, elapsed=8.0)  # patching: the resid_pre site done, the heads' next
+    assert job.seconds_left(both, 30) == pytest.approx(8.0)
+    assert job.seconds_left(job.Update(0, 30, None, 1.0), 30) != job.seconds_left(job.Update(0, 30, None, 1.0), 30)
+    assert job.progress_text("Patching", u, 30) == "Patching: layer 10 of 30 done (5 s, about 4 s left)."

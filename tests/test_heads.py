@@ -8,8 +8,11 @@ from lens.heads import (
     first_token_score,
     induction_score,
     previous_token_score,
+    head_scores,
+    induction_scores,
     repeated_random_tokens,
 )
+from models import Decoder, ModelConfig
 
 
 def _uniform_causal(B, H, T):
@@ -137,3 +140,23 @@ def test_bad_shapes_raise_value_error():
         previous_token_score(torch.zeros(3, 3))
     with pytest.raises(ValueError):
         induction_score(torch.zeros(1, 1, 5, 5), span_len=3)
+
+
+@pytest.mark.parametrize("bos", [None, 0])
+def test_induction_scores_equal_head_scores_without_the_stack(bos):
+    # The one-forward reduction against the full path: every layer's (B, H, T, T) weights stacked, then scored.
+    torch.manual_seed(0)
+    model = Decoder(ModelConfig(vocab_size=97, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=48,
+                                max_seq_len=64, bos_token_id=bos)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)  # patterns far from uniform, so a wrong entry would show
+    for span, batch, seed in ((5, 4, 0), (20, 3, 7)):
+        got = induction_scores(model, span, batch=batch, seed=seed)
+        want = head_scores(model, span_len=span, batch=batch, seed=seed)["induction"]
+        assert got.shape == (3, 4) and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+        assert float(np.ptp(got)) > 0.01
+    with pytest.raises(ValueError, match="use span_len <= 3[12]"):
+        induction_scores(model, 40)

@@ -121,7 +121,10 @@ TARGETS: tuple[Target, ...] = (
     *(Target(f"Experiments, {SMOL_NAME}, {EXPERIMENT_TOKENS}-token prompt: {what} <= 10 s", f"experiments:{key}", "<=",
              10.0, "issue 26") for key, what in (("knockout_sweep", "knock out each of the 270 heads in turn"),
                                                  ("patch_resid_pre", "resid_pre patching (30 layers x 24 positions)"),
-                                                 ("patch_head", "head patching (30 layers x 9 heads)"))),
+                                                 ("patch_head", "head patching (30 layers x 9 heads)"),
+                                                 ("patching_experiment", "the Patch button: both sites"))),
+    Target(f"Attention, {SMOL_NAME}: induction scores at span 120 (4 rows of 240 tokens) <= 10 s",
+           "experiments:induction_span_120", "<=", 10.0, "issue 40"),
 )
 
 

@@ -79,6 +79,21 @@ def capped(model, steps: Callable[[], Iterator], *, cap_s: float = EXPERIMENT_SE
                      None if last is None else last.result, time.monotonic() - t0, capped=True)
 
 
+def seconds_left(update: Update, layers: int) -> float:
+    """About how many seconds ``update``'s job has left, from its pace so far: step i (a layer, or a layer of each
+    site) counts as ``layers - i % layers`` rows of blocks, since its rows run from that layer to the last."""
+    work = [layers - i % max(1, layers) for i in range(update.total)]
+    done = sum(work[:update.done])
+    return update.elapsed * (sum(work) - done) / done if done else float("nan")
+
+
+def progress_text(what: str, update: Update, layers: int) -> str:
+    """``what``: layer 6 of 30 done (4 s, about 3 s left)."""
+    left = seconds_left(update, layers)
+    about = f", about {left:.0f} s left" if left == left else ""
+    return f"{what}: layer {update.done} of {update.total} done ({update.elapsed:.0f} s{about})."
+
+
 def within_cap(compute: Callable[[], Any], what: str, change: str) -> Any:
     """``compute()`` on this thread, ended before its next torch operation once it passes ``EXPERIMENT_SECONDS``:
     then ValueError saying ``what`` ran past the limit and ``change`` (what to do instead)."""

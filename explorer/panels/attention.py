@@ -89,7 +89,7 @@ def _induction(model, ids, span: str, wk) -> tuple[np.ndarray, str]:
     n = int(span)
     scores = jobs.experiments.within_cap(  # a long span on a large model: capped, like the experiments
         lambda: results.get_or_compute(("attention.induction", wk, n),
-                                       lambda: probes.head_scores(model, span_len=n)["induction"]),
+                                       lambda: heads.induction_scores(model, n)),
         f"the induction scores at span {n}", "choose a shorter span")
     return scores, f"induction on 4 rows of random tokens repeated at span {n}"
 

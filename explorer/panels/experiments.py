@@ -176,7 +176,7 @@ def _sweep_updates(prompt, how, state):
                 f"⏱️ Stopped at the {cap:g} s limit after {u.done} of {u.total} layers: the figure shows those "
                 "layers. Use a shorter prompt to see them all."))
         else:
-            yield gr.skip(), f"Knocking out each head in turn: layer {u.done} of {u.total} done ({u.elapsed:.0f} s)."
+            yield gr.skip(), jobs.experiments.progress_text("Knocking out each head in turn", u, len(model.blocks))
 
 
 def _sweep_answer(model, ids, mode, name, r, wk, note: str = ""):
@@ -272,7 +272,8 @@ def _patch_updates(clean, corrupt, good, bad, state):
             yield None
             continue
         if not (u.finished or u.capped):
-            yield PatchView(gr.skip(), gr.skip(), f"Patching: {u.done} of {u.total} layers done ({u.elapsed:.0f} s).")
+            yield PatchView(gr.skip(), gr.skip(), jobs.experiments.progress_text(
+                "Patching (the residual stream's layers, then the heads')", u, len(model.blocks)))
             continue
         if u.capped and not u.done:
             raise ValueError(f"no layer of the patching finished within its {cap:g} s limit: use shorter prompts "
