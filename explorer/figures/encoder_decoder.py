@@ -9,8 +9,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import (KEY_AXIS, QUALITATIVE, QUERY_AXIS, SEQUENTIAL, WEIGHT_COLORBAR, auto_height, base_layout,
-                     colorbar, heatmap_trace)
+from .common import (FONT, KEY_AXIS, PAGE_WIDTH, PHONE_WIDTH, QUALITATIVE, QUERY_AXIS, SEQUENTIAL, WEIGHT_COLORBAR,
+                     auto_height, base_layout, colorbar, heatmap_trace, title_lines, token_axes_layout, wrap_title)
 
 
 def side_by_side_maps(
@@ -26,9 +26,11 @@ def side_by_side_maps(
     zmin: float = 0.0,
     zmax: float = 1.0,
     right_labels: Sequence[str] | None = None,
+    width: int = PAGE_WIDTH,
 ) -> go.Figure:
     """Two (T, T) maps with one shared colour range (``zmin``..``zmax``). ``right_labels``: the right
-    map's tokens when its model tokenizes the sentence differently (default: ``labels``)."""
+    map's tokens when its model tokenizes the sentence differently (default: ``labels``). Laid out for ``width``
+    px (every ``k``-th token labelled that stands apart at projector size); on a phone the maps stack."""
     right_labels = labels if right_labels is None else right_labels
     fig = make_subplots(rows=1, cols=2, subplot_titles=[left_title, right_title], horizontal_spacing=0.12)
     for col, z, lab in ((1, left, labels), (2, right, right_labels)):
@@ -42,9 +44,39 @@ def side_by_side_maps(
                          row=1, col=col)
     fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=zmin, cmax=zmax,
                                      colorbar=colorbar(colorbar_title)))
-    base_layout(fig, title, height=auto_height(max(len(labels), len(right_labels)), lo=420, hi=820))
-    fig.update_layout(margin=dict(t=90))
+    wrapped = wrap_title(title, width - 20)
+    top = 60 + 24 * title_lines(wrapped)  # the title, then the maps' own titles
+    height = auto_height(max(len(labels), len(right_labels)), lo=420, hi=820)
+    base_layout(fig, wrapped, height=height)
+    fig.update_layout(margin=dict(t=top))
+    for suffix, lab in (("", labels), ("2", right_labels)):
+        fig.update_layout(token_axes_layout(lab, lab, width=width, height=height, top=top, suffix=suffix,
+                                            share=0.44))
+    fig.update_layout(meta={"narrow": _stacked_maps(fig, title, labels, right_labels)})
     return fig
+
+
+def _stacked_maps(fig: go.Figure, title: str, labels: Sequence[str], right_labels: Sequence[str]) -> dict:
+    """The two maps' layout for a phone (merged in under 640 px by the page): one above the other, each the
+    page's width, the tokens thinned for it and the title on lines that fit."""
+    phone = wrap_title(title, PHONE_WIDTH - 20)
+    top = 60 + 24 * title_lines(phone)
+    side, below, font = 300, 150, FONT["size"]  # px: each map, the upright key labels and the next map's title
+    height = top + 2 * side + 2 * below
+    plot = height - top - below
+    layout: dict = {"height": height, "margin": {"t": top, "b": below, "l": 60, "r": 10},
+                    "title": {"text": phone}}
+    for k, (suffix, lab) in enumerate((("", labels), ("2", right_labels))):
+        y1 = 1 - k * (side + below) / plot
+        axes = token_axes_layout(lab, lab, width=PHONE_WIDTH, height=side + top + below, top=top,
+                                 font_px=font, left=60, suffix=suffix)
+        axes[f"xaxis{suffix}"]["domain"] = [0, 1]
+        axes[f"yaxis{suffix}"]["domain"] = [max(0.0, y1 - side / plot), y1]
+        layout.update(axes)
+    notes = [a.to_plotly_json() for a in fig.layout.annotations]
+    layout["annotations"] = [dict(a, x=0.5, y=layout[f"yaxis{s}"]["domain"][1], font=dict(size=13))
+                             for a, s in zip(notes, ("", "2"))]
+    return layout
 
 
 def fill_in_blank_figure(left_tokens: Sequence[str], left_probs: Sequence[float],

@@ -76,6 +76,9 @@ def mark_step(figure: dict, step: int) -> dict:
     return {"data": figure["data"], "layout": layout}
 
 
+PATTERN_WIDTH = 480  # px the Training tab gives the pattern at 1280 (its narrower column of two)
+
+
 def pattern_at_step(pattern: np.ndarray, tokens: Sequence[str], *, step: int, head: str, span: int,
                     source: str) -> go.Figure:
     """One head's attention on ``[BOS] + r + r``: an induction head lights the stripe ``span - 1`` keys right of
@@ -84,4 +87,4 @@ def pattern_at_step(pattern: np.ndarray, tokens: Sequence[str], *, step: int, he
     return heatmap_figure(np.asarray(pattern), labels, labels,
                           title=f"{head} at step {step} · random tokens, repeated (span {span})"
                                 f"<br><sup>{source}</sup>",
-                          height=auto_height(len(labels), per_row=14, lo=420, hi=700))
+                          height=auto_height(len(labels), per_row=14, lo=420, hi=700), width=PATTERN_WIDTH)
