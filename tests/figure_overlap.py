@@ -18,7 +18,8 @@ DEFAULT_MARGIN = dict(l=80, r=80, t=100, b=80)
 
 
 def text_width(text, size: float) -> float:
-    return CHAR * size * len(html.unescape(re.sub(r"<[^>]+>", "", str(text))))
+    """The widest line's width in px."""
+    return max(CHAR * size * len(html.unescape(re.sub(r"<[^>]+>", "", line))) for line in str(text).split("<br>"))
 
 
 def _merged(a, b):

@@ -81,7 +81,36 @@ def _deep():
     ]
 
 
+def _others():
+    """Figures of other sizes that stand side by side or carry long titles, on a phone."""
+    from explorer.figures import live as fl_live
+    from explorer.figures import lora as fl
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=576)
+    u = rng.normal(size=1536)
+    grid = np.linspace(-4, 4, 81)
+    labels = _labels(T)
+    counted = {"trainable": 1792, "frozen": 105024, "total": 106816}
+    memory = {"LoRA": {"frozen weights": 420096, "gradients": 7168}, "full fine-tune": {"gradients": 427264}}
+    return [
+        ("fill in the blank", fe.fill_in_blank_figure(["red", "big"], [0.5, 0.3], ["small", "red"], [0.6, 0.2],
+                                                      hidden="red", left_title="encoder (trained, masked LM)",
+                                                      right_title="decoder (sees only the words before)")),
+        ("norms", fe.norm_figure(x, x / np.sqrt((x ** 2).mean()), (x - x.mean()) / x.std(), token="3·cat",
+                                 eps=1e-5)),
+        ("activations", fe.activation_figure(grid, grid, grid, u, u, u, u, token="3·cat")),
+        ("LoRA parameters", fl.parameter_figure(counted, 1792, memory, rank=4, alpha=8,
+                                                targets=["q_proj", "v_proj"])),
+        ("LoRA attention", fl.attention_before_after_figure(_rows(T), _rows(T, 3), labels, layer=1,
+                                                            head_name="head 2 (KV 1)")),
+        ("live curves", fl_live.live_curves([0, 10, 20], [None, 4.0, 2.0], [5.0, 4.0, 1.0], [0.1, 0.3, 0.7],
+                                            [0.2, 0.5, 0.9], phase_step=10, source="a 2-layer model on 2 cores")),
+    ]
+
+
 DEEP = _deep()
+OTHERS = _others()
 
 
 @pytest.mark.parametrize("name,fig,width", DEEP, ids=[d[0] for d in DEEP])
@@ -93,6 +122,13 @@ def test_no_text_collides_at_1280_in_projector_mode(name, fig, width):
 def test_no_text_collides_on_a_phone(name, fig, width):
     assert fig.layout.meta and "narrow" in fig.layout.meta, "no phone layout"
     assert overlaps(fig, width=PHONE_WIDTH, phone=True) == []
+
+
+@pytest.mark.parametrize("name,fig", OTHERS, ids=[d[0] for d in OTHERS])
+def test_side_by_side_figures_have_a_phone_layout_without_collisions(name, fig):
+    assert fig.layout.meta and "narrow" in fig.layout.meta, "no phone layout"
+    assert overlaps(fig, width=PHONE_WIDTH, phone=True) == []
+    assert overlaps(fig, width=PAGE_WIDTH) == []
 
 
 def test_the_estimate_finds_what_slanted_token_labels_did():
@@ -140,7 +176,8 @@ def test_tiny_figures_keep_their_data_and_titles(narrow):
                                   "<sup>on your prompt</sup>", ["previous-token", "induction", "sink (first token)"])
 
     g = fa.gqa_figure(4, 2)
-    assert _titles(g, narrow)[0] == "4 query heads → 2 key/value heads · grouped-query: 2 query heads share each K/V head"
+    assert _titles(g, narrow)[0] == ("4 query heads → 2 key/value heads · grouped-query: 2 query heads share each "
+                                     "K/V head")
 
     m = fe.side_by_side_maps(np.tril(np.ones((6, 6))), np.ones((6, 6)), labels, left_title="decoder · causal mask",
                              right_title="encoder · no mask", title="Which keys each query may see (1 = visible, 0 = "

@@ -179,6 +179,29 @@ def phone_layout(fig: go.Figure, *, size: float = FONT["size"], left: float = 70
     return layout
 
 
+def stacked_phone(fig: go.Figure, *, panel: int = 260, gap: int = 110) -> dict:
+    """``phone_layout`` with side-by-side subplots (``make_subplots(rows=1, cols=n)``) one above another, each
+    ``panel`` px tall and the page's width, ``gap`` px between them for the axis labels and the next title."""
+    layout = phone_layout(fig)
+    n = len([k for k in fig.layout.to_plotly_json() if k.startswith("xaxis")])
+    top, bottom = layout["margin"]["t"], (fig.layout.margin.b or 80)
+    plot = n * panel + (n - 1) * gap
+    layout.update(height=top + plot + bottom)
+    tops = []
+    for i in range(n):
+        suffix = "" if i == 0 else str(i + 1)
+        y1 = 1 - i * (panel + gap) / plot
+        tops.append(y1)
+        layout[f"xaxis{suffix}"] = {"domain": [0, 1]}
+        layout[f"yaxis{suffix}"] = {"domain": [max(0.0, y1 - panel / plot), y1]}
+    titles = [a for a in layout["annotations"] if a.get("xref") == "paper" and a.get("yref") == "paper"
+              and a.get("y", 0) >= 0.98]
+    for a, y1 in zip(titles, tops):
+        size = (a.get("font") or {}).get("size") or FONT["size"]  # a column the page's width: its lines anew
+        a.update(x=0.5, y=y1, text="<br>".join(_wrap_words(unwrapped(a["text"]), PHONE_WIDTH - 100, size)))
+    return layout
+
+
 def token_axes_layout(x_labels: Sequence[str], y_labels: Sequence[str], *, width: float, height: float,
                       top: float = 60, font_px: float = PROJECTOR_TEXT, left: float = 70, suffix: str = "",
                       share: float = 1.0) -> dict:
@@ -317,3 +340,26 @@ def parameter_bars(parts: dict[str, int], *, title: str, total: int) -> go.Figur
     fig.update_xaxes(title_text="parameters (count)")
     fig.update_yaxes(title_text="component", autorange="reversed")
     return fig
+
+
+def two_maps_phone(fig: go.Figure, title: str, labels: Sequence[str], right_labels: Sequence[str]) -> dict:
+    """The two maps' layout for a phone (merged in under 640 px by the page): one above the other, each the
+    page's width, the tokens thinned for it and the title on lines that fit."""
+    phone = wrap_title(title, PHONE_WIDTH - 20)
+    top = 60 + 24 * title_lines(phone)
+    side, below, font = 300, 150, FONT["size"]  # px: each map, the upright key labels and the next map's title
+    height = top + 2 * side + 2 * below
+    plot = height - top - below
+    layout: dict = {"height": height, "margin": {"t": top, "b": below, "l": 60, "r": 10},
+                    "title": {"text": phone}}
+    for k, (suffix, lab) in enumerate((("", labels), ("2", right_labels))):
+        y1 = 1 - k * (side + below) / plot
+        axes = token_axes_layout(lab, lab, width=PHONE_WIDTH, height=side + top + below, top=top,
+                                 font_px=font, left=60, suffix=suffix)
+        axes[f"xaxis{suffix}"]["domain"] = [0, 1]
+        axes[f"yaxis{suffix}"]["domain"] = [max(0.0, y1 - side / plot), y1]
+        layout.update(axes)
+    notes = [a.to_plotly_json() for a in fig.layout.annotations]
+    layout["annotations"] = [dict(a, x=0.5, y=layout[f"yaxis{s}"]["domain"][1], font=dict(size=13))
+                             for a, s in zip(notes, ("", "2"))]
+    return layout

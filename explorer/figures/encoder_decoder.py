@@ -9,8 +9,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import (FONT, KEY_AXIS, PAGE_WIDTH, PHONE_WIDTH, QUALITATIVE, QUERY_AXIS, SEQUENTIAL, WEIGHT_COLORBAR,
-                     auto_height, base_layout, colorbar, heatmap_trace, title_lines, token_axes_layout, wrap_title)
+from .common import (KEY_AXIS, PAGE_WIDTH, QUALITATIVE, QUERY_AXIS, SEQUENTIAL, WEIGHT_COLORBAR,
+                     auto_height, base_layout, colorbar, heatmap_trace, stacked_phone, title_lines, token_axes_layout,
+                     two_maps_phone, wrap_title)
 
 
 def side_by_side_maps(
@@ -52,31 +53,8 @@ def side_by_side_maps(
     for suffix, lab in (("", labels), ("2", right_labels)):
         fig.update_layout(token_axes_layout(lab, lab, width=width, height=height, top=top, suffix=suffix,
                                             share=0.44))
-    fig.update_layout(meta={"narrow": _stacked_maps(fig, title, labels, right_labels)})
+    fig.update_layout(meta={"narrow": two_maps_phone(fig, title, labels, right_labels)})
     return fig
-
-
-def _stacked_maps(fig: go.Figure, title: str, labels: Sequence[str], right_labels: Sequence[str]) -> dict:
-    """The two maps' layout for a phone (merged in under 640 px by the page): one above the other, each the
-    page's width, the tokens thinned for it and the title on lines that fit."""
-    phone = wrap_title(title, PHONE_WIDTH - 20)
-    top = 60 + 24 * title_lines(phone)
-    side, below, font = 300, 150, FONT["size"]  # px: each map, the upright key labels and the next map's title
-    height = top + 2 * side + 2 * below
-    plot = height - top - below
-    layout: dict = {"height": height, "margin": {"t": top, "b": below, "l": 60, "r": 10},
-                    "title": {"text": phone}}
-    for k, (suffix, lab) in enumerate((("", labels), ("2", right_labels))):
-        y1 = 1 - k * (side + below) / plot
-        axes = token_axes_layout(lab, lab, width=PHONE_WIDTH, height=side + top + below, top=top,
-                                 font_px=font, left=60, suffix=suffix)
-        axes[f"xaxis{suffix}"]["domain"] = [0, 1]
-        axes[f"yaxis{suffix}"]["domain"] = [max(0.0, y1 - side / plot), y1]
-        layout.update(axes)
-    notes = [a.to_plotly_json() for a in fig.layout.annotations]
-    layout["annotations"] = [dict(a, x=0.5, y=layout[f"yaxis{s}"]["domain"][1], font=dict(size=13))
-                             for a, s in zip(notes, ("", "2"))]
-    return layout
 
 
 def fill_in_blank_figure(left_tokens: Sequence[str], left_probs: Sequence[float],
@@ -98,6 +76,7 @@ def fill_in_blank_figure(left_tokens: Sequence[str], left_probs: Sequence[float]
     base_layout(fig, f"Fill in the blank: top guesses for the hidden token “{hidden}” (orange = the hidden word)",
                 height=420)
     fig.update_layout(margin=dict(t=90))
+    fig.update_layout(meta={"narrow": stacked_phone(fig)})
     return fig
 
 
@@ -130,6 +109,7 @@ def norm_figure(x: np.ndarray, rms: np.ndarray, ln: np.ndarray, *, token: str, e
     base_layout(fig, f"RMSNorm vs LayerNorm on the same vector (token {token}; gain 1, bias 0, eps {eps:g})",
                 height=470)
     fig.update_layout(margin=dict(t=80, b=120))
+    fig.update_layout(meta={"narrow": stacked_phone(fig)})
     return fig
 
 
@@ -164,5 +144,6 @@ def activation_figure(grid: np.ndarray, silu_grid: np.ndarray, gelu_grid: np.nda
     fig.update_yaxes(title_text="hidden units", row=1, col=2)
     base_layout(fig, f"SwiGLU vs GELU on the same pre-activations (token {token})", height=470)
     fig.update_layout(margin=dict(t=80, b=120))
+    fig.update_layout(meta={"narrow": stacked_phone(fig)})
     return fig
 

@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import QUALITATIVE, auto_height, base_layout, heatmap_figure, token_labels
+from .common import QUALITATIVE, auto_height, base_layout, heatmap_figure, phone_layout, token_labels
 
 SCORES = (("previous_token", "previous-token", QUALITATIVE[0]), ("induction", "induction", QUALITATIVE[1]),
           ("first_token", "first-token (sink)", QUALITATIVE[2]))
@@ -56,6 +56,7 @@ def training_curves(c: dict, phase: dict, *, source: str) -> go.Figure:
     fig.update_xaxes(title_text="training step", row=2, col=1)
     base_layout(fig, f"The training run<br><sup>{source}</sup>", height=620)
     fig.update_layout(legend=dict(orientation="h", y=-0.12), hovermode="closest")
+    fig.update_layout(meta={"narrow": phone_layout(fig)})
     return fig
 
 
