@@ -74,6 +74,10 @@ def mark_step(figure: dict, step: int) -> dict:
     title = dict(layout.get("title", {}))
     title["text"] = str(title.get("text", "")).replace("The training run", f"The training run, step {step} marked", 1)
     layout["title"] = title
+    narrow = (layout.get("meta") or {}).get("narrow")
+    if narrow and "title" in narrow:  # the phone's title names the step too
+        text = narrow["title"]["text"].replace("The training run", f"The training run, step {step} marked", 1)
+        layout["meta"] = {**layout["meta"], "narrow": {**narrow, "title": {**narrow["title"], "text": text}}}
     return {"data": figure["data"], "layout": layout}
 
 
