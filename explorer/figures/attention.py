@@ -13,7 +13,8 @@ from plotly.colors import sample_colorscale
 
 from .common import (FONT, KEY_AXIS, PHONE_WIDTH, PROJECTOR_TEXT, QUALITATIVE, QUERY_AXIS, SEQUENTIAL,
                      WEIGHT_COLORBAR, WEIGHT_RANGE, auto_height, base_layout, colorbar, head_label, heatmap_figure,
-                     kv_head_of, label_token_axes, text_px, thinned, tick_step, title_lines, wrap_title)
+                     kv_head_of, label_token_axes, text_px, thinned, tick_step, title_lines, top_title,
+                     wrap_title)
 
 SCORE_TITLES = {
     "previous_token": "previous-token",
@@ -235,7 +236,7 @@ def _scores_layout(names: Sequence[str], L: int, H: int, heads: list[str], layer
     top = 36 + 24 * title_lines(title)
     plot_h = rows * panel_h + (rows - 1) * gap_y
     layout: dict = {"height": top + plot_h + 60, "margin": {"t": top, "b": 60, "l": 80, "r": 20},
-                    "title": {"text": title}, "annotations": []}
+                    "title": top_title(title), "annotations": []}
     gap_x = 0.04
     w = (1 - gap_x * (cols - 1)) / cols
     shown_layers = thinned(layers, tick_step(L, panel_h, tick_px))
@@ -338,8 +339,9 @@ def gqa_figure(n_heads: int, n_kv_heads: int, *, width: int = GQA_WIDTH) -> go.F
     base_layout(fig, wrapped, height=236 + 24 * title_lines(wrapped))
     fig.update_xaxes(visible=False, range=[-0.8, n_heads - 0.2])
     fig.update_yaxes(visible=False, range=[-0.6, 1.6])
-    fig.update_layout(showlegend=False, margin=dict(l=20, r=20, t=36 + 24 * title_lines(wrapped), b=20))
+    fig.update_layout(showlegend=False, margin=dict(l=20, r=20, t=36 + 24 * title_lines(wrapped), b=20),
+                      title=top_title(wrapped))
     phone = wrap_title(title, PHONE_WIDTH - 30)
-    fig.update_layout(meta={"narrow": {"title": {"text": phone}, "height": 236 + 24 * title_lines(phone),
+    fig.update_layout(meta={"narrow": {"title": top_title(phone), "height": 236 + 24 * title_lines(phone),
                                        "margin": {"t": 36 + 24 * title_lines(phone)}}})
     return fig

@@ -135,12 +135,12 @@ def heatmap_figure(
     wrapped = wrap_title(title, width - 20)
     top = 36 + 24 * title_lines(wrapped)
     base_layout(fig, wrapped, height=height)
-    fig.update_layout(margin=dict(t=top))
+    fig.update_layout(margin=dict(t=top), title=top_title(wrapped))
     fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(title_text=y_title, autorange="reversed")
     label_token_axes(fig, x_labels, y_labels, width=width, height=fig.layout.height or 450, top=top)
     phone = wrap_title(title, PHONE_WIDTH - 20)
-    narrow = {"title": {"text": phone}, "margin": {"t": 36 + 24 * title_lines(phone), "l": 60}}
+    narrow = {"title": top_title(phone), "margin": {"t": 36 + 24 * title_lines(phone), "l": 60}}
     narrow.update(token_axes_layout(x_labels, y_labels, width=PHONE_WIDTH, height=fig.layout.height or 450,
                                     top=narrow["margin"]["t"], font_px=FONT["size"]))
     fig.update_layout(meta={"narrow": narrow})
@@ -264,6 +264,12 @@ def wrap_title(title: str, width_px: float, size: float = TITLE_TEXT, sep: str =
     return "<br>".join(out)
 
 
+def top_title(text: str) -> dict:
+    """A title hung from the figure's top edge, its lines flowing down into the top margin sized for them (Plotly
+    centres a title in the margin: a wrapped one ran into the subplot titles under it)."""
+    return {"text": text, "y": 1, "yref": "container", "yanchor": "top", "pad": {"t": 8}}
+
+
 def _wrap_words(text: str, width_px: float, size: float) -> list[str]:
     """``text`` on as few lines as hold it at ``width_px``, broken between words (a word alone may run over)."""
     lines: list[str] = []
@@ -351,7 +357,7 @@ def two_maps_phone(fig: go.Figure, title: str, labels: Sequence[str], right_labe
     height = top + 2 * side + 2 * below
     plot = height - top - below
     layout: dict = {"height": height, "margin": {"t": top, "b": below, "l": 60, "r": 10},
-                    "title": {"text": phone}}
+                    "title": top_title(phone)}
     for k, (suffix, lab) in enumerate((("", labels), ("2", right_labels))):
         y1 = 1 - k * (side + below) / plot
         axes = token_axes_layout(lab, lab, width=PHONE_WIDTH, height=side + top + below, top=top,

@@ -11,7 +11,7 @@ from plotly.subplots import make_subplots
 
 from .common import (KEY_AXIS, PAGE_WIDTH, QUALITATIVE, QUERY_AXIS, SEQUENTIAL, WEIGHT_COLORBAR,
                      auto_height, base_layout, colorbar, heatmap_trace, stacked_phone, title_lines, token_axes_layout,
-                     two_maps_phone, wrap_title)
+                     top_title, two_maps_phone, wrap_title)
 
 
 def side_by_side_maps(
@@ -49,7 +49,7 @@ def side_by_side_maps(
     top = 60 + 24 * title_lines(wrapped)  # the title, then the maps' own titles
     height = auto_height(max(len(labels), len(right_labels)), lo=420, hi=820)
     base_layout(fig, wrapped, height=height)
-    fig.update_layout(margin=dict(t=top))
+    fig.update_layout(margin=dict(t=top), title=top_title(wrapped))
     for suffix, lab in (("", labels), ("2", right_labels)):
         fig.update_layout(token_axes_layout(lab, lab, width=width, height=height, top=top, suffix=suffix,
                                             share=0.44))

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 
 from .common import (DIVERGING, FONT, PAGE_WIDTH, PHONE_WIDTH, PROJECTOR_TEXT, QUALITATIVE, SEQUENTIAL, auto_height,
                      base_layout, colorbar, head_label, symmetric_range, text_px, thinned, tick_step, title_lines,
-                     token_ticks, wrap_title)
+                     token_ticks, top_title, wrap_title)
 
 
 LOSS_WIDTH = 720  # px the Experiments tab gives the loss per token at 1280 (its wider column of two)
@@ -41,10 +41,10 @@ def loss_per_token_figure(targets: Sequence[str], before: np.ndarray, after: np.
                      **token_ticks(x, width - 70 - 20, PROJECTOR_TEXT))
     fig.update_yaxes(title_text="loss (nats per token)", rangemode="tozero")
     fig.update_layout(legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
-                      margin=dict(t=top))
+                      margin=dict(t=top), title=top_title(wrapped))
     phone = wrap_title(full, PHONE_WIDTH - 20)
     fig.update_layout(meta={"narrow": {
-        "title": {"text": phone}, "height": int(300 + below + 24 * title_lines(phone)),
+        "title": top_title(phone), "height": int(300 + below + 24 * title_lines(phone)),
         "margin": {"t": 66 + 24 * title_lines(phone), "l": 60, "r": 10},
         "xaxis": token_ticks(x, PHONE_WIDTH - 70, FONT["size"])}})
     return fig
@@ -64,7 +64,7 @@ def _panels_layout(names: Sequence[str], axes: Sequence[dict], layers: list[str]
         panel_h = gap = 0
         plot_h = auto_height(len(layers), per_row=30, lo=320, hi=900) - top - 60
     layout: dict = {"height": top + plot_h + 60, "margin": {"t": top, "b": 60, "l": 70, "r": 40},
-                    "title": {"text": title}, "annotations": []}
+                    "title": top_title(title), "annotations": []}
     spacing = 0.09
     w = (1 - spacing * (n - 1)) / n
     shown = thinned(layers, tick_step(len(layers), panel_h or plot_h, tick_px))
