@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from explorer.figures.common import unwrapped
 from models import Decoder, ModelConfig, generate, load_pretrained
 from models.loading import save_pretrained
 from tests.family_pairs import _pair, _tokens
@@ -256,7 +257,7 @@ def test_the_window_edge_runs_between_the_last_unseen_and_the_first_seen_key():
     labels = [f"{i}·t" for i in range(6)]
     fig = attention_heatmap(np.tril(np.ones((6, 6))) / np.arange(1, 7)[:, None], labels, layer=1, head=0,
                             n_heads=4, n_kv_heads=2, window=3)
-    assert "sliding window 3" in fig.layout.title.text
+    assert "sliding window 3" in unwrapped(fig.layout.title.text)
     assert fig.layout.shapes[0].path == window_edge_path(6, 3)
     plain = attention_heatmap(np.eye(6), labels, layer=1, head=0, n_heads=4, n_kv_heads=2)
     assert not plain.layout.shapes
@@ -299,7 +300,7 @@ def test_the_app_loads_a_gemma_checkpoint_and_shows_its_switches_and_bands(app_u
     out = named(AttentionView, c.predict(prompt, 1, 0, "causal (as trained)", api_name="/attention"))
     assert "Layer 1 is **local**" in out.info and "global: 2" in out.info
     heat = fig(out.heatmap)
-    assert "sliding window 4" in heat["layout"]["title"]["text"]
+    assert "sliding window 4" in unwrapped(heat["layout"]["title"]["text"])
     tokens = len(out.tokens["data"])
     assert heat["layout"]["shapes"][0]["path"] == window_edge_path(tokens, 4)
     weights = arr(heat["data"][0]["z"])  # the band: nothing seen 4 or more tokens back

@@ -9,7 +9,7 @@ from explorer.figures import attention as fa
 from explorer.figures import encoder_decoder as fe
 from explorer.figures import positions as fp
 from explorer.figures.common import (display_token, head_label, heatmap_trace, kv_head_of, parameter_bars,
-                                     provenance_text, token_labels)
+                                     provenance_text, token_labels, unwrapped)
 
 REPEATED = ["<s>", "the", " the", "the", "cat", "the"]
 
@@ -80,7 +80,7 @@ def test_attention_heatmap_keeps_every_row_of_a_repeated_prompt():
 def test_attention_heatmap_bidirectional_title():
     fig = fa.attention_heatmap(np.full((2, 2), 0.5), token_labels(["a", "a"]), layer=0, head=0, n_heads=2,
                                n_kv_heads=2, causal=False)
-    assert fig.layout.title.text.startswith("Layer 0 · head 0 · attention weights · bidirectional")
+    assert unwrapped(fig.layout.title.text).startswith("Layer 0 · head 0 · attention weights · bidirectional")
 
 
 def test_attention_grid_tiles_every_layer_and_head():
@@ -138,7 +138,7 @@ def test_gqa_figure_links_each_query_head_to_its_kv_head():
     lines = [t for t in fig.data if t.mode == "lines"]
     assert len(lines) == 8
     assert lines[3].x[1] == lines[0].x[1] != lines[4].x[1]  # heads 0-3 meet at KV 0, head 4 at KV 1
-    assert "4 query heads share each K/V head" in fig.layout.title.text
+    assert "4 query heads share each K/V head" in unwrapped(fig.layout.title.text)
 
 
 # --- positions ------------------------------------------------------------------------------------------
@@ -296,25 +296,33 @@ def test_tick_step_keeps_labels_apart_and_drops_no_more_than_it_must(n, length, 
     assert k == 1 or (k - 1) * per_tick < 1.2 * font
 
 
-def test_attention_heatmap_thins_query_labels_to_what_its_height_holds():
+def test_attention_heatmap_labels_every_k_th_token_that_stands_apart_at_projector_size():
     from explorer.figures.common import thinned
+    from tests.figure_overlap import overlaps
 
     labels = token_labels([f"w{i}" for i in range(40)])
     fig = fa.attention_heatmap(_rows(40), labels, layer=0, head=0, n_heads=1, n_kv_heads=1)
-    assert list(fig.layout.yaxis.tickvals) == labels  # 16 px rows hold 9 px labels: every token
     squeezed = fa.go.Figure(fig)
     fa._label_every_token(squeezed, labels, labels, height=400)  # the height a projector's window leaves
-    ys = list(squeezed.layout.yaxis.tickvals)
-    assert ys == list(squeezed.layout.yaxis.ticktext) and ys[0] == labels[0] and 1 < len(ys) < len(labels)
-    step = labels.index(ys[1])
-    assert ys == thinned(labels, step)
-    # 400 px less the title and the rotated key labels, shared by 40 rows: 9 px labels need 1.2 × 9 px each
-    plot = 400 - 60 - min(200, 40 + 0.6 * 9 * max(len(t) for t in labels))
-    assert step * plot / 40 >= 1.2 * 9 > (step - 1) * plot / 40
-    assert list(squeezed.layout.xaxis.tickvals) == labels  # the width is the page's: its script thins the keys
+    for f in (fig, squeezed):
+        for axis in (f.layout.xaxis, f.layout.yaxis):
+            ticks = list(axis.tickvals)
+            assert ticks == list(axis.ticktext) and ticks[0] == labels[0] and len(ticks) > 1
+            assert ticks == thinned(labels, labels.index(ticks[1]))  # every k-th, hover names the rest
+        assert overlaps(f, width=fa.HEATMAP_WIDTH) == []
+    assert len(squeezed.layout.yaxis.tickvals) < len(fig.layout.yaxis.tickvals)  # a shorter map labels fewer
+    assert fig.layout.xaxis.tickangle == -90
 
 
-def test_head_scores_margins_grow_to_hold_whole_labels():
-    scores = {"previous_token": np.zeros((3, 4)), "induction": np.zeros((3, 4))}
+def test_head_scores_number_the_heads_and_fold_panels_into_rows_where_the_width_ends():
+    scores = {"previous_token": np.zeros((3, 4)), "induction": np.zeros((3, 4)), "first_token": np.zeros((3, 4))}
     fig = fa.head_scores_figure(scores, n_kv_heads=2)
-    assert fig.layout.xaxis.automargin and fig.layout.xaxis2.automargin and fig.layout.yaxis.automargin
+    assert fig.layout.yaxis.automargin
+    assert list(fig.layout.xaxis.tickvals) == [head_label(h, 4, 2) for h in range(4)]  # hover names the KV head
+    assert list(fig.layout.xaxis.ticktext) == ["0", "1", "2", "3"]
+    tops = lambda layout: sorted({round(layout[f"yaxis{s}"]["domain"][1], 3) for s in ("", "2", "3")})  # noqa: E731
+    assert len(tops(fig.layout.to_plotly_json())) == 1  # 720 px: the three panels side by side
+    narrow = fig.layout.meta["narrow"]
+    assert len(tops(narrow)) == 3  # a phone: one a row
+    assert [narrow[f"yaxis{s}"]["showticklabels"] for s in ("", "2", "3")] == [True, True, True]
+    assert len(tops(fa.head_scores_figure(scores, n_kv_heads=2, width=600).layout.to_plotly_json())) == 2

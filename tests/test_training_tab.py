@@ -84,6 +84,7 @@ def test_mark_step_adds_the_line_and_leaves_the_drawing_alone():
     assert len(marked["layout"]["shapes"]) == shapes + 2
     assert {s["x0"] for s in marked["layout"]["shapes"][-2:]} == {100}
     assert "step 100 marked" in marked["layout"]["title"]["text"]
+    assert "step 100 marked" in marked["layout"]["meta"]["narrow"]["title"]["text"]  # on a phone too
     assert len(base["layout"].get("shapes", ())) == shapes and "marked" not in base["layout"]["title"]["text"]
 
 

@@ -11,8 +11,10 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
-from .common import (KEY_AXIS, QUALITATIVE, QUERY_AXIS, SEQUENTIAL, WEIGHT_COLORBAR, WEIGHT_RANGE, auto_height,
-                     base_layout, colorbar, head_label, heatmap_figure, kv_head_of, thinned, tick_step)
+from .common import (FONT, KEY_AXIS, PHONE_WIDTH, PROJECTOR_TEXT, QUALITATIVE, QUERY_AXIS, SEQUENTIAL,
+                     WEIGHT_COLORBAR, WEIGHT_RANGE, auto_height, base_layout, colorbar, head_label, heatmap_figure,
+                     kv_head_of, label_token_axes, text_px, thinned, tick_step, title_lines, top_title,
+                     wrap_title)
 
 SCORE_TITLES = {
     "previous_token": "previous-token",
@@ -37,17 +39,19 @@ def attention_title(layer: int, head: int, n_heads: int, n_kv_heads: int, *, cau
     return f"Layer {layer} · {head_label(head, n_heads, n_kv_heads)} · attention weights{view}{sink}"
 
 
-def _label_every_token(fig: go.Figure, x_labels: Sequence[str], y_labels: Sequence[str], height: int) -> None:
-    """A tick for every token that fits (Plotly's own thinning of category ticks keeps about ten): a smaller font
-    past 24 tokens, keys rotated, every k-th query label where neighbours would overlap at the figure's height.
-    The keys' width is the page's: the page script thins both axes again at the drawn size and tick font."""
+HEATMAP_WIDTH = 720  # px the Attention tab gives the chosen head's map at 1280 (its wider column of two)
+
+
+def _label_every_token(fig: go.Figure, x_labels: Sequence[str], y_labels: Sequence[str], height: int,
+                       width: int = HEATMAP_WIDTH) -> None:
+    """A tick for every token that fits (Plotly's own thinning of category ticks keeps about ten, and slanted
+    labels overlap): a smaller font past 24 tokens, keys upright, every k-th label where neighbours drawn at the
+    projector's 16 px would touch in a ``width`` × ``height`` figure. The page script thins both axes again at
+    the size drawn."""
     size = 12 if max(len(x_labels), len(y_labels)) <= 24 else 9
-    longest = max((len(t) for t in x_labels), default=1)
-    plot_height = height - 60 - min(200, 40 + 0.6 * size * longest)  # the title above, rotated key labels below
-    ys = thinned(y_labels, tick_step(len(y_labels), plot_height, size))
-    fig.update_xaxes(tickmode="array", tickvals=list(x_labels), ticktext=list(x_labels), tickangle=-90,
-                     tickfont=dict(size=size))
-    fig.update_yaxes(tickmode="array", tickvals=ys, ticktext=ys, tickfont=dict(size=size))
+    label_token_axes(fig, x_labels, y_labels, width=width, height=height)
+    fig.update_xaxes(tickfont=dict(size=size))
+    fig.update_yaxes(tickfont=dict(size=size))
 
 
 def attention_heatmap(
@@ -78,7 +82,7 @@ def attention_heatmap(
         weights, keys, labels,
         title=title,
         x_title=KEY_AXIS + (" · key 0 hidden" if sink_hidden else ""), y_title=QUERY_AXIS, height=height,
-        colorbar_title=SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR, hoverongaps=False,
+        width=HEATMAP_WIDTH, colorbar_title=SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR, hoverongaps=False,
     )
     _label_every_token(fig, keys, labels, height)
     if window is not None and len(labels) > window:
@@ -204,62 +208,108 @@ def _compact_heatmap(big: np.ndarray, colorbar_title: str = WEIGHT_COLORBAR) -> 
     )
 
 
+SCORES_WIDTH = 720  # px the Attention tab gives the head scores at 1280 (its wider column of two)
+PANEL_TITLE = 14  # px of each score's title above its panel
+
+
+def _score_columns(names: Sequence[str], H: int, width: float) -> int:
+    """How many score panels stand side by side at ``width`` px: as many as keep each panel wide enough for its
+    title at PANEL_TITLE px and its heads at 12 px apart; the rest fold into further rows."""
+    need = max(max(text_px(SCORE_TITLES.get(n, n), PANEL_TITLE) for n in names) + 12, 12 * H)
+    room = width - 80 - 20 - 80  # the layer labels, the right margin, the colour bar
+    for cols in range(len(names), 1, -1):
+        if (room - 0.04 * room * (cols - 1)) / cols >= need:
+            return cols
+    return 1
+
+
+def _scores_layout(names: Sequence[str], L: int, H: int, heads: list[str], layers: list[str], title: str,
+                   width: float, tick_px: float, tallest: int = 540) -> dict:
+    """The panels' axes, titles and height for ``width`` px: a panel per score, folded into rows, each panel
+    tall enough for its layers (every ``k``-th layer labelled where ``tick_px`` labels would touch)."""
+    n = len(names)
+    cols = _score_columns(names, H, width)
+    rows = -(-n // cols)
+    title = wrap_title(title, width - 20)
+    panel_h = int(min(tallest, max(150, 18 * L)))
+    gap_y = 70  # px between rows of panels: the head axis and the next row's titles
+    top = 36 + 24 * title_lines(title)
+    plot_h = rows * panel_h + (rows - 1) * gap_y
+    layout: dict = {"height": top + plot_h + 60, "margin": {"t": top, "b": 60, "l": 80, "r": 20},
+                    "title": top_title(title), "annotations": []}
+    gap_x = 0.04
+    w = (1 - gap_x * (cols - 1)) / cols
+    shown_layers = thinned(layers, tick_step(L, panel_h, tick_px))
+    for i, name in enumerate(names):
+        r, c = divmod(i, cols)
+        x0 = c * (w + gap_x)
+        y1 = 1 - r * (panel_h + gap_y) / plot_h
+        y0 = y1 - panel_h / plot_h
+        suffix = "" if i == 0 else str(i + 1)
+        layout[f"xaxis{suffix}"] = dict(domain=[x0, x0 + w], anchor=f"y{suffix}", type="category", tickangle=0,
+                                        tickmode="array", tickvals=heads, ticktext=[str(h) for h in range(H)],
+                                        title=dict(text="head", standoff=4))
+        layout[f"yaxis{suffix}"] = dict(domain=[max(0.0, y0), min(1.0, y1)], anchor=f"x{suffix}", type="category",
+                                        autorange="reversed", automargin=True, tickmode="array",
+                                        tickvals=shown_layers, ticktext=shown_layers, showticklabels=c == 0)
+        layout["annotations"].append(dict(text=SCORE_TITLES.get(name, name), x=x0 + w / 2, y=min(1.0, y1),
+                                          xref="paper", yref="paper", xanchor="center", yanchor="bottom",
+                                          showarrow=False, font=dict(size=PANEL_TITLE)))
+    return layout
+
+
 def head_scores_figure(
     scores: Mapping[str, np.ndarray],
     *,
     n_kv_heads: int,
     selected: tuple[int, int] | None = None,
     subtitle: str = "",
+    width: int = SCORES_WIDTH,
 ) -> go.Figure:
-    """One (layers, heads) heatmap per score side by side, 0..1, the selected head outlined."""
+    """One (layers, heads) heatmap per score, 0..1, the selected head outlined. The panels stand side by side as
+    far as ``width`` px allows and fold into rows after that (a phone gets one a row, ``layout.meta.narrow``);
+    heads are numbered on the axis (hover names their KV head), a deep model's layers labelled every k-th."""
     names = list(scores)
     if not names:
         raise ValueError("no head scores to draw.")
     L, H = np.asarray(scores[names[0]]).shape
-    # Side-by-side axes laid out by hand, one shared y axis: make_subplots cost tens of milliseconds, paid on
-    # every layer or head switch. The titles are annotations, placed as make_subplots places them.
+    # Axes laid out by hand: make_subplots cost tens of milliseconds, paid on every layer or head switch.
     fig = go.Figure()
-    n, spacing = len(names), 0.06
-    width = (1 - spacing * (n - 1)) / n
-    for i, name in enumerate(names):
-        x0 = i * (width + spacing)
-        # automargin: the margins grow to hold whole head labels (rotated, 16 px in projector mode)
-        fig.update_layout({f"xaxis{'' if i == 0 else i + 1}": dict(domain=[x0, x0 + width], anchor="y",
-                                                                    type="category", tickangle=-45,
-                                                                    automargin=True)})
-        fig.add_annotation(text=SCORE_TITLES.get(name, name), x=x0 + width / 2, y=1.0, xref="paper", yref="paper",
-                           xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=16))
     heads = [head_label(h, H, n_kv_heads) for h in range(H)]
     layers = [f"layer {layer}" for layer in range(L)]
     for i, name in enumerate(names):
         z = np.asarray(scores[name], dtype=float)
         if z.shape != (L, H):
             raise ValueError(f"score {name!r} has shape {z.shape}, expected {(L, H)}.")
-        xaxis = "x" if i == 0 else f"x{i + 1}"
+        axes = dict(xaxis="x" if i == 0 else f"x{i + 1}", yaxis="y" if i == 0 else f"y{i + 1}")
         fig.add_trace(go.Heatmap(
-            z=z, x=heads, y=layers, coloraxis="coloraxis", xaxis=xaxis, yaxis="y",
+            z=z, x=heads, y=layers, coloraxis="coloraxis", **axes,
             hovertemplate=f"{SCORE_TITLES.get(name, name)} score<br>%{{y}} · %{{x}}<br>%{{z:.3f}}<extra></extra>",
         ))
         if selected is not None:
             layer, head = selected
             fig.add_trace(go.Scatter(
                 x=[heads[head]], y=[layers[layer]], mode="markers", showlegend=False, hoverinfo="skip",
-                marker=dict(symbol="square-open", size=22, color="#e4572e", line=dict(width=3)), xaxis=xaxis,
-                yaxis="y",
+                marker=dict(symbol="square-open", size=22, color="#e4572e", line=dict(width=3)), **axes,
             ))
-    fig.update_yaxes(type="category", autorange="reversed", automargin=True)
-    fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=1,
-                                     colorbar=colorbar("score (0–1)")))
     title = "Head scores · mean attention weight where each head type looks"
     if subtitle:
         title += f"<br><sup>{subtitle}</sup>"
-    base_layout(fig, title, height=auto_height(L, per_row=34, lo=380, hi=900))  # room for the rotated labels
-    fig.update_layout(margin=dict(t=90))
+    base_layout(fig, title)
+    fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=1, colorbar=colorbar("score (0–1)")))
+    fig.update_layout(_scores_layout(names, L, H, heads, layers, title, width, PROJECTOR_TEXT))
+    narrow = _scores_layout(names, L, H, heads, layers, title, PHONE_WIDTH, FONT["size"], tallest=320)
+    narrow["margin"]["l"] = 70
+    fig.update_layout(meta={"narrow": narrow})
     return fig
 
 
-def gqa_figure(n_heads: int, n_kv_heads: int) -> go.Figure:
-    """Query heads (top) joined to the key/value head each reads (bottom), one colour per KV group."""
+GQA_WIDTH = 480  # px the Attention tab gives this figure at 1280 (its narrower column of two)
+
+
+def gqa_figure(n_heads: int, n_kv_heads: int, *, width: int = GQA_WIDTH) -> go.Figure:
+    """Query heads (top) joined to the key/value head each reads (bottom), one colour per KV group; the title
+    wrapped to ``width`` px (and to a phone's in ``layout.meta.narrow``)."""
     fig = go.Figure()
     group = n_heads // n_kv_heads
     qx = np.arange(n_heads, dtype=float)
@@ -284,8 +334,14 @@ def gqa_figure(n_heads: int, n_kv_heads: int) -> go.Figure:
     kind = ("multi-head (every query head has its own K/V)" if n_kv_heads == n_heads else
             "multi-query (one K/V for all)" if n_kv_heads == 1 else
             f"grouped-query: {group} query heads share each K/V head")
-    base_layout(fig, f"{n_heads} query heads → {n_kv_heads} key/value heads · {kind}", height=260)
+    title = f"{n_heads} query heads → {n_kv_heads} key/value heads · {kind}"
+    wrapped = wrap_title(title, width - 30)  # the title on as many lines as the column's width needs
+    base_layout(fig, wrapped, height=236 + 24 * title_lines(wrapped))
     fig.update_xaxes(visible=False, range=[-0.8, n_heads - 0.2])
     fig.update_yaxes(visible=False, range=[-0.6, 1.6])
-    fig.update_layout(showlegend=False, margin=dict(l=20, r=20, t=60, b=20))
+    fig.update_layout(showlegend=False, margin=dict(l=20, r=20, t=36 + 24 * title_lines(wrapped), b=20),
+                      title=top_title(wrapped))
+    phone = wrap_title(title, PHONE_WIDTH - 30)
+    fig.update_layout(meta={"narrow": {"title": top_title(phone), "height": 236 + 24 * title_lines(phone),
+                                       "margin": {"t": 36 + 24 * title_lines(phone)}}})
     return fig

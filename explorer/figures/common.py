@@ -7,6 +7,8 @@ word keeps one row per token (Plotly merges equal category labels). Heatmaps put
 """
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,6 +30,12 @@ WEIGHT_COLORBAR = "attention weight (0–1)"
 QUERY_AXIS = "query token (asking)"
 KEY_AXIS = "key token (looked at)"
 FONT = dict(family="Inter, system-ui, sans-serif", size=12)
+# The sizes a figure lays itself out for (its labels at the largest size drawn: projector mode's 16 px ticks)
+PROJECTOR_TEXT = 16
+TITLE_TEXT = 1.4 * FONT["size"]  # Plotly's title size for the figure's font
+CHAR_EM = 0.6  # a label character's mean width in font heights (Plotly's sans-serif, lower case and digits)
+PAGE_WIDTH = 1240  # px a full-width figure gets in a 1280 px window (the page's gutters off)
+PHONE_WIDTH = 358  # px a figure gets on a 390 px phone
 
 
 def display_token(s: str, limit: int = 16) -> str:
@@ -117,14 +125,99 @@ def heatmap_figure(
     x_title: str = KEY_AXIS,
     y_title: str = QUERY_AXIS,
     height: int | None = None,
+    width: int = PAGE_WIDTH,
     **trace_kwargs,
 ) -> go.Figure:
-    """A single heatmap with categorical axes (one row per label, row 0 at the top)."""
+    """A single heatmap with categorical axes (one row per label, row 0 at the top), laid out for ``width`` px:
+    the title wrapped to it, every ``k``-th token labelled that stands apart at projector size; a phone's layout
+    in ``layout.meta.narrow``."""
     fig = go.Figure(heatmap_trace(z, x_labels, y_labels, **trace_kwargs))
-    base_layout(fig, title, height=height)
-    fig.update_xaxes(title_text=x_title, type="category", tickangle=-45)
-    fig.update_yaxes(title_text=y_title, type="category", autorange="reversed")
+    wrapped = wrap_title(title, width - 20)
+    top = 36 + 24 * title_lines(wrapped)
+    base_layout(fig, wrapped, height=height)
+    fig.update_layout(margin=dict(t=top), title=top_title(wrapped))
+    fig.update_xaxes(title_text=x_title)
+    fig.update_yaxes(title_text=y_title, autorange="reversed")
+    label_token_axes(fig, x_labels, y_labels, width=width, height=fig.layout.height or 450, top=top)
+    phone = wrap_title(title, PHONE_WIDTH - 20)
+    narrow = {"title": top_title(phone), "margin": {"t": 36 + 24 * title_lines(phone), "l": 60}}
+    narrow.update(token_axes_layout(x_labels, y_labels, width=PHONE_WIDTH, height=fig.layout.height or 450,
+                                    top=narrow["margin"]["t"], font_px=FONT["size"]))
+    fig.update_layout(meta={"narrow": narrow})
     return fig
+
+
+def phone_layout(fig: go.Figure, *, size: float = FONT["size"], left: float = 70, right: float = 20,
+                 scale_off: bool = False) -> dict:
+    """A figure's layout on a phone (``layout.meta.narrow``, merged in by the page under 640 px): its title and
+    each subplot title wrapped between words to the width it has there (a subplot title to the column of its x
+    axis), the top margin grown by the lines added. ``scale_off``: the phone layout hides the colour bar."""
+    bar = fig.layout.coloraxis.showscale is not False and (
+        any(k.startswith("coloraxis") for k in fig.layout.to_plotly_json())
+        or any(t.type == "heatmap" and t.showscale is not False for t in fig.data))
+    plot = PHONE_WIDTH - left - right - (90 if bar and not scale_off else 0)  # a colour bar takes this much
+    notes = [a.to_plotly_json() for a in fig.layout.annotations or ()]
+    titles = [a for a in notes if a.get("xref") == "paper" and a.get("yref") == "paper"]
+    domains = [tuple(fig.layout[k].domain or (0, 1)) for k in fig.layout if k.startswith("xaxis") and fig.layout[k]]
+    wrapped, extra = [], 0
+    for a in notes:
+        if a not in titles:
+            wrapped.append(a)
+            continue
+        columns = [d for d in domains if d[0] - 1e-6 <= a["x"] <= d[1] + 1e-6] or [(0.0, 1.0)]
+        room = min(d[1] - d[0] for d in columns) * plot - 8
+        lines = _wrap_words(str(a["text"]), room, size)
+        extra = max(extra, len(lines) - 1) if a.get("y", 1) >= 0.98 else extra
+        wrapped.append(dict(a, text="<br>".join(lines), font=dict(a.get("font") or {}, size=size)))
+    text = fig.layout.title.text or ""
+    phone = wrap_title(text, PHONE_WIDTH - 20)
+    grown = 22 * (title_lines(phone) - title_lines(text)) + 14 * extra
+    top = (fig.layout.margin.t if fig.layout.margin.t is not None else 100) + grown
+    layout = {"title": {"text": phone}, "margin": {"t": top, "l": left, "r": right}, "annotations": wrapped}
+    if fig.layout.height:
+        layout["height"] = fig.layout.height + grown
+    return layout
+
+
+def stacked_phone(fig: go.Figure, *, panel: int = 260, gap: int = 110) -> dict:
+    """``phone_layout`` with side-by-side subplots (``make_subplots(rows=1, cols=n)``) one above another, each
+    ``panel`` px tall and the page's width, ``gap`` px between them for the axis labels and the next title."""
+    layout = phone_layout(fig)
+    n = len([k for k in fig.layout.to_plotly_json() if k.startswith("xaxis")])
+    top, bottom = layout["margin"]["t"], (fig.layout.margin.b or 80)
+    plot = n * panel + (n - 1) * gap
+    layout.update(height=top + plot + bottom)
+    tops = []
+    for i in range(n):
+        suffix = "" if i == 0 else str(i + 1)
+        y1 = 1 - i * (panel + gap) / plot
+        tops.append(y1)
+        layout[f"xaxis{suffix}"] = {"domain": [0, 1]}
+        layout[f"yaxis{suffix}"] = {"domain": [max(0.0, y1 - panel / plot), y1]}
+    titles = [a for a in layout["annotations"] if a.get("xref") == "paper" and a.get("yref") == "paper"
+              and a.get("y", 0) >= 0.98]
+    for a, y1 in zip(titles, tops):
+        size = (a.get("font") or {}).get("size") or FONT["size"]  # a column the page's width: its lines anew
+        a.update(x=0.5, y=y1, text="<br>".join(_wrap_words(unwrapped(a["text"]), PHONE_WIDTH - 100, size)))
+    return layout
+
+
+def token_axes_layout(x_labels: Sequence[str], y_labels: Sequence[str], *, width: float, height: float,
+                      top: float = 60, font_px: float = PROJECTOR_TEXT, left: float = 70, suffix: str = "",
+                      share: float = 1.0) -> dict:
+    """Layout of a token map's two axes for a figure ``width`` × ``height`` px: keys upright under the plot and
+    every ``k``-th key and query labelled that stands apart at ``font_px`` (``share``: the part of the plot width
+    this map gets beside others; ``suffix``: its axes' number)."""
+    longest = max((text_px(t, font_px) for t in x_labels), default=font_px)
+    plot_h = height - top - min(220, 40 + longest)  # the title above, the upright key labels below
+    plot_w = (width - left - 20 - 90) * share  # the query labels, the right margin, the colour bar
+    return {f"xaxis{suffix}": dict(tickangle=-90, **token_ticks(x_labels, plot_w, font_px)),
+            f"yaxis{suffix}": token_ticks(y_labels, plot_h, font_px)}
+
+
+def label_token_axes(fig: go.Figure, x_labels: Sequence[str], y_labels: Sequence[str], **kwargs) -> None:
+    """``token_axes_layout`` applied to ``fig``'s axes."""
+    fig.update_layout(token_axes_layout(x_labels, y_labels, **kwargs))
 
 
 TICK_GAP = 1.2  # labels at least this many font heights apart, centre to centre, so neighbours never touch
@@ -141,6 +234,68 @@ def tick_step(n: int, length_px: float, font_px: float, gap: float = TICK_GAP) -
 def thinned(labels: Sequence[str], step: int) -> list[str]:
     """Every ``step``-th label from the first (the page script thins the same way once it knows the pixels)."""
     return list(labels)[::max(1, int(step))]
+
+
+
+
+def text_px(text: str, size: float) -> float:
+    """Estimated width in px of one line of label text (tags dropped, entities read as one character)."""
+    return CHAR_EM * size * len(html.unescape(re.sub(r"<[^>]+>", "", str(text))))
+
+
+def wrap_title(title: str, width_px: float, size: float = TITLE_TEXT, sep: str = " · ") -> str:
+    """``title`` with each line that would run past ``width_px`` broken after its ``sep`` (then between words): each
+    break stands for one space, so ``unwrapped(wrap_title(t)) == unwrapped(t)``. A subtitle in ``<sup>`` (drawn at
+    0.7 of the size) is broken the same way inside its tag."""
+    out = []
+    for line in title.split("<br>"):
+        sup = line.startswith("<sup>") and line.endswith("</sup>")
+        body, scale = (line[5:-6], 0.7) if sup else (line, 1.0)
+        parts: list[str] = []
+        for part in body.split(sep):
+            if parts and text_px(parts[-1] + sep + part, size * scale) <= width_px:
+                parts[-1] += sep + part
+            else:
+                if parts:  # the separator stays at the line's end: joined by spaces the title reads as before
+                    parts[-1] += sep.rstrip()
+                parts.extend(_wrap_words(part, width_px, size * scale))
+        joined = "<br>".join(parts)
+        out.append(f"<sup>{joined}</sup>" if sup else joined)
+    return "<br>".join(out)
+
+
+def top_title(text: str) -> dict:
+    """A title hung from the figure's top edge, its lines flowing down into the top margin sized for them (Plotly
+    centres a title in the margin: a wrapped one ran into the subplot titles under it)."""
+    return {"text": text, "y": 1, "yref": "container", "yanchor": "top", "pad": {"t": 8}}
+
+
+def _wrap_words(text: str, width_px: float, size: float) -> list[str]:
+    """``text`` on as few lines as hold it at ``width_px``, broken between words (a word alone may run over)."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and text_px(lines[-1] + " " + word, size) <= width_px:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
+def unwrapped(title: str) -> str:
+    """A title's words with its line breaks read as spaces (what ``wrap_title`` leaves unchanged)."""
+    return str(title).replace("<br>", " ")
+
+
+def title_lines(title: str) -> int:
+    return title.count("<br>") + 1
+
+
+def token_ticks(labels: Sequence[str], length_px: float, font_px: float = PROJECTOR_TEXT) -> dict:
+    """A token axis labelling every ``k``-th token that stands apart at ``font_px`` along ``length_px`` (keys
+    turned upright, so each takes one font height along the axis); hover names every token. The page script
+    thins it again at the size drawn (its ticks are their own text, as it expects)."""
+    shown = thinned(labels, tick_step(len(labels), length_px, font_px))
+    return dict(type="category", tickmode="array", tickvals=shown, ticktext=shown)
 
 
 def colorbar(title: str, **kwargs) -> dict:
@@ -191,3 +346,26 @@ def parameter_bars(parts: dict[str, int], *, title: str, total: int) -> go.Figur
     fig.update_xaxes(title_text="parameters (count)")
     fig.update_yaxes(title_text="component", autorange="reversed")
     return fig
+
+
+def two_maps_phone(fig: go.Figure, title: str, labels: Sequence[str], right_labels: Sequence[str]) -> dict:
+    """The two maps' layout for a phone (merged in under 640 px by the page): one above the other, each the
+    page's width, the tokens thinned for it and the title on lines that fit."""
+    phone = wrap_title(title, PHONE_WIDTH - 20)
+    top = 60 + 24 * title_lines(phone)
+    side, below, font = 300, 150, FONT["size"]  # px: each map, the upright key labels and the next map's title
+    height = top + 2 * side + 2 * below
+    plot = height - top - below
+    layout: dict = {"height": height, "margin": {"t": top, "b": below, "l": 60, "r": 10},
+                    "title": top_title(phone)}
+    for k, (suffix, lab) in enumerate((("", labels), ("2", right_labels))):
+        y1 = 1 - k * (side + below) / plot
+        axes = token_axes_layout(lab, lab, width=PHONE_WIDTH, height=side + top + below, top=top,
+                                 font_px=font, left=60, suffix=suffix)
+        axes[f"xaxis{suffix}"]["domain"] = [0, 1]
+        axes[f"yaxis{suffix}"]["domain"] = [max(0.0, y1 - side / plot), y1]
+        layout.update(axes)
+    notes = [a.to_plotly_json() for a in fig.layout.annotations]
+    layout["annotations"] = [dict(a, x=0.5, y=layout[f"yaxis{s}"]["domain"][1], font=dict(size=13))
+                             for a, s in zip(notes, ("", "2"))]
+    return layout

@@ -9,8 +9,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import (KEY_AXIS, QUALITATIVE, QUERY_AXIS, SEQUENTIAL, WEIGHT_COLORBAR, auto_height, base_layout,
-                     colorbar, heatmap_trace)
+from .common import (KEY_AXIS, PAGE_WIDTH, QUALITATIVE, QUERY_AXIS, SEQUENTIAL, WEIGHT_COLORBAR,
+                     auto_height, base_layout, colorbar, heatmap_trace, stacked_phone, title_lines, token_axes_layout,
+                     top_title, two_maps_phone, wrap_title)
 
 
 def side_by_side_maps(
@@ -26,9 +27,11 @@ def side_by_side_maps(
     zmin: float = 0.0,
     zmax: float = 1.0,
     right_labels: Sequence[str] | None = None,
+    width: int = PAGE_WIDTH,
 ) -> go.Figure:
     """Two (T, T) maps with one shared colour range (``zmin``..``zmax``). ``right_labels``: the right
-    map's tokens when its model tokenizes the sentence differently (default: ``labels``)."""
+    map's tokens when its model tokenizes the sentence differently (default: ``labels``). Laid out for ``width``
+    px (every ``k``-th token labelled that stands apart at projector size); on a phone the maps stack."""
     right_labels = labels if right_labels is None else right_labels
     fig = make_subplots(rows=1, cols=2, subplot_titles=[left_title, right_title], horizontal_spacing=0.12)
     for col, z, lab in ((1, left, labels), (2, right, right_labels)):
@@ -42,8 +45,15 @@ def side_by_side_maps(
                          row=1, col=col)
     fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=zmin, cmax=zmax,
                                      colorbar=colorbar(colorbar_title)))
-    base_layout(fig, title, height=auto_height(max(len(labels), len(right_labels)), lo=420, hi=820))
-    fig.update_layout(margin=dict(t=90))
+    wrapped = wrap_title(title, width - 20)
+    top = 60 + 24 * title_lines(wrapped)  # the title, then the maps' own titles
+    height = auto_height(max(len(labels), len(right_labels)), lo=420, hi=820)
+    base_layout(fig, wrapped, height=height)
+    fig.update_layout(margin=dict(t=top), title=top_title(wrapped))
+    for suffix, lab in (("", labels), ("2", right_labels)):
+        fig.update_layout(token_axes_layout(lab, lab, width=width, height=height, top=top, suffix=suffix,
+                                            share=0.44))
+    fig.update_layout(meta={"narrow": two_maps_phone(fig, title, labels, right_labels)})
     return fig
 
 
@@ -66,6 +76,7 @@ def fill_in_blank_figure(left_tokens: Sequence[str], left_probs: Sequence[float]
     base_layout(fig, f"Fill in the blank: top guesses for the hidden token “{hidden}” (orange = the hidden word)",
                 height=420)
     fig.update_layout(margin=dict(t=90))
+    fig.update_layout(meta={"narrow": stacked_phone(fig)})
     return fig
 
 
@@ -98,6 +109,7 @@ def norm_figure(x: np.ndarray, rms: np.ndarray, ln: np.ndarray, *, token: str, e
     base_layout(fig, f"RMSNorm vs LayerNorm on the same vector (token {token}; gain 1, bias 0, eps {eps:g})",
                 height=470)
     fig.update_layout(margin=dict(t=80, b=120))
+    fig.update_layout(meta={"narrow": stacked_phone(fig)})
     return fig
 
 
@@ -132,5 +144,6 @@ def activation_figure(grid: np.ndarray, silu_grid: np.ndarray, gelu_grid: np.nda
     fig.update_yaxes(title_text="hidden units", row=1, col=2)
     base_layout(fig, f"SwiGLU vs GELU on the same pre-activations (token {token})", height=470)
     fig.update_layout(margin=dict(t=80, b=120))
+    fig.update_layout(meta={"narrow": stacked_phone(fig)})
     return fig
 

@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import QUALITATIVE, base_layout, heatmap_figure
+from .common import QUALITATIVE, base_layout, heatmap_figure, phone_layout
 
 PHASE_LINE = dict(color="#d62728", width=2, dash="dash")
 
@@ -50,6 +50,7 @@ def live_curves(steps: Sequence[int], loss: Sequence[float | None], repeated_hal
     fig.update_xaxes(title_text="training step", row=2, col=1)
     base_layout(fig, f"Training now, live<br><sup>{source}</sup>", height=560)
     fig.update_layout(legend=dict(orientation="h", y=-0.14), hovermode="x unified")
+    fig.update_layout(meta={"narrow": phone_layout(fig)})
     return fig
 
 

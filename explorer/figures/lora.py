@@ -11,7 +11,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import KEY_AXIS, QUALITATIVE, QUERY_AXIS, base_layout, heatmap_trace, provenance_text
+from .common import (KEY_AXIS, PAGE_WIDTH, QUALITATIVE, QUERY_AXIS, base_layout, heatmap_trace, stacked_phone,
+                     provenance_text, token_axes_layout, two_maps_phone, wrap_title)
 
 MIB = 1024 ** 2
 
@@ -61,6 +62,7 @@ def parameter_figure(
     fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.18, x=0.55), margin=dict(t=90, b=90))
     fig.update_yaxes(type="log", dtick=1, title_text="parameters", row=1, col=1)
     fig.update_yaxes(title_text="MiB", rangemode="tozero", row=1, col=2)
+    fig.update_layout(meta={"narrow": stacked_phone(fig)})
     return fig
 
 
@@ -112,10 +114,15 @@ def attention_before_after_figure(
     fig.add_trace(heatmap_trace(a, labels, labels, showscale=False, name=before_title), row=1, col=1)
     fig.add_trace(heatmap_trace(b, labels, labels, name=after_title), row=1, col=2)
     diff = float(np.abs(a - b).max()) if a.size else 0.0
-    base_layout(fig, f"Layer {layer} · {head_name} · attention weights · largest change {diff:.4f}",
-                height=max(380, 160 + 20 * len(labels)))
+    title = f"Layer {layer} · {head_name} · attention weights · largest change {diff:.4f}"
+    height = max(380, 160 + 20 * len(labels))
+    base_layout(fig, wrap_title(title, PAGE_WIDTH - 20), height=height)
     for col in (1, 2):
-        fig.update_xaxes(title_text=KEY_AXIS, type="category", tickangle=-45, row=1, col=col)
+        fig.update_xaxes(title_text=KEY_AXIS, type="category", row=1, col=col)
         fig.update_yaxes(title_text=QUERY_AXIS if col == 1 else None, type="category", autorange="reversed",
                          row=1, col=col)
+        # every k-th token labelled that stands apart at projector size, keys upright (hover names each)
+        fig.update_layout(token_axes_layout(labels, labels, width=PAGE_WIDTH, height=height, top=90,
+                                            suffix="" if col == 1 else "2", share=0.44))
+    fig.update_layout(meta={"narrow": two_maps_phone(fig, title, labels, labels)})
     return fig

@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import QUALITATIVE, auto_height, base_layout, heatmap_figure, token_labels
+from .common import QUALITATIVE, auto_height, base_layout, heatmap_figure, phone_layout, token_labels
 
 SCORES = (("previous_token", "previous-token", QUALITATIVE[0]), ("induction", "induction", QUALITATIVE[1]),
           ("first_token", "first-token (sink)", QUALITATIVE[2]))
@@ -56,6 +56,7 @@ def training_curves(c: dict, phase: dict, *, source: str) -> go.Figure:
     fig.update_xaxes(title_text="training step", row=2, col=1)
     base_layout(fig, f"The training run<br><sup>{source}</sup>", height=620)
     fig.update_layout(legend=dict(orientation="h", y=-0.12), hovermode="closest")
+    fig.update_layout(meta={"narrow": phone_layout(fig)})
     return fig
 
 
@@ -73,7 +74,14 @@ def mark_step(figure: dict, step: int) -> dict:
     title = dict(layout.get("title", {}))
     title["text"] = str(title.get("text", "")).replace("The training run", f"The training run, step {step} marked", 1)
     layout["title"] = title
+    narrow = (layout.get("meta") or {}).get("narrow")
+    if narrow and "title" in narrow:  # the phone's title names the step too
+        text = narrow["title"]["text"].replace("The training run", f"The training run, step {step} marked", 1)
+        layout["meta"] = {**layout["meta"], "narrow": {**narrow, "title": {**narrow["title"], "text": text}}}
     return {"data": figure["data"], "layout": layout}
+
+
+PATTERN_WIDTH = 480  # px the Training tab gives the pattern at 1280 (its narrower column of two)
 
 
 def pattern_at_step(pattern: np.ndarray, tokens: Sequence[str], *, step: int, head: str, span: int,
@@ -84,4 +92,4 @@ def pattern_at_step(pattern: np.ndarray, tokens: Sequence[str], *, step: int, he
     return heatmap_figure(np.asarray(pattern), labels, labels,
                           title=f"{head} at step {step} · random tokens, repeated (span {span})"
                                 f"<br><sup>{source}</sup>",
-                          height=auto_height(len(labels), per_row=14, lo=420, hi=700))
+                          height=auto_height(len(labels), per_row=14, lo=420, hi=700), width=PATTERN_WIDTH)

@@ -14,9 +14,11 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import DIVERGING, SEQUENTIAL, WEIGHT_RANGE, base_layout, colorbar, display_token, symmetric_range
+from .common import (DIVERGING, FONT, PAGE_WIDTH, PHONE_WIDTH, SEQUENTIAL, WEIGHT_RANGE, base_layout,
+                     colorbar, display_token, phone_layout, symmetric_range, token_ticks, wrap_title)
 
 VALUE_FORMAT = ".7g"  # float32 carries about 7 significant digits
+STEP_WIDTH = 720  # px the walkthrough gives a step's figure at 1280 (its wider column of two)
 PROB_COLORBAR = "probability (0–1)"
 MASKED_TEXT = "−∞ (masked: a later token)"
 
@@ -71,9 +73,11 @@ def stacked_heatmaps(panels: Sequence[Panel], *, title: str, value_name: str = "
             hovertemplate=f"%{{y}}<br>{p.x_title} %{{x}}<br>{hover}<extra>{p.title}</extra>", **kwargs,
         ), row=i + 1, col=1)
         fig.update_yaxes(type="category", autorange="reversed", row=i + 1, col=1)
+        # named columns (the keys) upright, every k-th labelled that stands apart at projector size
         fig.update_xaxes(title_text=p.x_title, row=i + 1, col=1,
-                         **({"type": "category", "tickangle": -45} if p.columns is not None else {}))
-    base_layout(fig, title, height=int(110 + sum(heights) + 70 * len(panels)))
+                         **({"tickangle": -90, **token_ticks(list(p.columns), STEP_WIDTH - 200)}
+                            if p.columns is not None else {}))
+    base_layout(fig, wrap_title(title, STEP_WIDTH - 20), height=int(110 + sum(heights) + 70 * len(panels)))
     axes = {}  # one layout update for every colour axis: plotly validates each update_layout call anew
     for i, z in enumerate(zs):
         domain = fig.layout[f"yaxis{i + 1 if i else ''}"].domain
@@ -89,6 +93,11 @@ def stacked_heatmaps(panels: Sequence[Panel], *, title: str, value_name: str = "
     if masked_text is not None:
         axes["plot_bgcolor"] = "#d9d9d9"
     fig.update_layout(axes)
+    narrow = phone_layout(fig)
+    for i, p in enumerate(panels):
+        if p.columns is not None:
+            narrow[f"xaxis{i + 1 if i else ''}"] = token_ticks(list(p.columns), PHONE_WIDTH - 180, FONT["size"])
+    fig.update_layout(meta={"narrow": narrow})
     return fig
 
 
@@ -158,6 +167,7 @@ def stream_figure(stream: np.ndarray, rms: np.ndarray, rows: Sequence[str], *, t
         fig.add_shape(type="rect", xref="x", yref="y", x0=-0.5, x1=C - 0.5, y0=expanded + 0.5,
                       y1=expanded + 1.5, line=dict(color="#e4572e", width=3))
     base_layout(fig, title, height=int(min(1000, max(280, 150 + 24 * n))))
+    fig.update_layout(meta={"narrow": phone_layout(fig)})
     return fig
 
 
@@ -191,6 +201,8 @@ def top_tokens_figure(tokens: Sequence[str], ids: Sequence[int], values: Sequenc
 
 LENS_CHARS = 7  # characters of a token in a lens cell (hover has it whole): 16 px text fits a projector's cell
 LENS_TEXT = 12  # px of the cells' text; the page script draws it at 16 px in projector mode
+LENS_DEEP = 16  # rows past this: the last layer on top
+LENS_ROW_DEEP = 20  # px a row of a deep model's lens: the 16 px cell text still fits
 
 
 def lens_figure(rows: Sequence[str], tokens: Sequence[Sequence[str]], ids: np.ndarray, probs: np.ndarray,
@@ -221,12 +233,20 @@ def lens_figure(rows: Sequence[str], tokens: Sequence[Sequence[str]], ids: np.nd
         textfont=dict(size=LENS_TEXT),
         hovertemplate="%{y}<br>P(" + shown + ") %{z:" + VALUE_FORMAT + "}<extra></extra>",
     ), row=1, col=2)
-    fig.update_yaxes(type="category", autorange="reversed")
-    fig.update_yaxes(title_text="residual stream after", row=1, col=1)
+    # a deep model's rows with the last layer on top: the layers where the prediction appears are the first in
+    # view, not below a projector's fold (a shallow one reads top down, like the walkthrough's other figures)
+    deep = n > LENS_DEEP
+    fig.update_yaxes(type="category", autorange=None if deep else "reversed")
+    fig.update_yaxes(title_text="residual stream after" + (" (last layer on top)" if deep else ""), row=1, col=1)
     fig.update_xaxes(type="category")
     fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=1,
                                      colorbar=colorbar(PROB_COLORBAR, thickness=14)))
-    base_layout(fig, title, height=int(min(1100, max(300, 150 + 26 * n))))
+    base_layout(fig, wrap_title(title, PAGE_WIDTH - 20),
+                height=int(min(1100, max(300, 150 + (LENS_ROW_DEEP if deep else 26) * n))))
+    narrow = phone_layout(fig, left=70, right=4, scale_off=True)
+    # a phone: no colour bar (the cells carry their numbers), the top tokens given all but the last column
+    narrow.update(xaxis={"domain": [0, 0.8]}, xaxis2={"domain": [0.82, 1]}, coloraxis={"showscale": False})
+    fig.update_layout(meta={"narrow": narrow})
     return fig
 
 

@@ -1,0 +1,242 @@
+"""The layout audit (issue 37): every tab's opening figure and every lesson view of docs/lesson.md, opened in
+Chromium at three viewports, each figure in the window read from its SVG as drawn (tests/layout_audit.js).
+
+The rules, per viewport:
+
+- projector mode (``present=1``) at 1280×720 and at 1920×1080: the main figure's plot area (the union of its
+  subplots) at least 300 px tall and wide, and wholly inside the window; every figure text (ticks, legends,
+  titles, subplot titles, annotations, colour bars, cell text) at least 14 px;
+- a 390×844 phone (no projector mode: a student's screen, held at reading distance): the main figure's plot area at
+  least 200 px tall and wide, every figure text at least 11 px;
+- everywhere: no two texts of a figure overlap (two slanted tick labels excepted: their boxes are loose), no text
+  past its figure's edge, no figure past the window's right edge, the figure's block label on none of its texts.
+
+A failure is named ``model viewport view figure check`` (``key``); tests/test_layout_audit.py compares the names
+against tests/layout_known.txt, the list of views still failing, which can only shrink.
+
+    python -m tests.layout_audit --serve shipped --out artifacts/layout     # starts python app.py itself
+    python -m tests.layout_audit --serve smol --out artifacts/layout-smol   # at SmolLM2-135M's shape, random weights
+    python -m tests.layout_audit --url http://127.0.0.1:7860/ --out DIR     # a server already running
+
+writes DIR/report.md, DIR/report.json and one screenshot per view and viewport (the README's screenshots can be
+retaken from them).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.headless import ARGS, CHROMIUM, TABS, _wait_idle  # noqa: E402
+
+SCRIPT = (Path(__file__).parent / "layout_audit.js").read_text(encoding="utf-8")
+KNOWN = Path(__file__).parent / "layout_known.txt"
+
+
+@dataclass(frozen=True)
+class Viewport:
+    name: str
+    width: int
+    height: int
+    projector: bool
+    min_plot: int  # px: the main figure's plot area, each way
+    min_font: float  # px: every figure text
+
+    @property
+    def rules(self) -> dict:
+        return {"minPlot": self.min_plot, "minFont": self.min_font, "inWindow": self.projector}
+
+
+VIEWPORTS = [Viewport("projector-1280x720", 1280, 720, True, 300, 14),
+             Viewport("projector-1920x1080", 1920, 1080, True, 300, 14),
+             Viewport("phone-390x844", 390, 844, False, 200, 11)]
+
+
+@dataclass(frozen=True)
+class View:
+    name: str
+    tab: str
+    query: str | None  # a lesson link's query (opened as a link); None: the tab's opening (its tab clicked)
+
+
+def lesson_links() -> list[str]:
+    """The links of docs/lesson.md's 50-minute lesson, in order (each ends in focus=<name>)."""
+    text = (ROOT / "docs" / "lesson.md").read_text(encoding="utf-8")
+    return re.findall(r"`\?([^`]+)`", text[text.index("## A 50-minute lesson"):])
+
+
+def views() -> list[View]:
+    """Every tab's opening, then every lesson view (``lesson-N-tab-focus``)."""
+    out = [View(f"tab-{tab}", tab, None) for _, tab, _ in TABS]
+    for i, query in enumerate(lesson_links()):
+        tab = re.search(r"tab=(\w+)", query)[1]
+        focus = re.search(r"focus=(\w+)", query)
+        out.append(View(f"lesson-{i + 1}-{tab}" + (f"-{focus[1]}" if focus else ""), tab, query))
+    return out
+
+
+def _settle(page, rounds=3):
+    for _ in range(rounds):
+        page.wait_for_timeout(700)
+        _wait_idle(page, timeout_ms=300_000)
+
+
+def _open_base(page, url: str, viewport: Viewport) -> None:
+    page.goto(url + ("?present=1" if viewport.projector else ""), wait_until="domcontentloaded")
+    page.locator(".js-plotly-plot").first.wait_for(state="visible", timeout=300_000)
+    _settle(page)
+
+
+def audit_view(page, url: str, view: View, viewport: Viewport, *, fresh: bool) -> dict:
+    """One view at one viewport on ``page`` (a tab's opening: its tab clicked on the page as it is, after the page
+    was opened when ``fresh``; a lesson link: the link opened). Returns the script's answer."""
+    if view.query is None:
+        if fresh:
+            _open_base(page, url, viewport)
+        label = next(label for label, tab, _ in TABS if tab == view.tab)
+        page.get_by_role("tab", name=label, exact=True).click()
+        page.locator(f"#tab-{view.tab} .js-plotly-plot").first.wait_for(state="visible", timeout=300_000)
+        _settle(page, 2)
+        main = f"#tab-{view.tab} .js-plotly-plot"
+        page.evaluate("(sel) => { const el = document.querySelector(sel); if (el) el.scrollIntoView({block: 'nearest'}); }",
+                      main)
+        page.wait_for_timeout(900)  # the page's debounced fit and thinning after the scroll
+    else:
+        page.goto(f"{url}?{view.query}" + ("&present=1" if viewport.projector else ""), wait_until="domcontentloaded")
+        page.wait_for_function("() => document.body.dataset.focused", timeout=300_000)
+        _settle(page)
+        page.wait_for_timeout(1000)
+        focused = page.evaluate("() => document.body.dataset.focused").split()
+        main = f"#{focused[0]}"
+    return page.evaluate(SCRIPT, {"main": main, **viewport.rules})
+
+
+def key(model: str, viewport: str, view: str, figure: str, check: str) -> str:
+    return " ".join([model, viewport, view, figure.replace(" ", "_"), check])
+
+
+def run_audit(url: str, *, model: str, views_: list[View] | None = None, viewports: list[Viewport] | None = None,
+              out: Path | None = None, log=print) -> dict:
+    """The audit of ``views_`` (default: all) at ``viewports`` (default: all) on the app at ``url``: one browser, one
+    page per viewport. Returns {"model", "results": [{view, viewport, figures, failures}], "keys": [...]}; with
+    ``out``, a screenshot of each view there."""
+    from playwright.sync_api import sync_playwright
+
+    views_ = views() if views_ is None else views_
+    viewports = VIEWPORTS if viewports is None else viewports
+    results, keys = [], []
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            for vp in viewports:
+                page = browser.new_page(viewport={"width": vp.width, "height": vp.height})
+                fresh = True
+                for view in views_:
+                    t0 = time.monotonic()
+                    try:
+                        answer = audit_view(page, url, view, vp, fresh=fresh)
+                    except Exception as e:  # a view that never settled is a failure of its own, not the end
+                        answer = {"figures": [], "failures": [{"figure": "page", "check": "not-drawn",
+                                                               "detail": str(e).splitlines()[0][:200]}]}
+                        page.close()
+                        page = browser.new_page(viewport={"width": vp.width, "height": vp.height})
+                    fresh = view.query is not None  # after a link, the next tab opening starts from the bare page
+                    if out is not None:
+                        page.screenshot(path=str(out / f"{model}-{vp.name}-{view.name}.png"))
+                    results.append({"view": view.name, "viewport": vp.name, **answer})
+                    keys += [key(model, vp.name, view.name, f["figure"], f["check"]) for f in answer["failures"]]
+                    log(f"{model} {vp.name} {view.name}: {len(answer['failures'])} failures "
+                        f"({time.monotonic() - t0:.0f} s)")
+                page.close()
+        finally:
+            browser.close()
+    return {"model": model, "url": url, "results": results, "keys": sorted(set(keys))}
+
+
+def report_markdown(report: dict) -> str:
+    """A table of failures per view and viewport, then each failure with its detail."""
+    vps = [vp.name for vp in VIEWPORTS if any(r["viewport"] == vp.name for r in report["results"])]
+    names = list(dict.fromkeys(r["view"] for r in report["results"]))
+    cell = {(r["view"], r["viewport"]): r for r in report["results"]}
+    lines = [f"# Layout audit: {report['model']}", "", "| view | " + " | ".join(vps) + " |",
+             "|---|" + "---|" * len(vps)]
+    for name in names:
+        row = []
+        for vp in vps:
+            r = cell.get((name, vp))
+            row.append("" if r is None else str(len(r["failures"])) + (
+                " (" + ", ".join(sorted({f["check"] for f in r["failures"]})) + ")" if r["failures"] else ""))
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    total = sum(len(r["failures"]) for r in report["results"])
+    lines += ["", f"{total} failures in {len(report['results'])} views.", ""]
+    for r in report["results"]:
+        for f in r["failures"]:
+            lines.append(f"- {r['viewport']} {r['view']} · {f['figure']} · {f['check']}: {f['detail']}")
+    return "\n".join(lines) + "\n"
+
+
+def known() -> set[str]:
+    """tests/layout_known.txt: the failures still expected (one key a line, # comments)."""
+    if not KNOWN.is_file():
+        return set()
+    return {line.strip() for line in KNOWN.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.lstrip().startswith("#")}
+
+
+@contextlib.contextmanager
+def serve(model: str):
+    """``python app.py`` on a loopback port serving ``model``: "shipped" (assets/default-model) or "smol" (a
+    SmolLM2-135M-shape folder with random weights and the shipped tokenizer, written to a temporary folder)."""
+    import tempfile
+
+    from explorer.bench.flood import write_smol_shape_folder
+    from explorer.bench.server import served_app
+
+    if model == "shipped":
+        with served_app(start_timeout=600) as server:
+            yield server.url
+        return
+    if model != "smol":
+        raise ValueError(f'model must be "shipped" or "smol", got {model!r}.')
+    with tempfile.TemporaryDirectory() as root:
+        folder = Path(root) / "smol-shape"
+        write_smol_shape_folder(folder)
+        with served_app({"EXPLORER_DEFAULT_MODEL": str(folder), "EXPLORER_MODEL_ROOT": root},
+                        start_timeout=900) as server:
+            yield server.url
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.layout_audit", description=__doc__.split("\n\n")[0])
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="an app already running")
+    where.add_argument("--serve", choices=["shipped", "smol"], help="start python app.py on this model shape")
+    parser.add_argument("--model", default=None, help="the model's name in the report (default: --serve's)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for report.md, report.json, screenshots")
+    parser.add_argument("--views", nargs="*", help="view names (default: all); e.g. tab-attention lesson-3-attention-heatmap")
+    parser.add_argument("--viewports", nargs="*", choices=[vp.name for vp in VIEWPORTS])
+    args = parser.parse_args(argv)
+    chosen = [v for v in views() if not args.views or v.name in args.views]
+    vps = [vp for vp in VIEWPORTS if not args.viewports or vp.name in args.viewports]
+    model = args.model or args.serve or "app"
+    with (serve(args.serve) if args.serve else contextlib.nullcontext(args.url)) as url:
+        report = run_audit(url, model=model, views_=chosen, viewports=vps, out=args.out)
+    (args.out / "report.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    (args.out / "report.md").write_text(report_markdown(report), encoding="utf-8")
+    print(f"{len(report['keys'])} failing (view, figure, check) in {len(report['results'])} views: {args.out}/report.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
