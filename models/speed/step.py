@@ -5,8 +5,8 @@ It is a second implementation of the same math, written for exactly one decoder:
 in fp32 with SDPA attention, plain ``nn.Linear``s without bias, RMSNorm, SwiGLU, no hook and no edit anywhere -- or
 that decoder after ``models.quant.quantize_int8`` (one token on the CPU: the int8 products by
 ``models.speed.narrow``'s kernel, the same math as ``Int8Linear`` up to the order of the additions).
-For anything else (LoRA, bf16, int8 in a batch or without the kernel, another attention implementation, a module or a config option it does not
-know) it steps aside: it returns None and ``decode_one`` runs the modules. It cannot see a change to the teaching
+For anything else (LoRA, bf16, int8 in a batch or without the kernel, another attention implementation, a module or
+a config option it does not know) it steps aside: it returns None and ``decode_one`` runs the modules. It cannot see a change to the teaching
 code's source (an edited ``RMSNorm.forward``): a caller that shows its tokens says which path made them and checks
 them against the modules (the generation tab does).
 
