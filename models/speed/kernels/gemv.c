@@ -2,8 +2,8 @@
  * Q an (rows, cols) row-major int8 matrix, scale (rows,), x and out fp32.
  * Each weight is widened to fp32 in registers and multiplied in fp32, so the result is the fp32 dot product of the
  * widened weight up to the order of the additions; only the weight's own bytes are read from memory.
- * Built and loaded by models/speed/narrow.py; the rows are shared among torch's OpenMP threads (torch's own
- * libgomp, already loaded when this library is). AVX2 + FMA where the CPU has them, portable C elsewhere. */
+ * Built and loaded by models/speed/narrow.py; a large matrix's rows are shared among torch's OpenMP threads
+ * (torch's own libgomp, already loaded when this library is). AVX2 + FMA where the CPU has them, portable C elsewhere. */
 #include <stdint.h>
 #include <immintrin.h>
 
@@ -40,6 +40,10 @@ static float dot_i8_avx2(const int8_t *q, const float *x, int64_t n) {
     return hsum(a0, a1, a2, a3) + dot_i8_c(q + i, x + i, n - i);
 }
 
+/* Below this many weights a matrix is read by one thread: waking a second one for each of a step's ~150 small
+ * products cost more than it saved on a busy 2-core machine (bench/notes/int8.md). */
+#define PARALLEL_MIN_WEIGHTS (1 << 21)
+
 static int has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -50,7 +54,8 @@ int narrow_simd(void) { return has_avx2(); }
 void gemv_i8(const float *x, const int8_t *q, const float *scale, float *out, int64_t rows, int64_t cols,
              float alpha, int accumulate, int threads) {
     int simd = has_avx2();
-    #pragma omp parallel for schedule(static) num_threads(threads) if(threads > 1)
+    int shared = threads > 1 && rows * cols >= PARALLEL_MIN_WEIGHTS;
+    #pragma omp parallel for schedule(static) num_threads(threads) if(shared)
     for (int64_t o = 0; o < rows; o++) {
         const int8_t *row = q + o * cols;
         float v = alpha * scale[o] * (simd ? dot_i8_avx2(row, x, cols) : dot_i8_c(row, x, cols));
