@@ -27,15 +27,13 @@ __attribute__((target("avx2,fma")))
 static float dot_i8_avx2(const int8_t *q, const float *x, int64_t n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m256i v = _mm256_loadu_si256((const __m256i *)(q + i));
-        __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
-        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
-                             _mm256_loadu_ps(x + i + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), _mm256_loadu_ps(x + i + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))),
-                             _mm256_loadu_ps(x + i + 24), a3);
+    for (; i + 32 <= n; i += 32) {  /* each 8 weights loaded and sign-extended by one instruction (vpmovsxbd) */
+#define WIDEN(k) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i + (k)))))
+        a0 = _mm256_fmadd_ps(WIDEN(0), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(WIDEN(8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = _mm256_fmadd_ps(WIDEN(16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = _mm256_fmadd_ps(WIDEN(24), _mm256_loadu_ps(x + i + 24), a3);
+#undef WIDEN
     }
     return hsum(a0, a1, a2, a3) + dot_i8_c(q + i, x + i, n - i);
 }
