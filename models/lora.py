@@ -5,6 +5,7 @@ Notation: ``in``/``out`` the features of the adapted linear, ``r`` the rank.
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -173,3 +174,18 @@ def count_parameters(model: nn.Module) -> dict[str, int]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     return {"trainable": trainable, "frozen": total - trainable, "total": total}
+
+
+@torch.no_grad()
+def folded_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with plain ``nn.Linear`` layers holding the weights it computes with now: each adapter
+    that is on added into its base weight (W0 + (alpha/r) B A), each adapter that is off left out (W0). The
+    original is untouched; a model without adapters comes back as a plain copy."""
+    out = copy.deepcopy(model)
+    for parent in list(out.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, LoRALinear):
+                if not child.disabled:
+                    child.merge()
+                setattr(parent, name, child.base)
+    return out

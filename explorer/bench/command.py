@@ -19,7 +19,7 @@ from models.loading import load_pretrained
 
 from .experiments import bench_experiments
 from .families import family_models
-from .formats import bench_formats, bench_formats_view
+from .formats import bench_formats, bench_formats_view, bench_int8_agreement
 from .generation import bench_generation
 from .report import render_markdown
 from .training import bench_live, bench_training
@@ -82,6 +82,10 @@ def run_bench(out: Path, *, quick: bool = False, tiny: bool = False, device: str
         shipped = load_pretrained(default_model_dir())
         app_models = {SHIPPED_NAME: shipped, **app_models}
         report["induction"] = bench_induction(shipped, shipped.config.bos_token_id)
+        if torch_dtype == torch.float32 and not dev.is_cuda(device):
+            from explorer.state import session
+
+            report["int8_agreement"] = bench_int8_agreement(shipped, session.load_default()[1])
         if not dev.is_cuda(device) and torch_dtype == torch.float32:  # the tab serves float32 on the CPU
             report["training"] = bench_training()
             log(f"training tab: {report['training']}")

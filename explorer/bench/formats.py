@@ -13,10 +13,14 @@ from models.generate import generate
 
 from .targets import HF_TOKENS
 
+# the flags that decide which narrow formats a CPU multiplies fast
+CPU_FLAGS_SHOWN = frozenset({"avx2", "fma", "avx512f", "avx512_vnni", "avxvnni", "avx512_bf16", "amx_bf16",
+                             "amx_int8"})
+
 
 def bench_formats(model: Decoder, hf, prompt: torch.Tensor, settings: dict[str, Any], log) -> dict[str, Any]:
     """Read bandwidth, then decode tokens/s (``decode_speed``: prefill cancelled out) of each format (decoded with
-    ``models.speed.fast_step``, which steps aside for bf16 and int8: the modules decode those) and of
+    ``models.speed.fast_step``, which computes fp32 and int8 and steps aside for bf16: the modules decode it) and of
     transformers, bytes read per token counted on each model at the continuation's middle length, the limit and
     the fraction of it reached. ``prompt`` (1, T); ``hf`` may be None (then its row is absent)."""
     bw = fm.read_bandwidth(settings["bandwidth_bytes"], repeats=7, device=prompt.device)
@@ -28,7 +32,7 @@ def bench_formats(model: Decoder, hf, prompt: torch.Tensor, settings: dict[str, 
         m = model if fmt == "fp32" else fm.convert(model, fmt)
         speeds[f"ours {fmt}"] = (fm.decode_speed(lambda n, m=m: generate(m, prompt, n, step=fast_step), HF_TOKENS,
                                                  repeats=settings["decode_repeats"], device=prompt.device),
-                                 fm.bytes_per_token(m, kv_len), fm.int8_kernel(m))
+                                 fm.bytes_per_token(m, kv_len), fm.int8_kernel(m, fast_step))
         del m
     if hf is not None:
         speeds["transformers fp32"] = (fm.decode_speed(fm.transformers_generate_fn(hf, prompt), HF_TOKENS,
@@ -43,7 +47,10 @@ def bench_formats(model: Decoder, hf, prompt: torch.Tensor, settings: dict[str, 
         log(f"formats: {name} {speed['tokens_per_s']:.1f} tok/s, limit {limit:.1f} "
             f"({speed['tokens_per_s'] / limit:.0%})")
     out = {"bandwidth": {k: bw[k] for k in ("bytes_per_s", "nbytes", "repeats", "seconds", "method")},
-           "new_tokens": HF_TOKENS, "kv_len": kv_len, "rows": rows}
+           "new_tokens": HF_TOKENS, "kv_len": kv_len, "rows": rows,
+           "cpu_flags": sorted(fm.cpu_flags() & CPU_FLAGS_SHOWN), "native_bf16": fm.native_bf16(prompt.device),
+           **{f"{fmt}_over_fp32": rows[f"ours {fmt}"]["tokens_per_s"] / rows["ours fp32"]["tokens_per_s"]
+              for fmt in ("int8", "bf16")}}
     if "transformers fp32" in rows:
         out["ours_fp32_over_transformers"] = rows["ours fp32"]["tokens_per_s"] / rows["transformers fp32"][
             "tokens_per_s"]
@@ -76,6 +83,23 @@ def bench_formats_view(model: Decoder, log) -> dict[str, Any]:
             "tokens_per_s": {k: v["tokens_per_s"] for k, v in numbers["formats"].items()}}
 
 
+@torch.inference_mode()
+def bench_int8_agreement(model: Decoder, tokenizer) -> dict[str, Any]:
+    """int8 against fp32 on a trained model (``model``, the shipped one: random weights make greedy choices
+    fragile): the next-token choice (argmax) at every position of the held-out text, each model reading the same
+    text, and a 64-token greedy continuation of its first 16 tokens decoded one token at a time by the fast step."""
+    from explorer.measure.weight_formats import HELD_OUT_TOKENS, held_out_ids
+
+    ids = torch.tensor([held_out_ids(tokenizer, min(HELD_OUT_TOKENS, model.config.max_seq_len))])
+    int8 = fm.convert(model, "int8")
+    same = (model(ids).argmax(-1) == int8(ids).argmax(-1)).float()  # (1, T)
+    prompt = ids[:, :16]
+    greedy = fm.greedy_agreement(generate(model, prompt, 64, step=fast_step),
+                                 generate(int8, prompt, 64, step=fast_step), prompt.shape[1])
+    return {"positions": same.numel(), "fraction": float(same.mean()), "greedy": greedy,
+            "int8_kernel": fm.int8_kernel(int8, fast_step)}
+
+
 def render_formats(f: dict[str, Any]) -> list[str]:
     """The report's section for ``bench_formats``'s result (markdown lines)."""
     bw = f["bandwidth"]
@@ -91,4 +115,8 @@ def render_formats(f: dict[str, Any]) -> list[str]:
                      f"{r['limit_tokens_per_s']:.1f} | {r['fraction_of_limit']:.0%} | {r['int8_kernel'] or '—'} |")
     if "ours_fp32_over_transformers" in f:
         lines += ["", f"Ours fp32 / transformers fp32 decode speed: {f['ours_fp32_over_transformers']:.3f}x."]
+    if "int8_over_fp32" in f:
+        native = {True: "native bf16", False: "no native bf16", None: "bf16 support unknown"}[f["native_bf16"]]
+        lines += ["", f"int8 / fp32 {f['int8_over_fp32']:.2f}x, bf16 / fp32 {f['bf16_over_fp32']:.2f}x; CPU flags: "
+                      f"{', '.join(f['cpu_flags']) or 'unread'} ({native})."]
     return lines + [""]

@@ -45,6 +45,12 @@ TARGETS: tuple[Target, ...] = (
            "fp32_roofline_fraction", ">=", 0.5, "issue 15"),
     Target(f"Decode steps alone (prefill cancelled out): ours fp32 tokens/s >= 1.5x transformers fp32",
            "formats_fp32_over_transformers", ">=", 1.5, "issue 15"),
+    Target(f"Weight formats, {SMOL_NAME}, decode steps through the fast step: int8 tokens/s >= 2x fp32",
+           "int8_over_fp32", ">=", 2.0, "issue 40"),
+    Target(f"Weight formats, {SMOL_NAME}: bf16 tokens/s >= 1.0x fp32 (judged only on a CPU with native bf16: "
+           "AVX512-BF16 or AMX)", "bf16_over_fp32", ">=", 1.0, "issue 40"),
+    Target(f"Weight formats, {SHIPPED_NAME}: int8's next-token choice equals fp32's at >= 90% of the held-out "
+           "text's positions", "int8_agreement", ">=", 0.9, "issue 40"),
     Target(f"Cached vs uncached greedy decoding of {CACHE_TOKENS} tokens: >= 5x faster, identical tokens",
            "cache_speedup", ">=", 5, "issue 7", requires="cache_tokens_identical"),
     Target(f"naive vs sdpa at {AT}: >= 50x less peak memory", "naive_over_sdpa_memory", ">=", 50, "issue 7"),
@@ -148,6 +154,18 @@ def metrics(report: dict[str, Any]) -> dict[str, tuple[float, str]]:
             r = f["ours_fp32_over_transformers"]
             m["formats_fp32_over_transformers"] = (r, f"{r:.3f}x ({ours['tokens_per_s']:.1f} vs "
                                                       f"{f['rows']['transformers fp32']['tokens_per_s']:.1f} tok/s)")
+    if f and "int8_over_fp32" in f:
+        flags = ", ".join(f["cpu_flags"]) or "flags unread"
+        int8 = f["rows"]["ours int8"]["tokens_per_s"]
+        m["int8_over_fp32"] = (f["int8_over_fp32"], f"{f['int8_over_fp32']:.2f}x ({int8:.1f} vs "
+                                                    f"{ours['tokens_per_s']:.1f} tok/s; {flags})")
+        if f["native_bf16"]:
+            m["bf16_over_fp32"] = (f["bf16_over_fp32"], f"{f['bf16_over_fp32']:.2f}x ({flags})")
+    agree = report.get("int8_agreement")
+    if agree:
+        g = agree["greedy"]
+        m["int8_agreement"] = (agree["fraction"], f"{agree['fraction']:.1%} of {agree['positions']} positions; "
+                                                  f"greedy {g['matching']} / {g['new_tokens']}")
     c = report.get("cache")
     if c:
         same = bool(c["tokens_identical"])

@@ -36,8 +36,39 @@ FORMAT_NOTES = {
     "fp32": "every weight in float32 (4 bytes)",
     "bf16": "every weight and activation in bfloat16 (2 bytes); norms compute in fp32",
     "int8": "the 7 projections of every layer int8 with one fp32 scale per output row (1 byte + 4/in); "
-            "embedding, LM head and norms stay fp32; activations fp32",
+            "embedding, LM head and norms stay fp32; activations fp32 (never quantised)",
 }
+INT8_FAST = "narrow"  # int8_kernel's name for the fast step's own int8 product (models.speed.narrow)
+# a measured speed this far above its memory limit is a measuring error (a timer, a cache), not a result
+ABOVE_LIMIT = 1.05
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (/proc/cpuinfo); empty where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def native_bf16(device: str | torch.device = "cpu") -> bool | None:
+    """Whether ``device`` multiplies bf16 natively: a CUDA GPU of compute capability 8 or more, a CPU with
+    AVX512-BF16 or AMX-BF16. None where the CPU's flags cannot be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)[0] >= 8
+    flags = cpu_flags()
+    return bool(flags & {"avx512_bf16", "amx_bf16"}) if flags else None
+
+
+def above_limit(tokens_per_s: float, limit_tokens_per_s: float) -> bool:
+    """Whether a measured decode speed lies above its memory roofline: impossible for a step that reads every
+    weight once, so the measurement, not the decoder, is wrong."""
+    return tokens_per_s > ABOVE_LIMIT * limit_tokens_per_s
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -58,8 +89,12 @@ def convert(model: nn.Module, fmt: str) -> nn.Module:
     return out.eval()
 
 
-def int8_kernel(model: nn.Module) -> str | None:
-    """Which int8 matmul a model's ``Int8Linear`` layers run ("int8pack_mm" or "dequantize"); None without any."""
+def int8_kernel(model: nn.Module, step=None) -> str | None:
+    """Which int8 matmul a model's ``Int8Linear`` layers run in a one-token step: ``INT8_FAST`` where ``step``
+    (``models.speed.fast_step``) computes the model, else the modules' ("int8pack_mm" or "dequantize"); None
+    without any."""
+    if step is not None and any(isinstance(m, Int8Linear) for m in model.modules()) and step.why_not(model) is None:
+        return INT8_FAST
     for m in model.modules():
         if isinstance(m, Int8Linear):
             return m.kernel_for(torch.empty(1, m.in_features, device=m.qweight.device, dtype=m.scale.dtype))
@@ -255,7 +290,8 @@ def compare_formats(models: dict[str, nn.Module], prompt: torch.Tensor, held_out
 
     prompt (1, T) and held_out (1, T') token ids; ``prompt`` + ``new_tokens`` must fit the context. step: the
     one-token path decoding uses (``models.speed.fast_step``; None: the modules), for every format alike (the fast
-    step steps aside for the formats it does not compute: bf16, int8). budget_s: each format's decoding timed for
+    step computes fp32 and, where its kernel is built, int8; it steps aside for bf16).
+    budget_s: each format's decoding timed for
     about this long (``decode_speed``: fewer tokens and runs for a slow format, each row saying how many); greedy
     agreement then compares the tokens both decoded. reference_logits: ``held_out_logits`` of the first model on
     ``held_out``, when the caller already has them.
@@ -277,7 +313,7 @@ def compare_formats(models: dict[str, nn.Module], prompt: torch.Tensor, held_out
                      "bytes_per_token": bytes_per_token(model, T + new_tokens // 2),
                      "tokens": speed["tokens"][0].tolist(), "held_out_loss": loss_from_logits(logits, held_out),
                      "max_abs_logit_diff": float((reference_logits - logits).abs().max()),
-                     "top": next_token_top(model, prompt, top_k), "int8_kernel": int8_kernel(model)}
+                     "top": next_token_top(model, prompt, top_k), "int8_kernel": int8_kernel(model, step)}
         del logits  # (1, T', V) fp32: 50 MB at a 49k vocabulary and 256 tokens
     for name in names:
         both = T + min(out[names[0]]["new_tokens"], out[name]["new_tokens"])  # the tokens both decoded

@@ -18,6 +18,7 @@ from explorer.state.cache import results, weights_key
 from explorer.state.locks import MEASURE_LOCK
 from lens.hooks import model_lock
 from models.generate import generate
+from models.lora import adapter_mode, folded_copy
 from models.speed import decode_blas, fast_step
 
 from . import formats as fm
@@ -59,16 +60,21 @@ def held_out_ids(tokenizer, max_len: int) -> list[int]:
 def format_copies(model) -> dict[str, torch.nn.Module]:
     """fp32, bf16 and int8 versions of ``model`` (an fp32 model serves as its own fp32 version), the copies kept
     in the shared cache (bounded; the weights' key changes with every in-place write, so a trained LoRA model
-    never meets a stale copy). Raises ValueError when the copies would not fit the memory budget."""
+    never meets a stale copy). Raises ValueError when the copies would not fit the memory budget.
+
+    A fine-tuned model (LoRA adapters attached) is compared like with like: every format, and transformers built
+    from the fp32 one, holds the weights the model computes with now (``models.lora.folded_copy``: each adapter
+    that is on added into its base weight, one that is off left out)."""
     n = model.num_parameters()
     sizes = {"fp32": 4 * n, "bf16": 2 * n, "int8": measure.parameter_memory(model.config)["int8_models_quant"]}
-    fp32 = model.embed_tokens.weight.dtype == torch.float32
+    adapted = adapter_mode(model)
+    fp32 = model.embed_tokens.weight.dtype == torch.float32 and adapted is None
     need = sum(v for k, v in sizes.items() if k != "fp32" or not fp32)
     if need > measure.MEMORY_BUDGET_BYTES:
         raise ValueError(f"Converting this model needs {measure.format_bytes(need)} for its copies, over the "
                          f"{measure.format_bytes(measure.MEMORY_BUDGET_BYTES)} one request may use: load a smaller "
                          "model (SmolLM2-135M fits) to compare formats.")
-    key = weights_key(model)
+    key = (weights_key(model), adapted)  # switching adapters off or on writes no weight
     out = {}
     for fmt in fm.FORMATS:
         if fmt == "fp32" and fp32:
@@ -77,7 +83,7 @@ def format_copies(model) -> dict[str, torch.nn.Module]:
 
         def build(fmt=fmt):
             with model_lock(model):  # no LoRA write half-way through the copy
-                return fm.convert(model, fmt)
+                return fm.convert(model if adapted is None else folded_copy(model), fmt)
         out[fmt] = results.get_or_compute(("format_copy", key, fmt), build, nbytes=sizes[fmt])
     return out
 
@@ -169,6 +175,8 @@ def measure_formats(model, tokenizer, ids: list[int], progress=None) -> dict:
         "lora": {k: lora[k] for k in ("trainable", "frozen", "trainable_fraction")},
         "fp32_tokens": measured["fp32"]["tokens"], "held_out_tokens": held.shape[1], "prompt_tokens": len(ids), "new_tokens": NEW_TOKENS,
         "runtime": measure.runtime_info(fp32), "decode_blas": decode_blas(fp32),
+        "native_bf16": fm.native_bf16(device), "int8_aside": fast_step.why_not(copies["int8"]),
+        "adapters": adapter_mode(model),
     }
     f32, i8 = numbers["formats"]["fp32"], numbers["formats"]["int8"]
     numbers["int8"] = {"size_reduction": 1 - i8["weight_bytes"] / f32["weight_bytes"],

@@ -14,6 +14,7 @@ import gradio as gr
 from explorer import measure
 
 from explorer.state import session
+from models.lora import adapter_mode
 from explorer.state.cache import results, weights_key
 from explorer.figures import formats as figs
 from explorer.figures.common import provenance_text
@@ -102,11 +103,60 @@ def _summary(model, numbers: dict) -> list[list[Any]]:
     parts = [q["size_reduction"] >= 0.4, q["speed_ratio"] >= 1.0, q["loss_change"] <= 0.05]
     verdict = "yes" if all(parts) else "no" if not any(parts) else "partly: " + ", ".join(
         name for name, ok in zip(("size", "speed", "accuracy"), parts) if ok) + " held"
+    kernel = {fm.INT8_FAST: "the fast step's int8 kernel"}.get(q["kernel"], q["kernel"])
     rows.append(["INT8", CLAIMS["INT8"],
                  f"weights {q['size_reduction']:.0%} smaller than fp32; decoding x{q['speed_ratio']:.2f} the fp32 "
-                 f"tokens/s ({q['kernel']}); held-out loss {q['loss_change']:+.4f} nats/token",
+                 f"tokens/s ({kernel}); held-out loss {q['loss_change']:+.4f} nats/token",
                  verdict, TABS["INT8"]])
     return rows
+
+
+def _kernel_words(kernel: str | None, name: str, numbers: dict) -> str:
+    """The last-but-one column: which product computed a format's one-token steps."""
+    if kernel == fm.INT8_FAST:
+        return ("the fast step's int8 kernel (models/speed/kernels/gemv.c: int8 rows widened to fp32 in registers, "
+                "activations fp32); prompts dequantised")
+    if kernel == "int8pack_mm":
+        return "torch _weight_int8pack_mm for one-token steps (int8 read directly); prompts dequantised"
+    if kernel == "dequantize":
+        return "dequantised on the fly (int8 → fp32, then matmul)"
+    return f"dense fp32, the fast step's one-token products by {numbers['decode_blas']}" if name == "fp32" else \
+        "dense " + name
+
+
+def _format_sentences(numbers: dict, points: list[dict], flagged: list[str]) -> str:
+    """What the hardware and the measurement say about int8 and bf16 here, and which speeds were discarded."""
+    rows = numbers["formats"]
+    f32, i8, b16 = rows["fp32"], rows["int8"], rows["bf16"]
+    out = []
+    if "int8" not in flagged:
+        x = i8["tokens_per_s"] / f32["tokens_per_s"]
+        read = i8["bytes_per_token"]["total"] / f32["bytes_per_token"]["total"]
+        if x > 1:
+            out.append(f"**int8 decodes {x:.2f}× as fast as fp32** here: it reads {read:.0%} of fp32's bytes per "
+                       "token (the LM head, norms and embedding stay fp32).")
+        else:
+            why = numbers.get("int8_aside")
+            out.append(f"**int8 decodes only {x:.2f}× fp32's speed here**, though it reads {read:.0%} of the bytes: "
+                       + (f"the fast step stands aside for it ({why}), and torch's own one-row int8 product is slower "
+                          "than the dense fp32 one on this CPU." if why else "this CPU streams the int8 rows no faster "
+                          "than fp32's (a busy machine, or a memory system that is not the limit here)."))
+    native = numbers.get("native_bf16")
+    if native is False:
+        out.append("**This CPU has no native bf16 arithmetic** (no AVX512-BF16, no AMX): torch widens every bf16 "
+                   "weight to fp32 in software, so bf16 reads half of fp32's bytes (its point on the roofline) yet "
+                   f"decodes at {b16['tokens_per_s'] / f32['tokens_per_s']:.2f}× fp32's speed.")
+    elif native:
+        out.append("This machine multiplies bf16 natively (AVX512-BF16 or AMX on a CPU, a GPU of compute capability "
+                   "8 or more).")
+    if flagged:
+        out.append(f"**Measuring error:** {', '.join(flagged)} measured faster than its memory limit allows, which a "
+                   "step that reads every weight once cannot do (a timer or the caches misled the measurement); "
+                   "its speed is left out of the table and the figure. Press **Measure** again.")
+    if numbers.get("adapters"):
+        out.append(f"The loaded model carries LoRA adapters ({numbers['adapters']}): every row, transformers' too, "
+                   "holds the weights it computes with now (adapters that are on added into their base weights).")
+    return "\n\n".join(out)
 
 
 def _timed_over(r: dict) -> str:
@@ -125,7 +175,7 @@ def formats_view(prompt, state, progress=gr.Progress()):
     progress: Gradio's progress bar, told each stage of a measurement (an answer from the cache has none)."""
     model, tokenizer, _ = session.get_model(state)
     ids, notice = _prompt_ids(tokenizer, prompt, model)
-    numbers = results.get_or_compute(("formats", weights_key(model), tuple(ids)),
+    numbers = results.get_or_compute(("formats", weights_key(model), adapter_mode(model), tuple(ids)),
                                      lambda: measure_formats(model, tokenizer, ids, progress))
     return _view(model, tokenizer, ids, notice, numbers)
 
@@ -166,21 +216,21 @@ def formats_after_load(state):
 def _view(model, tokenizer, ids: list[int], notice: str, numbers: dict) -> FormatsView:
     """The tables, roofline and notes from ``measure_formats``'s numbers for ``model`` and the prompt's ``ids``."""
     bw = numbers["bandwidth"]["bytes_per_s"]
-    table, points = [], []
+    table, points, flagged = [], [], []
     for name, r in numbers["formats"].items():
         b = r["bytes_per_token"]["total"]
         limit = fm.roofline_tokens_per_s(b, bw)
         a = r["agreement"]
-        table.append([name, measure.format_bytes(r["weight_bytes"]), round(r["tokens_per_s"], 1), round(b / 1e6, 3),
-                      round(limit, 1), _pct(r["tokens_per_s"] / limit), f"{a['matching']} / {a['new_tokens']}",
+        speed, pct = round(r["tokens_per_s"], 1), _pct(r["tokens_per_s"] / limit)
+        if fm.above_limit(r["tokens_per_s"], limit):
+            flagged.append(name)
+            speed, pct = f"measuring error ({r['tokens_per_s']:.1f} is above the limit)", "—"
+        else:
+            points.append({"name": f"ours {name}", "bytes_per_token": b, "tokens_per_s": r["tokens_per_s"]})
+        table.append([name, measure.format_bytes(r["weight_bytes"]), speed, round(b / 1e6, 3),
+                      round(limit, 1), pct, f"{a['matching']} / {a['new_tokens']}",
                       f"{r['max_abs_logit_diff']:.2e}", round(r["held_out_loss"], 4),
-                      {"int8pack_mm": "torch _weight_int8pack_mm for one-token steps (int8 read directly); "
-                                      "prompts dequantised",
-                       "dequantize": "dequantised on the fly (int8 → fp32, then matmul)"}.get(
-                          r["int8_kernel"],
-                          f"dense fp32, the fast step's one-token products by {numbers['decode_blas']}"
-                          if name == "fp32" else "dense " + name), _timed_over(r)])
-        points.append({"name": f"ours {name}", "bytes_per_token": b, "tokens_per_s": r["tokens_per_s"]})
+                      _kernel_words(r["int8_kernel"], name, numbers), _timed_over(r)])
     hf = numbers["transformers"]
     f32 = numbers["formats"]["fp32"]
     if hf is not None:
@@ -189,11 +239,16 @@ def _view(model, tokenizer, ids: list[int], notice: str, numbers: dict) -> Forma
         both = min(hf["new_tokens"], f32["new_tokens"])  # the new tokens both decoded
         same = sum(x == y for x, y in zip(hf["tokens"][len(ids):len(ids) + both],
                                           numbers["fp32_tokens"][len(ids):len(ids) + both]))
-        table.append([TRANSFORMERS, measure.format_bytes(f32["weight_bytes"]), round(hf["tokens_per_s"], 1),
-                      round(b / 1e6, 3), round(limit, 1), _pct(hf["tokens_per_s"] / limit),
+        speed, pct = round(hf["tokens_per_s"], 1), _pct(hf["tokens_per_s"] / limit)
+        if fm.above_limit(hf["tokens_per_s"], limit):
+            flagged.append(TRANSFORMERS)
+            speed, pct = f"measuring error ({hf['tokens_per_s']:.1f} is above the limit)", "—"
+        else:
+            points.append({"name": TRANSFORMERS, "bytes_per_token": b, "tokens_per_s": hf["tokens_per_s"]})
+        table.append([TRANSFORMERS, measure.format_bytes(f32["weight_bytes"]), speed,
+                      round(b / 1e6, 3), round(limit, 1), pct,
                       f"{same} / {both}", f"{hf['max_abs_logit_diff']:.2e}", round(hf["held_out_loss"], 4),
                       "dense fp32 (LlamaForCausalLM, SDPA)", _timed_over(hf)])
-        points.append({"name": TRANSFORMERS, "bytes_per_token": b, "tokens_per_s": hf["tokens_per_s"]})
     words = {}
     top = []
     for rank in range(len(f32["top"])):
@@ -205,7 +260,7 @@ def _view(model, tokenizer, ids: list[int], notice: str, numbers: dict) -> Forma
         top.append(row)
     rt = numbers["runtime"]
     prov = provenance_text(rt["device"], "fp32 / bf16 / int8 weights", rt["torch"])
-    fig = figs.roofline_figure(points, bw, provenance=prov)
+    fig = figs.roofline_figure(points, bw, provenance=prov) if points else None
     pre = f32["prefill_tokens_per_s"]
     notes = (
         f"**Memory read bandwidth: {bw / 1e9:.1f} GB/s**, measured now: {numbers['bandwidth']['method']}. "
@@ -221,7 +276,8 @@ def _view(model, tokenizer, ids: list[int], notice: str, numbers: dict) -> Forma
         f"Held-out loss: the first {numbers['held_out_tokens']} tokens of "
         f"`assets/encoder-model/held_out_stories.txt`; max |Δlogit| over the same positions. "
         f"int8: {fm.FORMAT_NOTES['int8']}. bf16: {fm.FORMAT_NOTES['bf16']}. "
-        f"A format is faster only where the CPU has a fast kernel for it: measured, not assumed."
+        f"A format is faster only where the CPU has a fast kernel for it: measured, not assumed.\n\n"
+        + _format_sentences(numbers, points, flagged)
         + (f"\n\nThis model's weights ({measure.format_bytes(f32['weight_bytes'])}) fit in the CPU's caches, so "
            f"per-step overhead (Python, small kernels), not memory, sets its decoding pace and the limit is far "
            f"away; load SmolLM2-135M (about 540 MB in fp32) to see the roofline bite."

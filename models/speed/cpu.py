@@ -24,6 +24,7 @@ from torch import nn
 from ..kv_cache import KVCache
 from ..rope import rope_matrix
 from .layout import DecodeLayout, decode_layout, layout_current
+from .narrow import Int8Weight, gemv_int8
 
 # Which library computes the CPU step's one-token matrix products: "auto" (measured once per model shape and thread
 # count, see cpu_products), "torch" or "numpy". EXPLORER_DECODE_BLAS sets it for the process.
@@ -120,9 +121,25 @@ def _numpy_mv_add(x: Vec, w: torch.Tensor, h: Vec) -> None:
     np.add(x.a, w.numpy() @ h.a, out=x.a)
 
 
+def _int8_mv(w: torch.Tensor | Int8Weight, h: Vec, out: Vec, scale: float = 1.0) -> None:
+    if isinstance(w, Int8Weight):
+        gemv_int8(w, h.t, out.t, scale)
+    else:  # the fp32 LM head of an int8 model
+        _torch_mv(w, h, out, scale)
+
+
+def _int8_mv_add(x: Vec, w: torch.Tensor | Int8Weight, h: Vec) -> None:
+    if isinstance(w, Int8Weight):
+        gemv_int8(w, h.t, x.t, 1.0, accumulate=True)
+    else:
+        _torch_mv_add(x, w, h)
+
+
 TORCH_PRODUCTS = Products("torch", _torch_mv, _torch_mv_add)
 NUMPY_PRODUCTS = Products("numpy", _numpy_mv, _numpy_mv_add)
 PRODUCTS = {p.name: p for p in (TORCH_PRODUCTS, NUMPY_PRODUCTS)}
+# an int8 model's products: its int8 matrices through models.speed.narrow's kernel, its fp32 LM head through torch
+INT8_PRODUCTS = Products("int8 kernel", _int8_mv, _int8_mv_add)
 
 
 def _normed_mv(mv, w: torch.Tensor, out: Vec, x: Vec, weight: np.ndarray, eps: float, h: Vec) -> None:
@@ -203,7 +220,7 @@ def run_cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products:
     intra-op thread meanwhile (put back afterwards): OpenBLAS brings its own threads, and torch's spinning beside
     them would take the cores they need."""
     kv = KVArrays.make(cache) if kv is None else kv
-    if products is TORCH_PRODUCTS:
+    if products is not NUMPY_PRODUCTS:
         return _cpu_step(plan, token_id, cache, pos, kv, products)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -226,6 +243,8 @@ def cpu_products(model: nn.Module, plan: _Plan | None = None) -> Products:
 
     Which wins is a fact of the machine, not of the code: the one-token product streams a weight at the speed
     its BLAS reads memory, and the two libraries differ by up to 2x between CPUs (bench/notes/decode-step.md)."""
+    if isinstance((plan.layout if plan is not None else decode_layout(model)).layers[0].qkv, Int8Weight):
+        return INT8_PRODUCTS
     if DECODE_BLAS in PRODUCTS:
         return PRODUCTS[DECODE_BLAS]
     c = model.config

@@ -22,6 +22,8 @@ from torch import nn
 
 from ..attention import Attention
 from ..layers import SwiGLU
+from ..quant import Int8Linear
+from .narrow import Int8Weight, stack_int8
 
 LAID_OUT = "_decode_layout"  # the attribute optimize_for_decode sets on a model it laid out (prepared_copy reads it)
 
@@ -101,15 +103,15 @@ class Layer(NamedTuple):
     """One block's matrices as the fast step reads them, each (out, in) as ``nn.Linear`` holds it and (in, out) in
     memory where that streams faster: ``qkv`` and ``gate_up`` one matrix each (their layers' rows stacked), ``down``
     the module's own weight (a narrowing matrix keeps its (out, in) order)."""
-    qkv: torch.Tensor  # ((H + 2 Hkv) D, C)
-    o: torch.Tensor  # (C, H D)
-    gate_up: torch.Tensor  # (2 F, C)
-    down: torch.Tensor  # (C, F)
+    qkv: torch.Tensor | Int8Weight  # ((H + 2 Hkv) D, C)
+    o: torch.Tensor | Int8Weight  # (C, H D)
+    gate_up: torch.Tensor | Int8Weight  # (2 F, C)
+    down: torch.Tensor | Int8Weight  # (C, F)
 
 
 class DecodeLayout(NamedTuple):
     """The weights of one model laid out for one-token products, and what they were made from."""
-    layers: list[Layer]
+    layers: list[Layer]  # an int8 model's (``Int8Linear`` projections): each matrix an ``Int8Weight``
     lm_head: torch.Tensor  # (V, C)
     sources: tuple[torch.Tensor, ...]  # the model's own tensors the step reads (these matrices' and the rest)
     pointers: list[int]  # where each source's memory was when the layout was made ...
@@ -133,10 +135,17 @@ def sources(model: nn.Module) -> tuple[torch.Tensor, ...]:
     out = []
     for block in model.blocks:
         attn, mlp = block.attn, block.mlp
-        out += [block.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
-                attn.o_proj.weight, block.post_attention_layernorm.weight, mlp.gate_proj.weight,
-                mlp.up_proj.weight, mlp.down_proj.weight]
+        out.append(block.input_layernorm.weight)
+        for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+            out += _weights_of(m)
+        out.append(block.post_attention_layernorm.weight)
+        for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            out += _weights_of(m)
     return (*out, model.norm.weight, model.lm_head.weight, model.embed_tokens.weight, model.rope_cos, model.rope_sin)
+
+
+def _weights_of(linear: nn.Module) -> tuple[torch.Tensor, ...]:
+    return (linear.qweight, linear.scale) if isinstance(linear, Int8Linear) else (linear.weight,)
 
 
 def layout_current(layout: DecodeLayout, tensors: tuple[torch.Tensor, ...] | None = None) -> bool:
@@ -175,6 +184,12 @@ def _make_layout(model: nn.Module) -> DecodeLayout:
     with torch.inference_mode(False), torch.no_grad():  # plain tensors, whatever mode the first decode runs in
         for block in model.blocks:
             attn, mlp = block.attn, block.mlp
+            if isinstance(attn.q_proj, Int8Linear):  # an int8 model: every projection is (the fast step checked)
+                parts = [stack_int8([attn.q_proj, attn.k_proj, attn.v_proj]), stack_int8([attn.o_proj]),
+                         stack_int8([mlp.gate_proj, mlp.up_proj]), stack_int8([mlp.down_proj])]
+                layers.append(Layer(*(m for m, _ in parts)))
+                nbytes += sum(n for _, n in parts)
+                continue
             parts = [_stacked([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
                      _stacked([attn.o_proj.weight]), _stacked([mlp.gate_proj.weight, mlp.up_proj.weight]),
                      (mlp.down_proj.weight.detach(), 0)]

@@ -2,9 +2,11 @@
 for callers that ask for it (``generate(..., step=fast_step)``); by default every token runs through the modules.
 
 It is a second implementation of the same math, written for exactly one decoder: the tutorial's Llama ``Decoder``
-in fp32 with SDPA attention, plain ``nn.Linear``s without bias, RMSNorm, SwiGLU, no hook and no edit anywhere.
-For anything else (LoRA, int8, bf16, another attention implementation, a module or a config option it does not
-know) it steps aside: it returns None and ``decode_one`` runs the modules. It cannot see a change to the teaching
+in fp32 with SDPA attention, plain ``nn.Linear``s without bias, RMSNorm, SwiGLU, no hook and no edit anywhere -- or
+that decoder after ``models.quant.quantize_int8`` (one token on the CPU: the int8 products by
+``models.speed.narrow``'s kernel, the same math as ``Int8Linear`` up to the order of the additions).
+For anything else (LoRA, bf16, int8 in a batch or without the kernel, another attention implementation, a module or
+a config option it does not know) it steps aside: it returns None and ``decode_one`` runs the modules. It cannot see a change to the teaching
 code's source (an edited ``RMSNorm.forward``): a caller that shows its tokens says which path made them and checks
 them against the modules (the generation tab does).
 
@@ -31,8 +33,10 @@ from ..decoder import Decoder, DecoderBlock
 from ..hooks import HookPoint, HookWatch, has_global_hooks, module_hooked
 from ..kv_cache import KVCache
 from ..layers import RMSNorm, SwiGLU
+from ..quant import Int8Linear
 from ..rope import rope_matrix
-from .cpu import TORCH_PRODUCTS, KVArrays, _Plan, cpu_products, run_cpu_step, weights_plan
+from . import narrow
+from .cpu import INT8_PRODUCTS, TORCH_PRODUCTS, KVArrays, _Plan, cpu_products, run_cpu_step, weights_plan
 from .layout import DecodeLayout, decode_layout, layout_current
 
 # What the step was written for, spelled out rather than read from the model files: a config option, a module, a
@@ -66,7 +70,12 @@ KNOWN_MODULES: dict[type, dict] = {  # type -> children (name: type), parameters
         "embedding_dim", "max_norm", "norm_type", "num_embeddings", "padding_idx", "scale_grad_by_freq", "sparse",
         "training"}),
     HookPoint: dict(children={}, params=(), buffers=(), attrs={"edits", "training"}),
+    # weight-only int8 (models.quant): the seven projections of every block, products by models.speed.narrow
+    Int8Linear: dict(children={}, params=(), buffers=("qweight", "scale"),
+                     attrs={"in_features", "out_features", "training"}),
 }
+PROJECTIONS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+               "mlp.down_proj")
 
 
 class _Tree(NamedTuple):
@@ -78,10 +87,13 @@ class _Tree(NamedTuple):
 # The tree depends only on the number of layers and takes ~1,000 string operations to spell out: a few layer counts
 # are kept (bounded: 4) so that the check of each generation only compares.
 @lru_cache(maxsize=4)
-def _known_tree(n_layers: int) -> _Tree:
+def _known_tree(n_layers: int, int8: bool = False) -> _Tree:
+    """int8: the tree of ``models.quant.quantize_int8``'s copy, every block's projections ``Int8Linear``."""
     modules, params, buffers = {}, set(), set()
 
     def add(path: str, kind: type) -> None:
+        if int8 and path.split(".", 2)[-1] in PROJECTIONS:
+            kind = Int8Linear
         modules[path] = kind
         spec = KNOWN_MODULES[kind]
         params.update(f"{path}.{n}" if path else n for n in spec["params"])
@@ -128,7 +140,10 @@ def _check(model: nn.Module, seen: list, params: dict) -> str | None:
         return hooked
     if len(model.blocks) != c.n_layers:
         return "blocks added or removed without the config"
-    tree = _known_tree(c.n_layers)
+    int8 = len(model.blocks) > 0 and type(model.blocks[0].attn.q_proj) is Int8Linear
+    if int8 and narrow.unavailable() is not None:
+        return f"int8 weights, and {narrow.unavailable()}"
+    tree = _known_tree(c.n_layers, int8)
     got = {}
     for path, m in model.named_modules(remove_duplicate=False):  # one walk: hooks, types, settings
         seen.append(m)
@@ -146,6 +161,9 @@ def _check(model: nn.Module, seen: list, params: dict) -> str | None:
         return "weights not in float32"
     if len({p.device for p in params.values()} | {model.rope_cos.device}) != 1:
         return "weights on more than one device"
+    if int8 and any(m.qweight.dtype != torch.int8 or m.scale.dtype != torch.float32 or not m.qweight.is_cpu
+                    for m in model.modules() if isinstance(m, Int8Linear)):
+        return "int8 weights off the CPU or not stored as models.quant stores them"
     C, V, H, Hkv, D = c.d_model, c.vocab_size, c.n_heads, c.n_kv_heads, c.head_dim
     for block in model.blocks:
         attn, mlp = block.attn, block.mlp
@@ -160,13 +178,17 @@ def _check(model: nn.Module, seen: list, params: dict) -> str | None:
         shapes = [(attn.q_proj, (H * D, C)), (attn.k_proj, (Hkv * D, C)), (attn.v_proj, (Hkv * D, C)),
                   (attn.o_proj, (C, H * D)), (mlp.gate_proj, (c.d_ff, C)), (mlp.up_proj, (c.d_ff, C)),
                   (mlp.down_proj, (C, c.d_ff)), (block.input_layernorm, (C,)), (block.post_attention_layernorm, (C,))]
-        if any(tuple(m.weight.shape) != shape for m, shape in shapes):
+        if any(tuple(_shape(m)) != shape for m, shape in shapes):
             return "weights shaped otherwise than the config says"
     if tuple(model.lm_head.weight.shape) != (V, C) or tuple(model.embed_tokens.weight.shape) != (V, C) or \
             model.embed_tokens.max_norm is not None or tuple(model.norm.weight.shape) != (C,) or \
             model.rope_cos.dtype != torch.float32 or tuple(model.rope_cos.shape) != (c.max_seq_len, D):
         return "weights shaped otherwise than the config says"
     return None
+
+
+def _shape(m: nn.Module) -> torch.Size:
+    return m.qweight.shape if isinstance(m, Int8Linear) else m.weight.shape
 
 
 class _Run(NamedTuple):
@@ -218,6 +240,8 @@ class FastStep:
             return run
         mods, params = [], {}
         reason = _check(model, mods, params)
+        if reason is None and not self.host_step and type(model.blocks[0].attn.q_proj) is Int8Linear:
+            reason = "int8 weights: their product is the CPU step's (models.speed.narrow)"
         plan = weights_plan(model) if reason is None and self.host_step else None
         run = _Run(weakref.ref(model), reason, HookWatch(mods) if reason is None else None,
                    tuple(b.attn for b in model.blocks) if reason is None else (),
@@ -249,6 +273,8 @@ class FastStep:
             if not (run.kv and run.kv[0].of(cache)):
                 run.kv[:] = [KVArrays.make(cache)]
             return run_cpu_step(run.plan, token_id, cache, pos, cpu_products(model, run.plan), run.kv[0])
+        if isinstance(run.layout.layers[0].qkv, narrow.Int8Weight):
+            return None  # int8's kernel takes one row on the CPU: a batch runs through the modules
         return _torch_step(model, run.layout, token, cache, pos)
 
 
@@ -260,6 +286,9 @@ def decode_blas(model: nn.Module) -> str:
     """Which library computes ``fast_step``'s one-token products for ``model`` (for the provenance of a speed)."""
     if not model.lm_head.weight.is_cpu or why_not(model) is not None:
         return f"torch {torch.__version__}"
+    if cpu_products(model) is INT8_PRODUCTS:
+        kind = "AVX2" if narrow.simd() else "portable C"
+        return f"int8 kernel ({kind}, models/speed/kernels/gemv.c) + torch {torch.__version__}"
     if cpu_products(model) is TORCH_PRODUCTS:
         return f"torch {torch.__version__}" + (" (MKL)" if torch.backends.mkl.is_available() else "")
     blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})

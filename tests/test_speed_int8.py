@@ -1,0 +1,117 @@
+"""The fast step on an int8 model (models/speed/narrow.py's kernel): its products against float64, its logits and
+tokens against the modules' int8 path (``models.quant.Int8Linear``, the readable reference), and when it steps aside.
+
+The kernel is built by the machine's C compiler the first time a process needs it and kept on disk, so only the
+test that forces a fresh build is slow; without a compiler these tests skip, saying so."""
+import copy
+import ctypes
+
+import pytest
+import torch
+
+from models.generate import generate
+from models.quant import Int8Linear, quantize_int8
+from models.speed import fast_step, narrow, torch_step, why_not
+from tests.speed_pair import _Counted, _pair, _step_by_step, tiny
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+# fp32 additions in another order: the step's logits differ from the modules' by rounding, never by more than this
+# fraction of the largest logit (measured: under 2e-6 on these models)
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    reason = narrow.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def int8_model():
+    plain, _ = _pair(tiny(d_model=72, d_ff=136), seed=3)  # widths off the kernel's 32-wide loop: its tail runs too
+    for p in plain.parameters():
+        p.requires_grad_(False)
+    return plain, quantize_int8(plain)[0]
+
+
+@pytest.mark.parametrize("rows,cols", [(5, 7), (64, 96), (33, 200)])
+def test_gemv_int8_is_the_dequantised_product(kernel, rows, cols):
+    torch.manual_seed(rows)
+    w = narrow.Int8Weight(torch.randint(-127, 128, (rows, cols), dtype=torch.int8), torch.rand(rows) + 0.01)
+    x, out = torch.randn(cols), torch.randn(rows)
+    ref = (w.scale.double()[:, None] * w.q.double()) @ x.double()  # float64, independent of the kernel
+    start = out.clone()
+    narrow.gemv_int8(w, x, out, 0.5, accumulate=True)
+    assert torch.allclose(out.double(), start.double() + 0.5 * ref, rtol=1e-5, atol=1e-5 * ref.abs().max())
+    narrow.gemv_int8(w, x, out)
+    assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max())
+    with pytest.raises(ValueError, match="contiguous"):
+        narrow.gemv_int8(w, torch.randn(cols + 1), out)
+
+
+def test_fast_step_on_int8_equals_the_modules(kernel, int8_model):
+    _, q = int8_model
+    assert why_not(q) is None and isinstance(q.blocks[0].attn.q_proj, Int8Linear)
+    prompt = torch.tensor([[1, 5, 9, 2, 7]])
+    counted = _Counted(fast_step)
+    tokens, logits, cache = _step_by_step(q, prompt, 12, step=counted)
+    ref_tokens, ref_logits, ref_cache = _step_by_step(q, prompt, 12)
+    assert counted.ran == 12 and counted.aside == 0
+    assert torch.equal(tokens, ref_tokens)
+    assert (logits - ref_logits).abs().max() <= TOLERANCE * ref_logits.abs().max()
+    assert torch.allclose(cache.k[0], ref_cache.k[0], atol=1e-5) and cache.length == ref_cache.length
+    assert torch.equal(generate(q, prompt, 12, step=fast_step), generate(q, prompt, 12))
+
+
+def test_int8_steps_aside_for_a_batch_and_the_torch_step(kernel, int8_model):
+    _, q = int8_model
+    prompt = torch.tensor([[1, 5, 9], [4, 4, 2]])
+    counted = _Counted(fast_step)
+    assert torch.equal(generate(q, prompt, 4, step=counted), generate(q, prompt, 4))
+    assert counted.ran == 0 and counted.aside > 0
+    counted = _Counted(torch_step)
+    assert torch.equal(generate(q, prompt[:1], 4, step=counted), generate(q, prompt[:1], 4))
+    assert counted.ran == 0
+
+
+def test_an_int8_write_is_seen_and_a_bias_is_refused(kernel, int8_model):
+    plain, q = int8_model
+    q = copy.deepcopy(q)
+    prompt = torch.tensor([[3, 1, 4]])
+    before = generate(q, prompt, 6, step=fast_step)
+    with torch.no_grad():
+        q.blocks[0].mlp.down_proj.qweight.mul_(-1)  # an in-place write the step's stacked copy must notice
+        q.blocks[0].attn.q_proj.scale.mul_(3)
+    after = generate(q, prompt, 6, step=fast_step)
+    assert torch.equal(after, generate(q, prompt, 6)) and not torch.equal(before, after)
+    biased = copy.deepcopy(q)
+    layer = biased.blocks[1].attn.v_proj
+    layer.bias = torch.zeros(layer.out_features)
+    assert "bias" in why_not(biased)
+
+
+def test_without_the_kernel_int8_runs_through_the_modules(int8_model, monkeypatch):
+    _, q = int8_model
+    monkeypatch.setattr(narrow, "_loaded", [(None, "EXPLORER_NARROW_KERNELS=off")])
+    reason = why_not(q)
+    assert reason is not None and "EXPLORER_NARROW_KERNELS=off" in reason
+    counted = _Counted(fast_step)
+    prompt = torch.tensor([[2, 7, 1]])
+    assert torch.equal(generate(q, prompt, 4, step=counted), generate(q, prompt, 4)) and counted.ran == 0
+
+
+@pytest.mark.slow
+def test_the_kernel_builds_from_its_source(tmp_path, monkeypatch):
+    """A fresh build into an empty cache folder (the C compiler runs as a second process)."""
+    if narrow.unavailable() is not None:
+        pytest.skip(narrow.unavailable())
+    monkeypatch.setenv("EXPLORER_KERNEL_CACHE", str(tmp_path))
+    lib, reason = narrow._build()
+    assert reason is None and isinstance(lib, ctypes.CDLL)
+    assert [p.suffix for p in tmp_path.iterdir()] == [".so"]
+    w = narrow.Int8Weight(torch.tensor([[1, -2, 3]], dtype=torch.int8), torch.tensor([0.5]))
+    x, out = torch.tensor([1.0, 1.0, 2.0]), torch.zeros(1)
+    lib.gemv_i8(x.data_ptr(), w.q.data_ptr(), w.scale.data_ptr(), out.data_ptr(), 1, 3,
+                1.0, 0, 1)
+    assert out.item() == 2.5  # 0.5 * (1 - 2 + 6)
