@@ -36,7 +36,7 @@ def test_quick_bench_on_a_tiny_config_writes_markdown_and_json(tmp_path):
     # stranger's script (queue, victim, lanes, Stop of a sweep and of a fine-tune, memory), 2 for a lecture (the
     # formats view, cold start), 1 for the Training tab's step, 4 for the door (a new Host, a 25 MB body, the soak's
     # memory and its visitor), 1 for growing an induction head live
-    assert len(report["targets"]) == 48
+    assert len(report["targets"]) == 51
     assert all(report["experiments"][k]["seconds"] > 0 for k in ("knockout_sweep", "patch_resid_pre", "patch_head",
                                                                 "patching_experiment", "induction_span_120"))
     assert "skipped" in report["load"] and "Classroom load" in md
