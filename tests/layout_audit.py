@@ -213,11 +213,11 @@ def serve(model: str):
             write_smol_shape_folder(folder)
             env = {"EXPLORER_DEFAULT_MODEL": str(folder), "EXPLORER_MODEL_ROOT": root}
         with served_app(env, start_timeout=900, until="answered") as server:
-            _until_openings_settle(server.url)
+            _until_openings_settle(server)
             yield server.url
 
 
-def _until_openings_settle(url: str, timeout: float = 1200.0) -> None:
+def _until_openings_settle(server, timeout: float = 1200.0) -> None:
     """Until every opening example is computed or said to have failed (random weights at SmolLM2-135M's shape have
     no induction head for the circuit's opening: its figure stays empty, and the audit sees the rest)."""
     import httpx
@@ -226,8 +226,10 @@ def _until_openings_settle(url: str, timeout: float = 1200.0) -> None:
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"app.py exited with {server.process.returncode}:\n{server.log_tail()}")
         try:
-            if not openings_pending(httpx.get(url + "config", timeout=10).json()):
+            if not openings_pending(httpx.get(server.url + "config", timeout=10).json()):
                 return
         except RuntimeError:  # an opening failed: said on the page, the others are in
             return

@@ -117,9 +117,16 @@
     if (projector() && blocks[0].id) present([...texts.map(b => b.id), blocks[0].id]);
     else blocks[0].scrollIntoView({block: 'nearest'});
   };
-  const redrawn = (el) => {
+  // Gradio draws a new figure into an element it attaches afterwards: it is looked at once it is in the page
+  const redrawn = (el, tries = 0) => {
+    if (!el || !el.closest) return;
+    if (!el.isConnected) { if (tries < 40) setTimeout(() => redrawn(el, tries + 1), 50); return; }
+    if (document.body.classList.contains('presenting') && shown().some(p => p.contains(el))) {
+      clearTimeout(window.explorerPresentTimer);  // a presented figure redrawn at the height it was sent with
+      window.explorerPresentTimer = setTimeout(fill, 150);
+    }
     const a = action;
-    if (!a || Date.now() - a.at > 300000 || !el || !el.closest || !a.panel.contains(el)) return;
+    if (!a || Date.now() - a.at > 300000 || !a.panel.contains(el)) return;
     const block = el.closest('.block');
     if (!block || a.blocks.includes(block)) return;
     a.blocks.push(block);
