@@ -88,7 +88,8 @@ def _each_tab(page):
 def _main_figure_box(page, panel):
     page.evaluate("window.scrollTo(0, 0)")
     page.wait_for_timeout(800)  # the debounced fit
-    figure = panel.locator(".js-plotly-plot").first
+    # the first figure shown: in projector mode an action's own figure is presented and the others fold away
+    figure = panel.locator(".js-plotly-plot >> visible=true").first
     # Gradio swaps a Plot's element when a new figure arrives: the box is read once the new one is laid out
     figure.wait_for(state="visible", timeout=15_000)
     return figure.bounding_box()

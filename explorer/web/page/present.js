@@ -95,19 +95,34 @@
     const block = el && el.closest && el.closest('.block');
     return (block && heights[block.id]) || null;
   };
-  // an action: a button of a tab pressed; the first figures its answer redraws (within 0.3 s of the first) are its
-  // result, presented in projector mode, else scrolled into view
+  // an action: a button of a tab pressed. Its result is the first figure its answer redraws (with those redrawn
+  // within 0.3 s of it); an answer equal to what is shown redraws nothing, and then, once the page is idle, the
+  // first figure beside the button (in its nearest surrounding element that holds one) is the result.
+  const BUSY = '.progress-text, .progress-level, .eta-bar, .meta-text, .meta-text-center';
   let action = null;
   document.addEventListener('click', (e) => {
     // (a Stop, an accordion's header and Ask the class's buttons are no action: the class needs the QR code in view)
     const button = e.isTrusted !== false && e.target.closest && e.target.closest('button.primary, button.secondary');
     const panel = button && !button.closest('[role=tablist], [id^="ask-"]') && button.closest('[id^="tab-"]');
-    if (panel) action = {panel, at: Date.now(), blocks: [], timer: null};
+    if (!panel) return;
+    const a = action = {panel, button, at: Date.now(), blocks: [], timer: null, quiet: 0};
+    const idle = () => {
+      if (action !== a || a.timer) return;
+      a.quiet = document.querySelector(BUSY) ? 0 : a.quiet + 1;
+      if (a.quiet < 3 || Date.now() - a.at < 800) { setTimeout(idle, 250); return; }
+      for (let el = a.button.parentElement; el && el !== a.panel.parentElement; el = el.parentElement) {
+        const gd = [...el.querySelectorAll('.js-plotly-plot')].find(g => g.offsetParent !== null);
+        if (gd) { a.blocks.push(gd.closest('.block')); break; }
+      }
+      take();
+    };
+    setTimeout(idle, 250);
   }, true);
   const take = () => {
     const a = action;
+    if (!a) return;
     action = null;
-    const blocks = a.blocks.filter(b => b.isConnected && b.offsetParent !== null)
+    const blocks = a.blocks.filter(b => b && b.isConnected && b.offsetParent !== null)
       .sort((x, y) => x.compareDocumentPosition(y) & Node.DOCUMENT_POSITION_FOLLOWING ? -1 : 1);
     if (!blocks.length) return;
     // the generated text beside the figure (Generate, Compare) is part of the result: presented with it
