@@ -41,7 +41,9 @@
   };
   const titleOf = (gd) => { const t = gd.querySelector('.gtitle'); return t ? t.textContent.trim().replace(/\s+/g, ' ').slice(0, 60) : ''; };
   const W = window.innerWidth, H = window.innerHeight;
-  const mainBlock = opts.main ? document.querySelector(opts.main) : null;
+  // (a lesson's focus names several elements: the first that holds a figure is the main one)
+  const mainBlock = opts.main ? [...document.querySelectorAll(opts.main)].find(e => e.matches('.js-plotly-plot') ||
+                                                                              e.querySelector('.js-plotly-plot')) : null;
   const mainPlot = mainBlock ? (mainBlock.matches('.js-plotly-plot') ? mainBlock : mainBlock.querySelector('.js-plotly-plot')) : null;
   const all = [...document.querySelectorAll('.js-plotly-plot')].filter(gd => gd.offsetParent !== null);
   const inView = all.filter(gd => { const b = box(gd); return gd === mainPlot || (b.b > 0 && b.t < H && b.r > 0 && b.l < W); });

@@ -4,8 +4,9 @@ Chromium at three viewports, each figure in the window read from its SVG as draw
 The rules, per viewport:
 
 - projector mode (``present=1``) at 1280×720 and at 1920×1080: the main figure's plot area (the union of its
-  subplots) at least 300 px tall and wide, and wholly inside the window; every figure text (ticks, legends,
-  titles, subplot titles, annotations, colour bars, cell text) at least 14 px;
+  subplots) at least 300 px tall and wide; a lesson view's figure (presented: it has the window) wholly inside the
+  window; every figure text (ticks, legends, titles, subplot titles, annotations, colour bars, cell text) at least
+  14 px;
 - a 390×844 phone (no projector mode: a student's screen, held at reading distance): the main figure's plot area at
   least 200 px tall and wide, every figure text at least 11 px;
 - everywhere: no two texts of a figure overlap (two slanted tick labels excepted: their boxes are loose), no text
@@ -51,9 +52,9 @@ class Viewport:
     min_plot: int  # px: the main figure's plot area, each way
     min_font: float  # px: every figure text
 
-    @property
-    def rules(self) -> dict:
-        return {"minPlot": self.min_plot, "minFont": self.min_font, "inWindow": self.projector}
+    def rules(self, view: "View") -> dict:
+        """The script's thresholds; a presented figure (a lesson view in projector mode) must be wholly in view."""
+        return {"minPlot": self.min_plot, "minFont": self.min_font, "inWindow": self.projector and view.query is not None}
 
 
 VIEWPORTS = [Viewport("projector-1280x720", 1280, 720, True, 300, 14),
@@ -116,8 +117,8 @@ def audit_view(page, url: str, view: View, viewport: Viewport, *, fresh: bool) -
         _settle(page)
         page.wait_for_timeout(1000)
         focused = page.evaluate("() => document.body.dataset.focused").split()
-        main = f"#{focused[0]}"
-    return page.evaluate(SCRIPT, {"main": main, **viewport.rules})
+        main = ", ".join(f"#{element_id}" for element_id in focused)
+    return page.evaluate(SCRIPT, {"main": main, **viewport.rules(view)})
 
 
 def key(model: str, viewport: str, view: str, figure: str, check: str) -> str:
@@ -203,18 +204,39 @@ def serve(model: str):
     from explorer.bench.flood import write_smol_shape_folder
     from explorer.bench.server import served_app
 
-    if model == "shipped":
-        with served_app(start_timeout=600) as server:
-            yield server.url
-        return
-    if model != "smol":
+    if model not in ("shipped", "smol"):
         raise ValueError(f'model must be "shipped" or "smol", got {model!r}.')
     with tempfile.TemporaryDirectory() as root:
-        folder = Path(root) / "smol-shape"
-        write_smol_shape_folder(folder)
-        with served_app({"EXPLORER_DEFAULT_MODEL": str(folder), "EXPLORER_MODEL_ROOT": root},
-                        start_timeout=900) as server:
+        env = {}
+        if model == "smol":
+            folder = Path(root) / "smol-shape"
+            write_smol_shape_folder(folder)
+            env = {"EXPLORER_DEFAULT_MODEL": str(folder), "EXPLORER_MODEL_ROOT": root}
+        with served_app(env, start_timeout=900, until="answered") as server:
+            _until_openings_settle(server)
             yield server.url
+
+
+def _until_openings_settle(server, timeout: float = 1200.0) -> None:
+    """Until every opening example is computed or said to have failed (random weights at SmolLM2-135M's shape have
+    no induction head for the circuit's opening: its figure stays empty, and the audit sees the rest)."""
+    import httpx
+
+    from explorer.bench.server import openings_pending
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"app.py exited with {server.process.returncode}:\n{server.log_tail()}")
+        try:
+            if not openings_pending(httpx.get(server.url + "config", timeout=10).json()):
+                return
+        except RuntimeError:  # an opening failed: said on the page, the others are in
+            return
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"the opening examples were not computed within {timeout:.0f} s")
 
 
 def main(argv=None) -> int:

@@ -1,9 +1,9 @@
 """The page's own CSS and JavaScript, kept as files in this folder and handed to Gradio through its public API.
 
 - ``css_paths()``: the style sheets, for ``launch(css_paths=...)`` (page.css, then vote.css).
-- ``head()``: plotly_wrappers.js as a ``<script>`` for ``launch(head=...)``: it runs before the app mounts, so its
-  wrappers exist before the first figure is drawn. It is the one script that wraps Plotly or reads its private
-  fields; every other script calls the functions it puts on ``window`` (``explorerSaveTab``, ``explorerFit``, ...).
+- ``head()``: plotly_wrappers.js, then present.js, as one ``<script>`` for ``launch(head=...)``: it runs before the
+  app mounts, so its wrappers exist before the first figure is drawn. plotly_wrappers.js is the one script that
+  wraps Plotly or reads its private fields; every other script calls the functions it puts on ``window`` (``explorerSaveTab``, ``explorerFit``, ...).
 - ``script(name, **values)``: a listener's or ``demo.load``'s ``js=``: the file's text, each ``$NAME`` in it
   replaced by ``values[NAME]`` written as JSON.
 """
@@ -18,6 +18,8 @@ HERE = Path(__file__).resolve().parent
 STYLES = ("page.css", "vote.css")
 #: The one script allowed to wrap Plotly's functions and read its private fields (tests/test_page_assets.py).
 PLOTLY_WRAPPERS = "plotly_wrappers.js"
+#: The head's scripts, in order, in one ``<script>``: present.js (projector mode's presented figure) calls the wrappers.
+HEAD_SCRIPTS = (PLOTLY_WRAPPERS, "present.js")
 _PLACEHOLDER = re.compile(r"\$([A-Z][A-Z0-9_]*)\b")
 
 
@@ -34,10 +36,11 @@ def css_paths() -> list[str]:
 
 
 def head() -> str:
-    text = _text(PLOTLY_WRAPPERS)
-    if "</script" in text.lower():
-        raise ValueError(f"{PLOTLY_WRAPPERS} must not contain '</script': it would end its <script> tag early.")
-    return f"<script>\n{text}</script>"
+    texts = [_text(name) for name in HEAD_SCRIPTS]
+    for name, text in zip(HEAD_SCRIPTS, texts):
+        if "</script" in text.lower():
+            raise ValueError(f"{name} must not contain '</script': it would end its <script> tag early.")
+    return "<script>\n" + "\n".join(texts) + "</script>"
 
 
 def script(name: str, **values) -> str:

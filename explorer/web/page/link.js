@@ -18,6 +18,15 @@
     return {top: Math.min(...r.map(b => b.top)), bottom: Math.max(...r.map(b => b.bottom))};
   };
   const place = async (els) => {
+    // projector mode: the figure takes the window (present.js), framed there
+    if (window.explorerPresent && window.explorerPresent(ids)) {
+      document.body.dataset.focused = ids.join(' ');
+      if (!flashed) {
+        flashed = true;
+        setTimeout(() => els.forEach(el => { el.classList.add('focus-flash'); setTimeout(() => el.classList.remove('focus-flash'), 3000); }), 700);
+      }
+      return;
+    }
     const room = window.innerHeight - 16;
     let b = box(els);
     const excess = b.bottom - b.top - room;

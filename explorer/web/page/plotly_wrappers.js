@@ -13,8 +13,15 @@
   // Projector mode sets its 16 px in each figure's layout, not only in CSS: Plotly then places colour-bar titles,
   // margins and tick spacing for the text as drawn (CSS-enlarged text overlapped the titles Plotly had placed)
   const BIG = 16;
-  const bigger = (f) => Object.assign({}, f || {}, {size: Math.max(BIG, (f && f.size) || 0)});
-  const withBar = (o) => Object.assign({}, o, {colorbar: Object.assign({}, o.colorbar, {tickfont: bigger((o.colorbar || {}).tickfont)})});
+  const SMALLEST = 14;
+  const MIN_PLOT = 300;  // px: projector mode's main figure keeps a plot area this tall rather than fit the window
+  const atLeast = (f, size) => Object.assign({}, f || {}, {size: Math.max(size, (f && f.size) || 0)});
+  const bigger = (f) => atLeast(f, BIG);
+  const withBar = (o) => {
+    const bar = o.colorbar || {}, title = bar.title && typeof bar.title === 'object' ? bar.title : {text: bar.title};
+    const titled = title.text ? {title: Object.assign({}, title, {font: atLeast(title.font, SMALLEST)})} : {};
+    return Object.assign({}, o, {colorbar: Object.assign({}, bar, {tickfont: bigger(bar.tickfont)}, titled)});
+  };
   const projectorSizes = (data, layout) => {
     const L = Object.assign({}, layout);
     ['xaxis', 'yaxis', ...Object.keys(L).filter(k => /^[xy]axis\d+$/.test(k))].forEach(k => {
@@ -24,10 +31,19 @@
       L[k] = Object.assign({}, L[k], {tickfont: bigger((L[k] || {}).tickfont)}, grow);
     });
     Object.keys(L).filter(k => /^coloraxis\d*$/.test(k)).forEach(k => { L[k] = withBar(L[k] || {}); });
+    // every other text at least 14 px: titles, axis titles, legends, annotations (subplot titles), colour bar titles
+    L.font = atLeast(L.font, SMALLEST);
+    if (L.legend) L.legend = Object.assign({}, L.legend, {font: atLeast(L.legend.font, SMALLEST)});
+    if (L.title && typeof L.title === 'object') L.title = Object.assign({}, L.title, {font: atLeast(L.title.font, SMALLEST)});
+    if (Array.isArray(L.annotations)) L.annotations = L.annotations.map(a => Object.assign({}, a, {font: atLeast(a.font, SMALLEST)}));
+    Object.keys(L).filter(k => /^[xy]axis\d*$/.test(k) && L[k].title && typeof L[k].title === 'object').forEach(k => {
+      L[k] = Object.assign({}, L[k], {title: Object.assign({}, L[k].title, {font: atLeast(L[k].title.font, SMALLEST)})});
+    });
     const D = (data || []).map(t => {
       let c = t;
       if (t.colorbar || (/^(heatmap|contour)/.test(t.type || '') && !t.coloraxis && t.showscale !== false)) c = withBar(c);
       if (t.texttemplate || (t.text && /^heatmap/.test(t.type || ''))) c = Object.assign({}, c, {textfont: bigger(t.textfont)});
+      else if (t.text) c = Object.assign({}, c, {textfont: atLeast(t.textfont, SMALLEST)});  // bars' values
       return c;
     });
     return [D, L];
@@ -91,7 +107,8 @@
   });
   // projector mode: the visible tab's main (first) figure made short enough to end inside the window
   const fit = () => {
-    if (!document.body.classList.contains('projector') || !window.Plotly) return;
+    // (a presented figure is sized by present.js)
+    if (!document.body.classList.contains('projector') || document.body.classList.contains('presenting') || !window.Plotly) return;
     document.querySelectorAll('[id^="tab-"]').forEach(panel => {
       const el = panel.querySelector('.js-plotly-plot');
       if (!el || el.offsetParent === null || !el._fullLayout) return;
@@ -100,7 +117,9 @@
       // back up to the height it was sent with as far as the room allows: a figure first drawn while the header
       // above it was still wrapping got a room that later grew (the memory lab's plot area had shrunk to nothing)
       const sent = (el.explorerSource && el.explorerSource[1] && el.explorerSource[1].height) || el._fullLayout.height;
-      const want = Math.min(sent, room);
+      // never so short that the plot area falls under MIN_PLOT: past the window's bottom instead
+      const least = el._fullLayout.height - el._fullLayout._size.h + MIN_PLOT;
+      const want = Math.max(Math.min(sent, room), Math.min(least, sent));
       if (room >= 240 && Math.abs(el._fullLayout.height - want) > 2) window.Plotly.relayout(el, {height: want});
     });
   };
@@ -147,12 +166,17 @@
       if (layout) layout = narrowLayout(layout);
       if (document.body.classList.contains('projector') && layout) [data, layout] = projectorSizes(data, layout);
       const panel = document.body.classList.contains('projector') && el && el.closest && el.closest('[id^="tab-"]');
-      if (panel && layout && panel.querySelector('[data-testid="plotly"]') === el) {
+      const presented = window.explorerPresentedHeight && window.explorerPresentedHeight(el);
+      if (presented && layout) layout = Object.assign({}, layout, {height: presented});
+      else if (panel && layout && panel.querySelector('[data-testid="plotly"]') === el) {
         const room = Math.floor(window.innerHeight - (el.getBoundingClientRect().top + window.scrollY) - 12);
-        if (room >= 240 && (layout.height || 450) > room) layout = Object.assign({}, layout, {height: room});
+        const m = layout.margin || {}, least = MIN_PLOT + (m.t === undefined ? 100 : m.t) + (m.b === undefined ? 80 : m.b);
+        const want = Math.max(room, Math.min(least, layout.height || 450));
+        if (room >= 240 && (layout.height || 450) > want) layout = Object.assign({}, layout, {height: want});
       }
       if (layout) layout = Object.assign({}, layout, {modebar: Object.assign({}, layout.modebar, {orientation: 'h'})});
       config = withButtons(config);
+      if (!this.explorerRestyle && window.explorerRedrawn) window.explorerRedrawn(el);
       try {
         return react.call(this, el, data, layout, config);
       } catch (e) {
