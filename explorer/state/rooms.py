@@ -18,11 +18,12 @@ its /64, which one machine may rotate through), sized for a class behind one cam
     NEW_VOTERS_PER_ADDRESS   new voters one address may add to a room per ``NEW_VOTER_WINDOW`` (10 s)
                              (``EXPLORER_ROOM_NEW_VOTERS``, default 60: a class of 60 scanning the QR code at once)
     ADDRESS_SHARE            the share of ``MAX_VOTES`` one address's voters may take in a room
-                             (``EXPLORER_ROOM_ADDRESS_SHARE``, default 0.5: 100 of 200, well above a class)
+                             (``EXPLORER_ROOM_ADDRESS_SHARE``, default 0.75: 150 of 200, a lecture hall's
+                             120 phones behind one campus address fit)
 
-so a script rotating session ids from one address holds at most half a room, and the rest stays for the phones
+so a script rotating voter ids from one address holds at most three quarters of a room, and the rest stays for the phones
 of other addresses; the teacher's page says when an address was refused. Phones behind the script's own address
-share its half: nothing tells them apart from the script.
+share its share: nothing tells them apart from the script.
 
 Only the session that opened a room holds its secret (a 32-byte token kept in that session's ``gr.State``,
 never sent to a browser): revealing, closing and asking the next question need it; the room code does not
@@ -62,7 +63,8 @@ WRONG_PER_SESSION, WRONG_SESSION_WINDOW = 5, 600.0  # wrong codes one session ma
 WRONG_PER_PROCESS, WRONG_PROCESS_WINDOW = 300, 60.0  # wrong codes the whole process accepts, per minute
 NEW_VOTERS_PER_ADDRESS = int(_env_number("EXPLORER_ROOM_NEW_VOTERS", 60, 1))
 NEW_VOTER_WINDOW = 10.0
-ADDRESS_SHARE = min(1.0, _env_number("EXPLORER_ROOM_ADDRESS_SHARE", 0.5, 0.01))
+ADDRESS_SHARE = min(1.0, _env_number("EXPLORER_ROOM_ADDRESS_SHARE", 0.75, 0.01))
+MAX_PAST = 100  # questions of one room whose tallies are kept for its CSV (oldest dropped first)
 MAX_GUESSERS = 10_000  # sessions whose wrong codes are remembered (oldest forgotten first)
 
 _CODE = re.compile(f"^[{ALPHABET}]{{{CODE_LEN}}}$")
@@ -120,6 +122,7 @@ class _Room:
     per_network: dict = field(default_factory=dict)  # network -> how many voters it holds in this room
     arrivals: dict = field(default_factory=dict)  # network -> deque of when its voters were admitted
     refused: int = 0
+    past: list = field(default_factory=list)  # the tallies of the room's earlier questions, oldest first
 
 
 def check_question(text, choices) -> tuple[str, tuple[str, ...]]:
@@ -244,6 +247,7 @@ class Rooms:
         with self._guard:
             self._sweep(now)
             room = self._owned(code, secret)
+            room.past = [*room.past, self._tally(room, now)][-MAX_PAST:]
             room.question, room.votes, room.revealed = self._new_question(text, choices), {}, False
             room.version += 1
             return room.question.qid
@@ -317,6 +321,38 @@ class Rooms:
             self._sweep(self.clock())
             room = self._rooms.get(code) if isinstance(code, str) else None
             return None if room is None else (room.question, room.revealed)
+
+    # --- the phone page (explorer.web.hall) ----------------------------------------------------------------------
+    def admit(self, code: str, voter: str, address: str) -> None:
+        """Admit ``voter`` from ``address`` to the room now (when its phone opens the room, not at its first vote,
+        so a class scanning the QR code over a minute meets the per-address limits then, not all at the first
+        question); nothing when already admitted. ValueError with a sentence as ``vote`` refuses a new voter."""
+        now = self.clock()
+        with self._guard:
+            self._sweep(now)
+            room = self._rooms.get(code) if isinstance(code, str) else None
+            if room is None:
+                raise ValueError("This room has ended (or the code is wrong): type the code on the projector again.")
+            if voter not in room.voters:
+                self._admit(room, voter, address, now)
+
+    def phone_view(self, code: str, voter: str | None) -> tuple[Question, bool, int | None] | None:
+        """(the room's question, whether it is revealed, ``voter``'s choice for it or None); None once the room has
+        ended. Only for codes a join accepted: no guess is counted here."""
+        with self._guard:
+            self._sweep(self.clock())
+            room = self._rooms.get(code) if isinstance(code, str) else None
+            if room is None:
+                return None
+            return room.question, room.revealed, room.votes.get(voter) if voter is not None else None
+
+    def tallies(self, code: str, secret: str) -> list[Tally]:
+        """Every question of the owner's room, oldest first, the current one last: counts only, no voter."""
+        now = self.clock()
+        with self._guard:
+            self._sweep(now)
+            room = self._owned(code, secret)
+            return [*room.past, self._tally(room, now)]
 
     def __len__(self) -> int:
         with self._guard:
