@@ -176,7 +176,7 @@ class PhoneRoutes:
         path = scope.get("path", "") if scope["type"] == "http" else ""
         method = scope.get("method", "")
         if path == "/" and method in ("GET", "HEAD") and b"join" in scope.get("query_string", b""):
-            query = parse_qs(scope["query_string"].decode("latin-1"))
+            query = parse_qs(scope["query_string"].decode("latin-1"), keep_blank_values=True)
             if "join" in query:
                 code = re.sub(r"[^A-Za-z0-9 -]", "", (query["join"] or [""])[0])[:16]
                 target = f"vote?code={quote(code)}" if code else "vote"
