@@ -216,15 +216,3 @@ def test_caps_on_rooms_and_votes_hold_through_the_app(app_url, monkeypatch):
     _, text, _ = teacher.predict(api_name="/class_tally_walkthrough")
     assert "**2 votes**" in text
     teacher.predict(api_name="/class_close_walkthrough")
-
-
-@pytest.mark.slow
-def test_the_benchmark_class_counts_every_vote(app_url):
-    """explorer.bench.vote's clients (raw queue routes, as a browser sends them) against the app: every vote
-    counted and shown; the timings are the benchmark's to judge, not this test's."""
-    from explorer.bench.vote import class_vote
-
-    r = class_vote(app_url, 8, timeout=120)
-    assert not r["failed"], r["failed"]
-    assert r["counted"] == r["shown"] == r["final_tally"] == 8 and r["exact"]
-    assert r["attention_requests_meanwhile"] >= 1

@@ -39,7 +39,7 @@ def test_quick_bench_on_a_tiny_config_writes_markdown_and_json(tmp_path):
     assert len(report["targets"]) == 46
     assert all(report["experiments"][k]["seconds"] > 0 for k in ("knockout_sweep", "patch_resid_pre", "patch_head"))
     assert "skipped" in report["load"] and "Classroom load" in md
-    assert "skipped" in report["vote"] and "A class votes from their phones" in md
+    assert "skipped" in report["vote"] and "A lecture hall votes from their phones" in md
     assert report["generation"]["new_tokens"] == 128 and report["generation"]["uncached_steps"] == 8
     assert list(report["induction"]["spans"]) == ["8", "16", "32", "64", "120"]  # the shipped model's context fits
     f = report["formats"]
