@@ -131,6 +131,7 @@ class Hall:
         self.final: dict[int, dict[int, int]] = {}  # qid -> phone -> its last choice the server confirmed
         self.last_ack: dict[int, float] = {}  # qid -> when its last vote was answered (monotonic)
         self.pending = 0  # votes decided or on their way
+        self.waited = 0  # votes told to wait for the room's limit on new voters per address, sent again
         self.failed: list[str] = []
         self.refused = 0
         self.loop = asyncio.new_event_loop()
@@ -168,6 +169,13 @@ class Hall:
             answer = await self._request(http, i, "POST", "vote/api/vote",
                                          json={"code": self.code, "qid": s["qid"], "choice": choice,
                                                "voter": self.voter[i]})
+            if answer and "wait a few seconds" in str(answer.get("message")):  # as the page asks: again, later
+                self.waited += 1
+                await asyncio.sleep(5.0)
+                t0 = time.monotonic()
+                answer = await self._request(http, i, "POST", "vote/api/vote",
+                                             json={"code": self.code, "qid": s["qid"], "choice": choice,
+                                                   "voter": self.voter[i]})
             if answer and answer.get("qid") == s["qid"] and answer.get("mine") == choice:
                 now = time.monotonic()
                 self.acks.setdefault(s["qid"], []).append(now - t0)
@@ -242,8 +250,11 @@ def _wait_for(condition, deadline: float) -> bool:
 
 
 def lecture_hall(url: str, n: int = PHONES, campus: int = CAMPUS, visitors: int = VISITORS, *,
-                 timeout: float = 300.0, seed: int = 0, ramp: float = RAMP_SECONDS) -> dict[str, Any]:
-    """The three questions (see the module docstring); per question its measurements, and the whole run's."""
+                 timeout: float = 300.0, seed: int = 0, ramp: float = RAMP_SECONDS, cpu=None) -> dict[str, Any]:
+    """The three questions (see the module docstring); per question its measurements, and the whole run's.
+    ``cpu``: the server's CPU seconds so far (``Server.cpu_seconds``), to say what each question cost it."""
+    import os
+
     deadline = time.monotonic() + timeout
     teacher = Teacher(url, deadline)
     prompts = ["Tom gave the red ball to Anna. Anna gave the red ball to",
@@ -259,6 +270,7 @@ def lecture_hall(url: str, n: int = PHONES, campus: int = CAMPUS, visitors: int 
     rounds: dict[str, dict[str, Any]] = {}
     busy = threading.Event()
     attention_seconds: list[float] = []
+    visiting: list[threading.Thread] = []
 
     def visitor(i: int) -> None:
         import httpx
@@ -267,8 +279,13 @@ def lecture_hall(url: str, n: int = PHONES, campus: int = CAMPUS, visitors: int 
         with httpx.Client(timeout=120) as http:
             j = 0
             while busy.is_set() and time.monotonic() < deadline:
-                out = run_events(http, url, f"bench-visitor-{i}-{j}-{uuid.uuid4().hex[:6]}", teacher.plan, [fn],
-                                 {fn: attention_values(teacher.plan, 30_000 + 100 * i + j)}, deadline, follow=False)
+                try:
+                    out = run_events(http, url, f"bench-visitor-{i}-{j}-{uuid.uuid4().hex[:6]}", teacher.plan, [fn],
+                                     {fn: attention_values(teacher.plan, 30_000 + 100 * i + j)}, deadline,
+                                     follow=False)
+                except httpx.HTTPError as exc:
+                    teacher.errors.append(f"visitor: {type(exc).__name__}")
+                    continue
                 if fn in out.done:
                     attention_seconds.append(out.done[fn])
                 j += 1
@@ -277,8 +294,10 @@ def lecture_hall(url: str, n: int = PHONES, campus: int = CAMPUS, visitors: int 
         if name == "busy":
             busy.set()
             for i in range(visitors):
-                threading.Thread(target=visitor, args=(i,), daemon=True).start()
+                visiting.append(threading.Thread(target=visitor, args=(i,), daemon=True))
+                visiting[-1].start()
             time.sleep(3.0)  # the attention questions are running
+        cpu_before, wall_before = (cpu() if cpu else None), time.monotonic()
         at = asked[0] if prompt is None else teacher.ask(prompt)
         if at is None:
             rounds[name] = {"failed": "the teacher's question was not answered"}
@@ -307,12 +326,16 @@ def lecture_hall(url: str, n: int = PHONES, campus: int = CAMPUS, visitors: int 
                 [t - at for t in hall.seen.get(qid, {}).values()]),
             "tally_after_last_vote": None if shown_at is None else shown_at - last,
             "tally_counts": counts, "expected_counts": expected, "exact": counts == expected and len(final) == n,
-            "attention_answered": len(attention_seconds) if name == "busy" else 0}
+            "attention_answered": len(attention_seconds) if name == "busy" else 0,
+            "server_cpu_seconds": None if cpu is None else cpu() - cpu_before,
+            "wall_seconds": time.monotonic() - wall_before, "load_average": os.getloadavg()[0]}
     busy.clear()
+    for t in visiting:
+        t.join(timeout=max(1.0, deadline - time.monotonic()))
     hall.finish()
     teacher.stop.set()
     return {"phones": n, "campus": campus, "visitors": visitors, "joined": len(hall.joined), "rounds": rounds,
-            "attention_seconds": quantiles(attention_seconds), "refused_429": hall.refused,
+            "attention_seconds": quantiles(attention_seconds), "refused_429": hall.refused, "waited": hall.waited,
             "failed": hall.failed[:20] + teacher.errors[:20], "failures": len(hall.failed) + len(teacher.errors),
             "tally_polls": len(teacher.polls), "last_polls": [p[2:] for p in teacher.polls[-3:]]}
 
@@ -328,6 +351,6 @@ def describe(r: dict[str, Any]) -> str:
 def bench_vote(n: int = PHONES, *, log=print) -> dict[str, Any]:
     """The benchmark's lecture-hall row: a fresh ``python app.py`` behind one trusted proxy hop, then the hall."""
     with served_app({"EXPLORER_PROXY_HOPS": "1"}) as server:
-        result = lecture_hall(server.url, n)
+        result = lecture_hall(server.url, n, cpu=server.cpu_seconds)
     log(f"vote: {describe(result)}")
     return result
