@@ -107,7 +107,9 @@ class Waits:
         entry = self.rooms.get(code)
         if entry is None:
             entry = self.rooms[code] = [key_of(self.store, code), asyncio.Event(), 0]
-        if entry[0] != seen:
+        if entry[0] != seen:  # the phone is behind: answered at once
+            if entry[2] == 0:
+                del self.rooms[code]
             return
         if self._task is None or self._task.done() or self._task.get_loop() is not asyncio.get_running_loop():
             self._task = asyncio.get_running_loop().create_task(self._watch())
