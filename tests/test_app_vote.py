@@ -122,7 +122,10 @@ def test_a_question_from_another_tab_reuses_the_room_and_reaches_a_joined_phone(
     assert got["answer"]["text"].startswith("Layer 1, head 0") and got["answer"]["mine"] is None
     _, text, _ = teacher.predict(api_name="/class_tally_walkthrough")
     assert "asked in another section" in text
-    csv_file = teacher.predict(api_name="/class_csv_attention")
+    csv_file = teacher.predict(api_name="/class_csv_attention")  # the download button's update
+    if isinstance(csv_file, dict):
+        csv_file = csv_file.get("value") or csv_file.get("path")
+        csv_file = csv_file.get("path") if isinstance(csv_file, dict) else csv_file
     with open(csv_file, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
     assert {r["question"] for r in rows} == {"1", "2"} and rows[0]["question_text"] == first["text"]

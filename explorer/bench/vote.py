@@ -131,6 +131,7 @@ class Hall:
         self.final: dict[int, dict[int, int]] = {}  # qid -> phone -> its last choice the server confirmed
         self.last_ack: dict[int, float] = {}  # qid -> when its last vote was answered (monotonic)
         self.pending = 0  # votes decided or on their way
+        self.retried = 0  # requests sent again after a dropped connection
         self.waited = 0  # votes told to wait for the room's limit on new voters per address, sent again
         self.failed: list[str] = []
         self.refused = 0
@@ -140,11 +141,16 @@ class Hall:
 
     async def _request(self, http, i: int, method: str, path: str, **kw) -> dict | None:
         headers = {"x-forwarded-for": self.address[i]}
-        try:
-            r = await http.request(method, self.url + path, headers=headers, **kw)
-        except Exception as exc:  # noqa: BLE001 - a phone's failure is counted, the others go on
-            self.failed.append(f"{path}: {type(exc).__name__}")
-            return None
+        for attempt in range(2):  # a dropped connection is tried again once, a second later, as a phone's page does
+            try:
+                r = await http.request(method, self.url + path, headers=headers, **kw)
+                break
+            except Exception as exc:  # noqa: BLE001 - a phone's failure is counted, the others go on
+                if attempt:
+                    self.failed.append(f"{path}: {type(exc).__name__}")
+                    return None
+                self.retried += 1
+                await asyncio.sleep(1.0)
         if r.status_code == 429:
             self.refused += 1
         if r.headers.get("content-type", "").startswith("application/json"):
@@ -336,6 +342,7 @@ def lecture_hall(url: str, n: int = PHONES, campus: int = CAMPUS, visitors: int 
     teacher.stop.set()
     return {"phones": n, "campus": campus, "visitors": visitors, "joined": len(hall.joined), "rounds": rounds,
             "attention_seconds": quantiles(attention_seconds), "refused_429": hall.refused, "waited": hall.waited,
+            "retried": hall.retried,
             "failed": hall.failed[:20] + teacher.errors[:20], "failures": len(hall.failed) + len(teacher.errors),
             "tally_polls": len(teacher.polls), "last_polls": [p[2:] for p in teacher.polls[-3:]]}
 
