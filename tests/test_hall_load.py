@@ -12,7 +12,7 @@ def test_two_hundred_phones_join_vote_and_see_each_question_with_exact_counts(ap
     from explorer.bench.vote import lecture_hall
 
     monkeypatch.setattr("explorer.web.clients.PROXY_HOPS", 1)
-    r = lecture_hall(app_url, 200, 120, visitors=4, timeout=400)
+    r = lecture_hall(app_url, 200, 120, visitors=4, timeout=900, round_seconds=240)
     assert r["joined"] == 200 and r["failures"] == 0 and r["refused_429"] == 0, r["failed"]
     assert set(r["rounds"]) == {"join", "idle", "busy"}
     for name, q in r["rounds"].items():

@@ -256,9 +256,11 @@ def _wait_for(condition, deadline: float) -> bool:
 
 
 def lecture_hall(url: str, n: int = PHONES, campus: int = CAMPUS, visitors: int = VISITORS, *,
-                 timeout: float = 300.0, seed: int = 0, ramp: float = RAMP_SECONDS, cpu=None) -> dict[str, Any]:
+                 timeout: float = 300.0, seed: int = 0, ramp: float = RAMP_SECONDS, cpu=None,
+                 round_seconds: float = 60.0) -> dict[str, Any]:
     """The three questions (see the module docstring); per question its measurements, and the whole run's.
-    ``cpu``: the server's CPU seconds so far (``Server.cpu_seconds``), to say what each question cost it."""
+    ``cpu``: the server's CPU seconds so far (``Server.cpu_seconds``), to say what each question cost it;
+    ``round_seconds``: how long a question waits for every phone's vote (a test on a loaded machine waits longer)."""
     import os
 
     deadline = time.monotonic() + timeout
@@ -308,7 +310,7 @@ def lecture_hall(url: str, n: int = PHONES, campus: int = CAMPUS, visitors: int 
         if at is None:
             rounds[name] = {"failed": "the teacher's question was not answered"}
             continue
-        wait = ramp + 60 if prompt is None else 60
+        wait = ramp + round_seconds if prompt is None else round_seconds
         _wait_for(lambda: any(q not in qids for q in hall.seen), min(deadline, time.monotonic() + wait))
         fresh = [q for q in hall.seen if q not in qids]
         if not fresh:
