@@ -41,7 +41,6 @@ from explorer.panels.lora import build_lora
 from explorer.panels.memory import build_memory
 from explorer.panels.model import build_model, load_model, local_checkpoints
 from explorer.panels.positions import build_positions
-from explorer.panels import vote
 from explorer.panels.training import build_training, connect_header
 from explorer.state.snapshots import snapshot_names
 from explorer.panels.walkthrough import build_walkthrough
@@ -116,7 +115,6 @@ def build_demo(openings_later: bool = False) -> gr.Blocks:
                               placeholder="the view's link appears here")
         notice = gr.Textbox(label="About this link", visible=False, interactive=False, elem_id="link-notice")
         status = gr.Markdown(serving.COMPUTING_ALL, visible=openings_later, elem_id="opening-status")
-        vote.build_join(demo)  # a phone's vote view, shown alone for ?join=CODE
         with gr.Accordion(about_label(started), open=False, elem_id="glossary"):
             gr.Markdown("A Llama-style decoder written from scratch, and what happens inside it. Every number on "
                         "screen is computed now, on this machine, by the code that is running. The model picker "

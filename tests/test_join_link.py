@@ -59,7 +59,7 @@ def _ask(monkeypatch, server_name, page, *, browser=LECTURER, share_url=None):
 
 def test_a_loopback_server_says_so_in_the_ask_box(monkeypatch):
     qr, link, code_md, fig, counts, timer, owner, reach = _ask(monkeypatch, "127.0.0.1", "http://127.0.0.1:7860/")
-    assert link.startswith("http://127.0.0.1:7860/?join=")
+    assert link == f"http://127.0.0.1:7860/vote?code={owner['code']}"
     assert reach.visible is True and "Phones cannot open this link" in reach.value
     assert "`GRADIO_SERVER_NAME=0.0.0.0 python app.py`" in reach.value
 
@@ -69,14 +69,14 @@ def test_a_network_server_puts_its_network_address_in_the_link_and_the_qr_code(m
 
     qr, link, code_md, fig, counts, timer, owner, reach = _ask(monkeypatch, "0.0.0.0", "http://127.0.0.1:7860/")
     code = owner["code"]
-    assert link == f"http://10.20.30.40:7860/?join={code}" and reach.visible is False
-    assert qr == vote.qr_image(link) != vote.qr_image(f"http://127.0.0.1:7860/?join={code}")
+    assert link == f"http://10.20.30.40:7860/vote?code={code}" and reach.visible is False
+    assert qr == vote.qr_image(link) != vote.qr_image(f"http://127.0.0.1:7860/vote?code={code}")
     # a Space: the page's own public address, loopback nowhere
     _, link, _, _, _, _, owner, reach = _ask(monkeypatch, "0.0.0.0", "https://someone-explorer.hf.space/")
-    assert link == f"https://someone-explorer.hf.space/?join={owner['code']}" and reach.visible is False
+    assert link == f"https://someone-explorer.hf.space/vote?code={owner['code']}" and reach.visible is False
 
 
-def test_the_same_browser_asks_in_the_same_room_after_a_reload(monkeypatch):
+def test_the_same_browser_asks_in_the_same_room_after_a_reload_from_any_tab(monkeypatch):
     from explorer.panels import vote
 
     store = R.Rooms()
@@ -86,6 +86,8 @@ def test_the_same_browser_asks_in_the_same_room_after_a_reload(monkeypatch):
     first = ask(None, LECTURER, "http://127.0.0.1:7860/")[6]
     reloaded = ask(None, LECTURER, "http://127.0.0.1:7860/")[6]  # a new page: no room in its state
     assert reloaded["code"] == first["code"] and len(store) == 1
+    elsewhere = vote.ask_handler(lambda: QUESTION, "attention", demo)(None, LECTURER, "http://127.0.0.1:7860/")[6]
+    assert elsewhere["code"] == first["code"] and len(store) == 1  # one room per lecture, whatever the tab
     other = ask(None, "cd" * 24, "http://127.0.0.1:7860/")[6]
     made_up = ask(None, "<b>not-an-id</b>", "http://127.0.0.1:7860/")[6]  # no usable id: a room of its own
     assert len({first["code"], other["code"], made_up["code"]}) == 3

@@ -70,7 +70,7 @@ def test_every_listener_of_the_app_declares_its_lane(built_app):
     ("generate", "generation"), ("generate_submit", "generation"), ("generate_example", "generation"),
     ("memory_compare", "measure"), ("formats", "measure"), ("formats_example", "measure"),
     ("experiment_sweep", "measure"), ("lora_finetune", "finetune"), ("training_live", "train"), ("memory_trace_play", "play"),
-    ("class_vote_0", "class"), ("kv_calculator", "view"), ("attention_example", "view"), ("load_model", "view"),
+    ("class_csv_walkthrough", "class"), ("class_tally_attention", "class"), ("kv_calculator", "view"), ("attention_example", "view"), ("load_model", "view"),
     ("clear_formats_after_load_0_0", "view"),  # after a model load: a view, never a long job
 ])
 def test_each_listener_runs_in_the_lane_its_work_needs(built_app, api_name, expected):

@@ -104,7 +104,7 @@ def test_a_placeholder_is_filled_as_json_and_a_missing_or_extra_value_is_refused
     with pytest.raises(ValueError, match="FORMAT"):
         page.script("save_tab.js", TAB_ID="attention")
     with pytest.raises(ValueError, match="give exactly those"):
-        page.script("join.js", CODE="x")
+        page.script("page_url.js", CODE="x")
     with pytest.raises(ValueError, match="not one of the page's files"):
         page.script("../links.py")
 

@@ -34,7 +34,7 @@ def test_a_script_rotating_sessions_from_one_address_cannot_fill_the_room():
     store = R.Rooms(max_votes=200, clock=clock)
     code, secret, qid = store.open("Which token?", CHOICES)
     counted = refused = 0
-    for i in range(250):  # the script: 250 fresh session ids, as fast as the rate lets them in
+    for i in range(600):  # the script, longer: 600 fresh session ids, as fast as the rate lets them in
         try:
             store.vote(code, f"fake{i}", qid, 0, address=NAT)
             counted += 1
@@ -42,11 +42,11 @@ def test_a_script_rotating_sessions_from_one_address_cannot_fill_the_room():
             refused += 1
             assert "not counted" in str(exc) or "wait a few seconds" in str(exc)
         clock.t += 0.05
-    assert counted == 100 and refused == 150  # half the room, at most 60 each 10 s
-    for i in range(60):  # a class on another network still fits
+    assert counted == 150 and refused == 450  # three quarters of the room, at most 60 each 10 s
+    for i in range(50):  # a class on another network still fits
         store.vote(code, f"student{i}", qid, 1, address=OTHER)
     t = store.tally(code, secret)
-    assert t.counts[:2] == (100, 60) and t.refused == 150
+    assert t.counts[:2] == (150, 50) and t.refused == 450
 
 
 def test_the_rate_refuses_a_burst_and_lets_the_next_window_in():
@@ -64,7 +64,7 @@ def test_the_rate_refuses_a_burst_and_lets_the_next_window_in():
 
 
 def test_admitted_voters_vote_again_on_the_next_question_and_ipv6_counts_by_its_64():
-    store = R.Rooms(max_votes=4, clock=Clock())
+    store = R.Rooms(max_votes=4, clock=Clock(), address_share=0.5)
     code, secret, qid = store.open("Which token?", CHOICES)
     store.vote(code, "a", qid, 0, address="2001:db8:1:2::1")
     store.vote(code, "b", qid, 0, address="2001:db8:1:2::ffff")  # the same /64: its share (2 of 4) is full now
@@ -85,7 +85,7 @@ def _rendered(markdown: str) -> str:
 def test_the_teachers_page_shows_prompt_markup_as_text_and_names_a_burst(monkeypatch):
     from explorer.panels import vote
 
-    store = R.Rooms(max_votes=4, clock=Clock())
+    store = R.Rooms(max_votes=4, clock=Clock(), address_share=0.5)
     monkeypatch.setattr(R, "rooms", store)
     question = Question("next_token", "Which token does the model predict next after “…<i>I</i> *am*”?", CHOICES,
                         (0.4, 0.3, 0.2, 0.1), "probability", "The model's most likely is “<b>x</b>”.")

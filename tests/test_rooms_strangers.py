@@ -1,6 +1,6 @@
 """Rooms a stranger cannot take (explorer.state.rooms): wrong codes from many addresses never keep a right code out,
 one address cannot open every room, and a room whose lecturer's page has gone ends after the grace time while a
-reload of the same browser keeps it."""
+reload of the same browser keeps it; one room per lecture, kept alive by the section that asked last."""
 from __future__ import annotations
 
 import pytest
@@ -124,27 +124,61 @@ def test_the_room_limit_counts_only_live_lectures():
     assert len(store) == 1 and store.tally(code, secret).total == 0
 
 
-def test_the_join_handler_counts_wrong_codes_by_the_forwarded_address(monkeypatch):
-    """The phone's join reads the client address as the operator's proxy hops say (X-Forwarded-For)."""
+def test_the_phone_page_counts_wrong_codes_by_the_forwarded_address(monkeypatch):
+    """The phone page's join reads the client address as the operator's proxy hops say (X-Forwarded-For)."""
+    from starlette.testclient import TestClient
+
+    from explorer.web import clients, hall
+
+    async def gradio(scope, receive, send):  # what Gradio would answer: the phone routes never pass these on
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    store = R.Rooms(clock=Clock(), wrong_per_address=3)
+    monkeypatch.setattr(clients, "PROXY_HOPS", 1)
+    code, _, _ = store.open("Which token?", CHOICES, address=TEACHER)
+    client = TestClient(hall.PhoneRoutes(gradio, store=store), client=("10.9.9.9", 50000))  # the proxy itself
+
+    def state(code: str, voter: str, forwarded: str) -> dict:
+        return client.get("/vote/api/state", params={"code": code, "voter": voter},
+                          headers={"x-forwarded-for": forwarded}).json()
+
+    for i in range(400):
+        answer = state(_wrong(code), f"phone-{i:04d}-0123456789", f"6.6.6.6, 172.16.{i // 256}.{i % 256}")
+        assert "No open room has the code" in answer["message"]
+    assert len(store._wrong_net) == 400  # one each: the made-up first entry was not the address
+    assert state(code, "honest-0123456789abcdef", "192.0.2.9")["text"] == "Which token?"
+
+
+def test_one_room_per_lecture_lives_while_the_section_that_asked_last_polls(monkeypatch):
+    """Ask in one tab, then another, then after a reload: one room; the first section's tally steps aside, the
+    last one's poll keeps the room alive past the grace time, and once nothing polls, the room ends."""
     from types import SimpleNamespace
 
     from explorer.panels import vote
-    from explorer.web import clients
+    from explorer.probes.questions import Question
 
-    store = R.Rooms(clock=Clock(), wrong_per_address=3)
+    clock = Clock()
+    store = R.Rooms(clock=clock, grace_minutes=0.05)  # 3 s
     monkeypatch.setattr(R, "rooms", store)
-    monkeypatch.setattr(clients, "PROXY_HOPS", 1)
-    code, _, _ = store.open("Which token?", CHOICES, address=TEACHER)
-
-    def request(session: str, forwarded: str):
-        return SimpleNamespace(session_hash=session, headers={"x-forwarded-for": forwarded},
-                               client=SimpleNamespace(host="10.9.9.9"))  # the proxy itself
-
-    for i in range(400):
-        try:  # the handler turns the sentence into gr.Error
-            vote.join(_wrong(code), None, request=request(f"s{i}", f"6.6.6.6, 172.16.{i // 256}.{i % 256}"))
-        except Exception as exc:  # noqa: BLE001
-            assert "No open room has the code" in str(exc)
-    assert len(store._wrong_net) == 400  # one each: the made-up first entry was not the address
-    question, *_ = vote.join(code, None, request=request("honest", "192.0.2.9"))
-    assert question == "Which token?"
+    demo = SimpleNamespace(server_name="127.0.0.1", share_url=None)
+    lecturer, url = "ab" * 24, "http://127.0.0.1:7860/"
+    first = Question("next_token", "Which token comes next?", CHOICES, (0.4, 0.3, 0.2, 0.1), "probability", "x")
+    second = Question("attention", "Layer 1, head 0 looks at?", ("0·a", "1·b"), (0.7, 0.3), "weight", "y")
+    owner = vote.ask_handler(lambda: first, "walkthrough", demo)(None, lecturer, url)[6]
+    store.vote(owner["code"], "phone", store.tally(owner["code"], owner["secret"]).qid, 2)
+    owner = vote.ask_handler(lambda: second, "attention", demo)(owner, lecturer, url)[6]
+    _, text, timer = vote.tally_handler("walkthrough")(owner)
+    assert "asked in another section" in text and timer.active is False
+    for _ in range(10):  # the attention section's timer, well past the grace time
+        clock.t += 2.0
+        vote.tally_handler("attention")(owner)
+    assert len(store) == 1
+    _, _, timer = vote.reveal(owner)
+    assert timer.active is True and timer.value == vote.HEARTBEAT_SECONDS < R.GRACE_MINUTES * 60
+    # a reload (the page's state gone) asking from a third tab: the same room, its history kept for the CSV
+    again = vote.ask_handler(lambda: first, "experiments", demo)(None, lecturer, url)[6]
+    assert again["code"] == owner["code"] and len(store) == 1
+    assert [t.counts for t in store.tallies(again["code"], again["secret"])] == [(0, 0, 1, 0), (0, 0), (0, 0, 0, 0)]
+    clock.t += 3.1  # no section polls any more: the lecturer's page has gone
+    assert len(store) == 0

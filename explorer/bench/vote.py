@@ -1,19 +1,26 @@
-"""A class votes: ``python app.py`` in its own process, one teacher asks, 40 phones vote within the same second.
+"""A lecture hall votes: ``python app.py`` in its own process, one teacher's page asks, 200 phones vote through the
+phone page's own requests (explorer/web/hall.py), 120 of them behind one campus address.
 
-The teacher's session asks the walkthrough's question (``ask_class_walkthrough``) and then polls the tally once a
-second, as its page's ``gr.Timer`` does (``class_tally_walkthrough``). Each phone is its own session: it joins the
-room first (``class_join``), then all wait at a barrier and each votes after a random delay inside one second
-(``class_vote_<i>``). Meanwhile a fourth kind of session asks the Attention tab one question after another.
+The server runs with ``EXPLORER_PROXY_HOPS=1``, and every phone names its address in X-Forwarded-For as a proxy
+would: 120 phones the same campus address, 80 an address each. The teacher's session asks the walkthrough's
+question (``ask_class_walkthrough``) and polls the tally once a second as its page's ``gr.Timer`` does
+(``class_tally_walkthrough``), on raw queue routes (``explorer.bench.page_client``). The phones are asyncio tasks
+in one thread: each opens the page (HTML and script) within ``RAMP_SECONDS`` (a hall scanning the QR code), joins,
+then holds a long poll and votes a human pause after each question reaches it; a tenth reload the page before
+they vote again (one vote per browser: the count must not move).
 
-A phone's time is from just before its vote is sent to the end of the first tally poll that began after the
-server answered the vote (the vote is counted before the answer, so that poll includes it): what the projector
-shows, as late as the timer can show it. Clients are raw queue clients (``explorer.bench.page_client``).
+Three questions, all in the one room: the first while the phones join; the second with the server otherwise idle;
+the third while ``VISITORS`` other sessions ask the Attention tab one question after another. Per question: each
+vote's ack (sent to answered), each phone's wait for the question (the teacher's ask answered to the phone's poll
+answered), the projector's tally after the last ack (to the end of the first tally poll showing every vote), and
+whether its counts equal the phones' final choices.
 
-    with served_app() as server:
-        result = class_vote(server.url, 40)
+    with served_app({"EXPLORER_PROXY_HOPS": "1"}) as server:
+        result = lecture_hall(server.url)
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -22,141 +29,337 @@ import time
 import uuid
 from typing import Any
 
-from .load import quantiles, attention_values
+from .load import attention_values, quantiles
 from .page_client import fetch_plan, run_events
 from .server import served_app
 
-VOTERS = 40
+PHONES, CAMPUS, VISITORS = 200, 120, 40
+CAMPUS_ADDRESS = "203.0.113.7"
+RAMP_SECONDS = 30.0  # the hall scans the QR code: 120 campus phones in 30 s stay under 60 new voters per 10 s
+PAUSE = (0.5, 3.0)  # a student's pause between seeing the question and tapping, seconds
 TICK_SECONDS = 1.0  # explorer.panels.vote.TALLY_SECONDS
 _VOTES = re.compile(r"\*\*(\d+) votes?\*\*")
 
 
-def _total(data) -> int | None:
-    found = _VOTES.search(json.dumps(data)) if data is not None else None
-    return int(found.group(1)) if found else None
+def _tally(data) -> tuple[int | None, list[int] | None]:
+    """(the total, the counts per choice) a tally answer shows; (None, None) when it sent nothing new."""
+    text = json.dumps(data) if data is not None else ""
+    found = _VOTES.search(text)
+    counts = None
+    for value in data or []:
+        plot = value.get("plot") if isinstance(value, dict) else None
+        if isinstance(plot, str):
+            bars = json.loads(plot)["data"][0]
+            counts = [int(str(t).split(" ")[0]) for t in bars.get("text") or []]
+    return (int(found.group(1)) if found else None), counts
 
 
-def class_vote(url: str, n: int = VOTERS, *, timeout: float = 120.0, seed: int = 0) -> dict[str, Any]:
-    import httpx
+class Teacher:
+    """The projector's page: asks in its one room and polls the tally every second in a thread."""
 
-    plan = fetch_plan(url)
-    deadline = time.monotonic() + timeout
-    ask_fn, tally_fn, join_fn = (plan.fn_of(name) for name in ("ask_class_walkthrough", "class_tally_walkthrough",
-                                                               "class_join"))
-    teacher = f"bench-teacher-{uuid.uuid4().hex[:8]}"
-    ask_values = list(plan.values[ask_fn])
-    ask_values[-1] = url  # the page's address, which the browser's JS sends
-    with httpx.Client(timeout=60) as http:
-        asked = run_events(http, url, teacher, plan, [ask_fn], {ask_fn: ask_values}, deadline, follow=False,
-                           keep_outputs=True)
-    if ask_fn not in asked.done:
-        return {"failed": asked.failed + asked.refused}
-    link = next(v for v in asked.outputs[ask_fn] if isinstance(v, str) and "?join=" in v)
-    code = link.rsplit("=", 1)[1]
-    n_choices = len(re.findall(r"“", json.dumps(asked.outputs[ask_fn][3]))) or 2  # bars of the tally figure
+    def __init__(self, url: str, deadline: float) -> None:
+        self.url, self.deadline = url, deadline
+        self.plan = fetch_plan(url)
+        self.session = f"bench-teacher-{uuid.uuid4().hex[:8]}"
+        self.ask_fn, self.tally_fn = self.plan.fn_of("ask_class_walkthrough"), self.plan.fn_of("class_tally_walkthrough")
+        self.polls: list[tuple[float, float, int | None, list[int] | None]] = []  # (started, answered, total, counts)
+        self.stop = threading.Event()
+        self.code: str | None = None
+        self.errors: list[str] = []
+        self.lock = threading.Lock()  # one session reads one event stream at a time: an ask waits for the poll
 
-    rng = random.Random(seed)
-    delays = [rng.uniform(0.0, 1.0) for _ in range(n)]
-    choices = [rng.randrange(min(n_choices, 6)) for _ in range(n)]
-    start = threading.Barrier(n + 1)
-    submitted: dict[int, float] = {}
-    acked: dict[int, float] = {}
-    failed: list[str] = []
+    def ask(self, prompt: str) -> float | None:
+        """Ask ``prompt``'s question; when it was sent (monotonic: the teacher pressed Ask), or None when it was
+        not answered."""
+        import httpx
 
-    def phone(i: int) -> None:
-        session = f"bench-phone-{i}-{uuid.uuid4().hex[:8]}"
-        with httpx.Client(timeout=60) as http:
-            joined = run_events(http, url, session, plan, [join_fn], {join_fn: [code, None]}, deadline, follow=False)
-            failed.extend(joined.failed + joined.refused)
-            try:
-                start.wait(timeout=60)
-            except threading.BrokenBarrierError:
-                return
-            time.sleep(delays[i])
-            fn = plan.fn_of(f"class_vote_{choices[i]}")
-            t0 = time.monotonic()
-            out = run_events(http, url, session, plan, [fn], {fn: [None]}, deadline, follow=False)
-            if fn in out.done:
-                submitted[i], acked[i] = t0, t0 + out.done[fn]
-            failed.extend(out.failed + out.refused)
+        values = list(self.plan.values[self.ask_fn])
+        values[0], values[-1] = prompt, self.url
+        with self.lock, httpx.Client(timeout=120) as http:
+            sent = time.monotonic()
+            out = run_events(http, self.url, self.session, self.plan, [self.ask_fn], {self.ask_fn: values},
+                             self.deadline, follow=False, keep_outputs=True)
+        if self.ask_fn not in out.done:
+            return None
+        link = next(v for v in out.outputs[self.ask_fn] if isinstance(v, str) and "vote?code=" in v)
+        self.code = link.rsplit("=", 1)[1]
+        return sent
 
-    polls: list[tuple[float, float, int]] = []  # (started, answered, total shown)
-    stop = threading.Event()
+    def poll(self) -> None:
+        import httpx
 
-    def projector() -> None:
-        shown = 0
-        with httpx.Client(timeout=60) as http:
-            while not stop.is_set() and time.monotonic() < deadline:
-                t0 = time.monotonic()
-                out = run_events(http, url, teacher, plan, [tally_fn], {tally_fn: [None]}, deadline, follow=False,
-                                 keep_outputs=True)
-                if tally_fn in out.done:
-                    total = _total(out.outputs.get(tally_fn))
-                    shown = shown if total is None else total  # an unchanged tally sends nothing
-                    polls.append((t0, t0 + out.done[tally_fn], shown))
+        total, counts = 0, None
+        with httpx.Client(timeout=120) as http:
+            while not self.stop.is_set() and time.monotonic() < self.deadline:
+                with self.lock:
+                    t0 = time.monotonic()
+                    out = run_events(http, self.url, self.session, self.plan, [self.tally_fn],
+                                     {self.tally_fn: [None]}, self.deadline, follow=False, keep_outputs=True)
+                self.errors += out.failed + out.refused
+                if self.tally_fn in out.done:
+                    try:
+                        shown, by_choice = _tally(out.outputs.get(self.tally_fn))
+                    except (ValueError, KeyError, IndexError, TypeError) as exc:
+                        self.errors.append(f"tally: {exc!r}")
+                        shown, by_choice = None, None
+                    total = total if shown is None else shown  # an unchanged tally sends nothing
+                    counts = counts if by_choice is None else by_choice
+                    self.polls.append((t0, time.monotonic(), total, counts))
                 time.sleep(max(0.0, TICK_SECONDS - (time.monotonic() - t0)))
 
-    attention_seconds: list[float] = []
+    def shown_after(self, t: float, total: int) -> tuple[float | None, list[int] | None]:
+        """When the first tally poll begun after ``t`` showing ``total`` votes was answered, and its counts."""
+        for started, answered, shown, counts in self.polls:
+            if started >= t and shown == total:
+                return answered, counts
+        return None, None
 
-    def attention() -> None:
-        fn = plan.fn_of("attention")
-        with httpx.Client(timeout=60) as http:
-            i = 0
-            while not stop.is_set() and time.monotonic() < deadline:
-                out = run_events(http, url, f"bench-attention-{uuid.uuid4().hex[:8]}", plan, [fn],
-                                 {fn: attention_values(plan, 20_000 + i)}, deadline, follow=False)
+
+class Hall:
+    """The phones: asyncio tasks on one event loop in a thread of its own."""
+
+    def __init__(self, url: str, code: str, n: int, campus: int, seed: int, ramp: float) -> None:
+        self.url, self.code, self.n, self.ramp = url, code, n, ramp
+        self.lost = 0  # phones that could not join
+        self.rng = random.Random(seed)
+        self.address = [CAMPUS_ADDRESS if i < campus else f"198.51.100.{i - campus + 1}" if i - campus < 250
+                        else f"198.51.101.{i - campus - 249}" for i in range(n)]
+        self.voter = [uuid.uuid4().hex for _ in range(n)]
+        self.joined: dict[int, float] = {}
+        self.seen: dict[int, dict[int, float]] = {}  # qid -> phone -> when its poll brought the question
+        self.acks: dict[int, list[float]] = {}  # qid -> each vote's ack seconds
+        self.final: dict[int, dict[int, int]] = {}  # qid -> phone -> its last choice the server confirmed
+        self.last_ack: dict[int, float] = {}  # qid -> when its last vote was answered (monotonic)
+        self.pending = 0  # votes decided or on their way
+        self.retried = 0  # requests sent again after a dropped connection
+        self.waited = 0  # votes told to wait for the room's limit on new voters per address, sent again
+        self.failed: list[str] = []
+        self.refused = 0
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.done = asyncio.Event()
+
+    async def _request(self, http, i: int, method: str, path: str, **kw) -> dict | None:
+        headers = {"x-forwarded-for": self.address[i]}
+        for attempt in range(2):  # a dropped connection is tried again once, a second later, as a phone's page does
+            try:
+                r = await http.request(method, self.url + path, headers=headers, **kw)
+                break
+            except Exception as exc:  # noqa: BLE001 - a phone's failure is counted, the others go on
+                if attempt:
+                    self.failed.append(f"{path}: {type(exc).__name__}")
+                    return None
+                self.retried += 1
+                await asyncio.sleep(1.0)
+        if r.status_code == 429:
+            self.refused += 1
+        if r.headers.get("content-type", "").startswith("application/json"):
+            return r.json()
+        return {} if r.status_code == 200 else None
+
+    async def _vote(self, http, i: int, s: dict) -> None:
+        self.pending += 1
+        try:
+            await self._votes(http, i, s)
+        finally:
+            self.pending -= 1
+
+    async def _votes(self, http, i: int, s: dict) -> None:
+        await asyncio.sleep(self.rng.uniform(*PAUSE))
+        choice = self.rng.randrange(len(s["choices"]))
+        for attempt in range(2 if self.rng.random() < 0.1 else 1):
+            if attempt:  # a reload: the page and a join again, the same id in the browser's storage, a new choice
+                await self._open(http, i)
+                choice = (choice + 1) % len(s["choices"])
+            t0 = time.monotonic()
+            answer = await self._request(http, i, "POST", "vote/api/vote",
+                                         json={"code": self.code, "qid": s["qid"], "choice": choice,
+                                               "voter": self.voter[i]})
+            if answer and "wait a few seconds" in str(answer.get("message")):  # as the page asks: again, later
+                self.waited += 1
+                await asyncio.sleep(5.0)
+                t0 = time.monotonic()
+                answer = await self._request(http, i, "POST", "vote/api/vote",
+                                             json={"code": self.code, "qid": s["qid"], "choice": choice,
+                                                   "voter": self.voter[i]})
+            if answer and answer.get("qid") == s["qid"] and answer.get("mine") == choice:
+                now = time.monotonic()
+                self.acks.setdefault(s["qid"], []).append(now - t0)
+                self.last_ack[s["qid"]] = max(now, self.last_ack.get(s["qid"], now))
+                self.final.setdefault(s["qid"], {})[i] = choice
+            else:
+                self.failed.append(f"vote {i}: {(answer or {}).get('message')}")
+
+    async def _open(self, http, i: int) -> dict | None:
+        await self._request(http, i, "GET", f"vote?code={self.code}")
+        await self._request(http, i, "GET", "vote/phone.js")
+        return await self._request(http, i, "GET", "vote/api/state", params={"code": self.code, "voter": self.voter[i]})
+
+    async def phone(self, http, i: int, start: float) -> None:
+        await asyncio.sleep(start)
+        s = await self._open(http, i)
+        if not s or s.get("state") != "question":
+            self.failed.append(f"join {i}: {(s or {}).get('message')}")
+            self.lost += 1
+            return
+        self.joined[i] = time.monotonic()
+        voted = set()
+        while not self.done.is_set():
+            if s.get("state") == "question" and s["qid"] not in voted:
+                voted.add(s["qid"])
+                self.seen.setdefault(s["qid"], {})[i] = time.monotonic()
+                asyncio.ensure_future(self._vote(http, i, s))
+            poll = asyncio.ensure_future(self._request(
+                http, i, "GET", "vote/api/state",
+                params={"code": self.code, "voter": self.voter[i], "seen": s["key"], "wait": "1"}))
+            stop = asyncio.ensure_future(self.done.wait())
+            await asyncio.wait({poll, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not poll.done():
+                poll.cancel()
+                return
+            stop.cancel()
+            answer = poll.result()
+            if answer is None or answer.get("state") in ("error", "ended"):
+                await asyncio.sleep(1.0)
+                continue
+            if answer.get("retry"):
+                await asyncio.sleep(answer["retry"])
+            s = answer
+
+    async def _all(self) -> None:
+        import httpx
+
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=4 * self.n)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+            starts = sorted(self.rng.uniform(0, self.ramp) for _ in range(self.n))
+            await asyncio.gather(*(self.phone(http, i, starts[i]) for i in range(self.n)))
+
+    def start(self) -> None:
+        self.thread.start()
+        self.future = asyncio.run_coroutine_threadsafe(self._all(), self.loop)
+
+    def finish(self) -> None:
+        self.loop.call_soon_threadsafe(self.done.set)
+        try:
+            self.future.result(timeout=30)
+        except Exception as exc:  # noqa: BLE001
+            self.failed.append(f"phones: {type(exc).__name__}")
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def _wait_for(condition, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def lecture_hall(url: str, n: int = PHONES, campus: int = CAMPUS, visitors: int = VISITORS, *,
+                 timeout: float = 300.0, seed: int = 0, ramp: float = RAMP_SECONDS, cpu=None,
+                 round_seconds: float = 60.0) -> dict[str, Any]:
+    """The three questions (see the module docstring); per question its measurements, and the whole run's.
+    ``cpu``: the server's CPU seconds so far (``Server.cpu_seconds``), to say what each question cost it;
+    ``round_seconds``: how long a question waits for every phone's vote (a test on a loaded machine waits longer)."""
+    import os
+
+    deadline = time.monotonic() + timeout
+    teacher = Teacher(url, deadline)
+    prompts = ["Tom gave the red ball to Anna. Anna gave the red ball to",
+               "The cat sat on the mat. The dog sat on the",
+               "Lucy found a blue kite. Lucy gave the blue kite to"]
+    asked = [teacher.ask(prompts[0])]
+    if asked[0] is None:
+        return {"failed": ["the teacher's first question was not answered"]}
+    threading.Thread(target=teacher.poll, daemon=True).start()
+    hall = Hall(url, teacher.code, n, campus, seed, ramp)
+    hall.start()
+    qids: list[int] = []
+    rounds: dict[str, dict[str, Any]] = {}
+    busy = threading.Event()
+    attention_seconds: list[float] = []
+    visiting: list[threading.Thread] = []
+
+    def visitor(i: int) -> None:
+        import httpx
+
+        fn = teacher.plan.fn_of("attention")
+        with httpx.Client(timeout=120) as http:
+            j = 0
+            while busy.is_set() and time.monotonic() < deadline:
+                try:
+                    out = run_events(http, url, f"bench-visitor-{i}-{j}-{uuid.uuid4().hex[:6]}", teacher.plan, [fn],
+                                     {fn: attention_values(teacher.plan, 30_000 + 100 * i + j)}, deadline,
+                                     follow=False)
+                except httpx.HTTPError as exc:
+                    teacher.errors.append(f"visitor: {type(exc).__name__}")
+                    continue
                 if fn in out.done:
                     attention_seconds.append(out.done[fn])
-                i += 1
+                j += 1
 
-    phones = [threading.Thread(target=phone, args=(i,), daemon=True) for i in range(n)]
-    others = [threading.Thread(target=projector, daemon=True), threading.Thread(target=attention, daemon=True)]
-    for t in phones + others:
-        t.start()
-    time.sleep(0.5)  # the attention requests are running
-    try:
-        start.wait(timeout=60)
-    except threading.BrokenBarrierError:
-        failed.append("the phones did not all join within 60 s")
-    for t in phones:
+    for name, prompt in (("join", None), ("idle", prompts[1]), ("busy", prompts[2])):
+        if name == "busy":
+            busy.set()
+            for i in range(visitors):
+                visiting.append(threading.Thread(target=visitor, args=(i,), daemon=True))
+                visiting[-1].start()
+            time.sleep(3.0)  # the attention questions are running
+        cpu_before, wall_before = (cpu() if cpu else None), time.monotonic()
+        at = asked[0] if prompt is None else teacher.ask(prompt)
+        if at is None:
+            rounds[name] = {"failed": "the teacher's question was not answered"}
+            continue
+        wait = ramp + round_seconds if prompt is None else round_seconds
+        _wait_for(lambda: any(q not in qids for q in hall.seen), min(deadline, time.monotonic() + wait))
+        fresh = [q for q in hall.seen if q not in qids]
+        if not fresh:
+            rounds[name] = {"failed": "no phone saw the question"}
+            continue
+        qid = max(fresh)
+        qids.append(qid)
+        _wait_for(lambda: len(hall.final.get(qid, {})) >= n - hall.lost and not hall.pending,
+                  min(deadline, time.monotonic() + wait))
+        final, last = dict(hall.final.get(qid, {})), hall.last_ack.get(qid, time.monotonic())
+        _wait_for(lambda: teacher.shown_after(last, len(final))[0] is not None, min(deadline, time.monotonic() + 15))
+        shown_at, counts = teacher.shown_after(last, len(final))
+        expected = [0] * (len(counts) if counts else 6)
+        for choice in final.values():
+            if choice < len(expected):
+                expected[choice] += 1
+        rounds[name] = {
+            "question": qid, "votes": len(hall.acks.get(qid, [])), "voters": len(final),
+            "ack_seconds": quantiles(hall.acks.get(qid, [])),
+            "ask_to_phone_seconds": None if prompt is None else quantiles(
+                [t - at for t in hall.seen.get(qid, {}).values()]),
+            "tally_after_last_vote": None if shown_at is None else shown_at - last,
+            "tally_counts": counts, "expected_counts": expected, "exact": counts == expected and len(final) == n,
+            "attention_answered": len(attention_seconds) if name == "busy" else 0,
+            "server_cpu_seconds": None if cpu is None else cpu() - cpu_before,
+            "wall_seconds": time.monotonic() - wall_before, "load_average": os.getloadavg()[0]}
+    busy.clear()
+    for t in visiting:
         t.join(timeout=max(1.0, deadline - time.monotonic()))
-    last_ack = max(acked.values(), default=time.monotonic())
-    while time.monotonic() < min(deadline, last_ack + 3 * TICK_SECONDS + 5):
-        if any(started >= last_ack for started, _, _ in polls):
-            break
-        time.sleep(0.1)
-    stop.set()
-    for t in others:
-        t.join(timeout=30)
-    seconds = []
-    for i, t_ack in acked.items():
-        shown_at = next((answered for started, answered, _ in polls if started >= t_ack), None)
-        if shown_at is not None:
-            seconds.append(shown_at - submitted[i])
-    final = polls[-1][2] if polls else None
-    first = min(submitted.values(), default=None)
-    all_shown = next((answered for _, answered, total in polls if total == n), None)
-    return {"voters": n, "counted": len(acked), "shown": len(seconds), "final_tally": final,
-            "exact": final == n and len(acked) == n,
-            "submit_to_shown_seconds": quantiles(seconds),
-            "all_shown_after_first_submit": None if all_shown is None or first is None else all_shown - first,
-            "vote_window_seconds": (max(submitted.values()) - first) if submitted else None,
-            "attention_requests_meanwhile": len(attention_seconds),
-            "attention_seconds": quantiles(attention_seconds), "failed": failed}
+    hall.finish()
+    teacher.stop.set()
+    return {"phones": n, "campus": campus, "visitors": visitors, "joined": len(hall.joined), "rounds": rounds,
+            "attention_seconds": quantiles(attention_seconds), "refused_429": hall.refused, "waited": hall.waited,
+            "retried": hall.retried,
+            "failed": hall.failed[:20] + teacher.errors[:20], "failures": len(hall.failed) + len(teacher.errors),
+            "tally_polls": len(teacher.polls), "last_polls": [p[2:] for p in teacher.polls[-3:]]}
 
 
 def describe(r: dict[str, Any]) -> str:
-    q = r.get("submit_to_shown_seconds") or {}
-    p50, p95 = q.get("p50"), q.get("p95")
-    return (f"{r.get('counted')} of {r.get('voters')} votes counted, tally {r.get('final_tally')}; submit to shown "
-            f"p50 {p50 if p50 is None else round(p50, 2)} s, p95 {p95 if p95 is None else round(p95, 2)} s; "
-            f"{r.get('attention_requests_meanwhile')} attention requests meanwhile; failed: {r.get('failed')[:3]}")
+    parts = []
+    for name, q in (r.get("rounds") or {}).items():
+        a = q.get("ack_seconds") or {}
+        parts.append(f"{name}: ack p95 {a.get('p95')}, tally {q.get('tally_after_last_vote')}, exact {q.get('exact')}")
+    return f"{r.get('joined')} of {r.get('phones')} phones joined; " + "; ".join(parts) + f"; failed: {r.get('failed')[:3]}"
 
 
-def bench_vote(n: int = VOTERS, *, log=print) -> dict[str, Any]:
-    """The benchmark's class-vote row: a fresh ``python app.py``, one warm-up question, then the class."""
-    with served_app() as server:
-        class_vote(server.url, 2, seed=1)  # warm-up: the first forward of the walkthrough's question
-        result = class_vote(server.url, n)
+def bench_vote(n: int = PHONES, *, log=print) -> dict[str, Any]:
+    """The benchmark's lecture-hall row: a fresh ``python app.py`` behind one trusted proxy hop, then the hall."""
+    with served_app({"EXPLORER_PROXY_HOPS": "1"}) as server:
+        result = lecture_hall(server.url, n, cpu=server.cpu_seconds)
     log(f"vote: {describe(result)}")
     return result

@@ -6,20 +6,28 @@ Two pieces:
 current inputs (``explorer.probes.questions``), opens a room (``explorer.state.rooms``) and shows its join link
 (text and QR code) and short code; a ``gr.Timer`` redraws the tally about every second while the room is open;
 "Reveal" shows the model's value for each choice beside the class's share, with one sentence; "Close" ends the
-room. The room's secret lives only in this page's ``gr.State``: a voter's page cannot reveal or close. Ask also
-sends the browser's lecturer id (``page_url.js``), so a reloaded page asks in the same room; the timer keeps
-asking after the reveal (more slowly), since a room whose page stops asking ends (``explorer.state.rooms``).
+room. The room's secret lives only in this page's ``gr.State``: a voter's page cannot reveal or close.
 
-``build_join(demo)``, at the top of the page: shown alone when the URL carries ``?join=CODE`` (or ``?join=`` to
-type the code), as on a phone: the question and one big button per choice, nothing else. One vote per browser
-session per question, changeable until the reveal; a timer picks up the teacher's next question.
+One room per lecture: the first "Ask the class" of a page opens it, and every later question, from any section or
+tab of the same page, is asked in it (same code, same join link), so phones that joined once get each new question
+by themselves. Ask also sends the browser's lecturer id (``page_url.js``, kept in localStorage), so a reloaded
+page asks in the same room too. The section that asked last polls the tally (more slowly after the reveal), which
+keeps the room alive: a room whose page stops asking ends (``explorer.state.rooms``). "Close the room" ends it;
+"Tallies as CSV" gives every question's counts (nothing about a voter).
+
+The phones vote on a page of their own, beside Gradio and outside its queue (``explorer.web.hall``: the join link
+``…/vote?code=CODE``; the old ``?join=CODE`` links are redirected there).
 """
 from __future__ import annotations
 
 import base64
+import csv
 import html
 import io
 import re
+import tempfile
+import weakref
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import gradio as gr
@@ -39,13 +47,10 @@ from .heads import HOWS, parse_heads
 
 TALLY_SECONDS = 1.0  # the projector's tally redraw
 HEARTBEAT_SECONDS = 30.0  # after the reveal: the page still asks now and then, which keeps its room alive
-POLL_SECONDS = 3.0  # a phone looks for the teacher's next question
 MAX_URL = 200
 _URL_PATH = re.compile(r"^[A-Za-z0-9/._~-]*$")
 _HOST = re.compile(r"^[A-Za-z0-9.-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:]+\](:\d{1,5})?$")
 
-JOIN_JS = script("join.js")  # on page load: ?join=... shows the vote view alone and joins the room in the link
-JOIN_CODE_JS = script("join_code.js")  # Join sends the typed code, or the link's when nothing is typed
 PAGE_URL_JS = script("page_url.js")  # Ask sends the browser's lecturer id and the page's own address
 _LECTURER = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 
@@ -132,16 +137,28 @@ def _owned(owner) -> dict:
     return owner
 
 
+MAX_KEPT = 200  # questions of closed rooms a page keeps for its CSV
+
+
+def _kept(owner) -> dict:
+    """What a page keeps across its rooms: the tallies of closed rooms and the model's values per question."""
+    owner = owner if isinstance(owner, dict) else {}
+    return {"past": list(owner.get("past", []))[-MAX_KEPT:], "answers": dict(owner.get("answers", {}))}
+
+
 # --- the teacher's page ---------------------------------------------------------------------------------------
 
-def lecturer_key(browser, tab: str) -> str | None:
-    """The room's owner for this browser's Ask in ``tab`` (a reload of the page asks in the same room), or None
-    when the page sent no usable id (an API client: a room each time)."""
-    return f"{browser}/{tab}" if isinstance(browser, str) and _LECTURER.match(browser) else None
+def lecturer_key(browser) -> str | None:
+    """The room's owner for this browser's Ask, whatever the tab (one room per lecture: a reload of the page asks
+    in the same room), or None when the page sent no usable id (an API client: a room each time)."""
+    return browser if isinstance(browser, str) and _LECTURER.match(browser) else None
 
 
 def ask_handler(question_fn, tab: str = "", demo: gr.Blocks | None = None):
-    """Ask's handler; ``demo`` tells where the server listens, for a join link phones can open."""
+    """The Ask button's handler: ``(*values, owner, browser, page_url)`` -> (QR, link, code, figure, counts, timer,
+    owner, reach). The page's open room is reused (its phones get the question by themselves), else this
+    browser's (after a reload); a new one opens when there is none or it has ended. ``demo`` tells where the
+    server listens, for a join link phones can open."""
     @user_errors
     @gpu(30)
     def ask(*args, request: gr.Request = None):
@@ -149,19 +166,21 @@ def ask_handler(question_fn, tab: str = "", demo: gr.Blocks | None = None):
         question = question_fn(*values)  # the model runs here, holding no room lock
         store = room_store.rooms
         code = secret = None
+        kept = _kept(owner)
         if isinstance(owner, dict) and "code" in owner:
             try:
-                store.ask(owner["code"], owner["secret"], question.text, question.choices)
+                qid = store.ask(owner["code"], owner["secret"], question.text, question.choices)
                 code, secret = owner["code"], owner["secret"]
             except ValueError:  # the room ended: open a new one
                 code = None
         if code is None:
-            code, secret, _ = store.open(question.text, question.choices, owner=lecturer_key(browser, tab),
-                                         address=address_of_request(request))
-        owner = {"code": code, "secret": secret, "question": question, "version": -1}
+            code, secret, qid = store.open(question.text, question.choices, owner=lecturer_key(browser),
+                                           address=address_of_request(request))
+        kept["answers"][qid] = (question.value_name, tuple(question.values))
+        owner = {"code": code, "secret": secret, "question": question, "version": -1, "tab": tab, **kept}
         base, reach = join_base(page_base(raw_url, request), getattr(demo, "server_name", None),
                                 share_url=getattr(demo, "share_url", None))
-        link = f"{base}?join={code}"
+        link = f"{base}vote?code={code}"
         tally = store.tally(code, secret)
         owner["version"] = tally.version
         return (qr_image(link), link, gr.Markdown(code, visible=True), _figure(question, tally, False),
@@ -188,8 +207,21 @@ def tally(owner):
         return gr.skip(), gr.skip(), gr.skip()
     owner["version"] = t.version  # this page's own state, changed in place: it holds where its drawing stands
     q = owner["question"]
-    text = _revealed_text(q, t) if t.revealed else _teacher_text(t.text, t)
-    return _figure(q, t, t.revealed), text, gr.skip()
+    if not t.revealed:
+        return _figure(q, t, False), _teacher_text(t.text, t), gr.skip()
+    # revealed, perhaps from another section: this one slows to the heartbeat that keeps the room alive
+    return _figure(q, t, True), _revealed_text(q, t), gr.Timer(HEARTBEAT_SECONDS, active=True)
+
+
+def tally_handler(tab: str | None):
+    """``tally`` for the section of ``tab``: it stops redrawing once another section asked the room's question."""
+    @user_errors
+    def section_tally(owner):
+        if isinstance(owner, dict) and "code" in owner and owner.get("tab") != tab:
+            return (gr.skip(), "The room's current question was asked in another section of this page: its tally "
+                    "is there (same room, same code).", gr.Timer(active=False))
+        return tally(owner)
+    return section_tally
 
 
 @user_errors
@@ -204,127 +236,116 @@ def reveal(owner):
 @user_errors
 def close(owner):
     owner = _owned(owner)
+    kept = _kept(owner)
+    try:  # the tallies stay with this page for its CSV; the server keeps nothing of the room
+        kept["past"] = (kept["past"] + room_store.rooms.tallies(owner["code"], owner["secret"]))[-MAX_KEPT:]
+    except ValueError:
+        pass
     room_store.rooms.close(owner["code"], owner["secret"])
-    return ("", "", gr.Markdown("", visible=False), None, "The room is closed: nothing of it is kept.",
-            gr.Timer(active=False), None)
+    return ("", "", gr.Markdown("", visible=False), None, "The room is closed: the server keeps nothing of it "
+            "(this page keeps its tallies for the CSV until you leave it).", gr.Timer(active=False), kept)
+
+
+def _cell(value) -> str:
+    """A CSV cell a spreadsheet shows as text: one starting with = + - @ would be read as a formula."""
+    text = str(value)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+def tallies_csv(tallies, answers: dict) -> str:
+    """Each question's counts, one row per choice: the question, the choice, its votes and share, whether it was
+    revealed, and the model's value for it. Nothing about a voter: the rooms keep none."""
+    out = io.StringIO()
+    rows = csv.writer(out)
+    rows.writerow(["question", "question_text", "choice", "choice_text", "votes", "share_percent", "revealed",
+                   "model_value_name", "model_value"])
+    for n, t in enumerate(tallies, 1):
+        name, values = answers.get(t.qid, ("", ()))
+        for i, (choice, count) in enumerate(zip(t.choices, t.counts)):
+            share = f"{100 * count / t.total:.1f}" if t.total else "0.0"
+            value = f"{values[i]:.6g}" if i < len(values) else ""
+            rows.writerow([n, _cell(t.text), _letter(i), _cell(choice), count, share, "yes" if t.revealed else "no",
+                           name, value])
+    return out.getvalue()
+
+
+CSV_DIR = Path(tempfile.gettempdir()) / "explorer-tallies"
+MAX_CSV_FILES = 50
+
+
+@user_errors
+def tallies_file(owner):
+    """The page's tallies as a CSV file for its download button (the newest ``MAX_CSV_FILES`` kept on disk)."""
+    kept = _kept(owner)
+    tallies = list(kept["past"])
+    if isinstance(owner, dict) and "code" in owner:
+        try:
+            tallies += room_store.rooms.tallies(owner["code"], owner["secret"])
+        except ValueError:
+            pass
+    if not tallies:
+        raise ValueError("No question has been asked on this page yet: press \"Ask the class\" first.")
+    CSV_DIR.mkdir(parents=True, exist_ok=True)
+    for old in sorted(CSV_DIR.glob("*.csv"), key=lambda p: p.stat().st_mtime)[:-MAX_CSV_FILES]:
+        old.unlink(missing_ok=True)
+    handle = tempfile.NamedTemporaryFile("w", suffix=".csv", prefix="class-tallies-", dir=CSV_DIR, delete=False,
+                                         encoding="utf-8", newline="")
+    with handle:
+        handle.write(tallies_csv(tallies, kept["answers"]))
+    return gr.DownloadButton(value=handle.name, visible=True)
+
+
+#: Per app: the one page-wide room state every Ask section shares (one room for the lecture).
+_ROOMS: "weakref.WeakKeyDictionary[gr.Blocks, gr.State]" = weakref.WeakKeyDictionary()
+
+
+def page_room(demo: gr.Blocks) -> gr.State:
+    """The page's room state, made by the first Ask section built in ``demo``: {"code", "secret", "question",
+    "version", "tab", "past", "answers"}; the room's key stays on the server."""
+    if demo not in _ROOMS:
+        _ROOMS[demo] = gr.State(None)
+    return _ROOMS[demo]
 
 
 def ask_section(demo: gr.Blocks, tab: str, question_fn, inputs: list, *, what: str) -> None:
     """An "Ask the class" accordion in ``tab``: ``question_fn(*values of inputs)`` returns a ``Question``."""
     with gr.Accordion(f"Ask the class: {what}", open=False, elem_id=f"ask-{tab}"):
-        gr.Markdown("Students predict on their phones before the model answers: **Ask** opens a room with "
+        gr.Markdown("Students predict on their phones before the model answers: **Ask** shows a question with "
                     "choices computed from the model for the settings above, **Reveal** shows the model's answer "
-                    f"beside the votes. Rooms last {room_store.ROOM_MINUTES:g} minutes, at most "
-                    f"{room_store.MAX_VOTES} votes each.")
+                    "beside the votes. The page's first question opens a room; later ones, from any tab or after a "
+                    "reload, reuse it, and joined phones get them by themselves. Rooms last {room_store.ROOM_MINUTES:g} minutes, "
+                    f"at most {room_store.MAX_VOTES} votes each.")
         with gr.Row():
             ask = gr.Button("Ask the class", variant="primary", elem_id=f"ask-{tab}-go")
             show = gr.Button("Reveal the model's answer", elem_id=f"ask-{tab}-reveal")
             end = gr.Button("Close the room", elem_id=f"ask-{tab}-close")
+            table = gr.Button("Tallies as CSV", elem_id=f"ask-{tab}-csv")
+            download = gr.DownloadButton("⬇ class-tallies.csv", visible=False, elem_id=f"ask-{tab}-download")
         with gr.Row():
             with gr.Column(scale=1, min_width=240):
                 qr = gr.Markdown(elem_id=f"ask-{tab}-qr")
                 code_md = gr.Markdown(visible=False, elem_classes="room-code", elem_id=f"ask-{tab}-code")
                 link = gr.Textbox(label="Join link", interactive=False, buttons=["copy"], max_lines=1,
                                   elem_id=f"ask-{tab}-link",
-                                  info="Scan the QR code or open the link on a phone; or open this page with ?join= "
-                                       "and type the room code. One vote per phone, changeable until you reveal.")
+                                  info="Scan the QR code or open the link on a phone; or open …/vote and type the "
+                                       "room code. One vote per phone, changeable until you reveal.")
             with gr.Column(scale=2):
                 plot = gr.Plot(label="Votes", elem_id=f"ask-{tab}-tally")
                 counts = gr.Markdown(elem_id=f"ask-{tab}-counts")
         reach = gr.Markdown(visible=False, elem_id=f"ask-{tab}-reach")  # when phones cannot open the link
         browser = gr.Textbox(visible=False)  # this browser's lecturer id (page_url.js)
         page_url = gr.Textbox(visible=False)
-        owner = gr.State(None)  # {"code", "secret", "question", "version"}: the room's key stays on the server
+        owner = page_room(demo)
         timer = gr.Timer(TALLY_SECONDS, active=False)
     ask.click(ask_handler(question_fn, tab, demo), [*inputs, owner, browser, page_url],
               [qr, link, code_md, plot, counts, timer, owner, reach], js=PAGE_URL_JS, api_name=f"ask_class_{tab}",
               **lane(VIEW))
-    timer.tick(tally, [owner], [plot, counts, timer], api_name=f"class_tally_{tab}", show_progress="hidden",
-               **lane(CLASS))
+    timer.tick(tally_handler(tab), [owner], [plot, counts, timer], api_name=f"class_tally_{tab}",
+               show_progress="hidden", **lane(CLASS))
     show.click(reveal, [owner], [plot, counts, timer], api_name=f"class_reveal_{tab}", **lane(CLASS))
     end.click(close, [owner], [qr, link, code_md, plot, counts, timer, owner], api_name=f"class_close_{tab}",
               **lane(CLASS))
-
-
-# --- a voter's phone ---------------------------------------------------------------------------------------------
-
-def _voter_key(request: gr.Request | None) -> str:
-    key = getattr(request, "session_hash", None)
-    if not key:
-        raise ValueError("This page has no session: reload it.")
-    return str(key)
-
-
-def _question_updates(q: room_store.Question, chosen: int | None = None) -> list:
-    return [gr.Button(value=f"{_letter(i)}  {q.choices[i]}" if i < len(q.choices) else "",
-                      visible=i < len(q.choices), variant="primary" if i == chosen else "secondary")
-            for i in range(room_store.MAX_CHOICES)]
-
-
-@user_errors
-def join(code, voter, request: gr.Request = None):
-    q = room_store.rooms.join(code, _voter_key(request), address=address_of_request(request))
-    typed = room_store.normalize(code)
-    return (q.text, *_question_updates(q), "Tap your answer. You can change it until the teacher reveals.",
-            {"code": typed, "qid": q.qid}, gr.Timer(active=True))
-
-
-def vote_handler(index: int):
-    @user_errors
-    def vote(voter, request: gr.Request = None):
-        if not isinstance(voter, dict) or "code" not in voter:
-            raise ValueError("Join a room first: type the code on the projector and press Join.")
-        q, choice = room_store.rooms.vote(voter["code"], _voter_key(request), voter["qid"], index,
-                                          address=address_of_request(request))
-        return (*_question_updates(q, choice),
-                f"Your vote: {_letter(choice)} {q.choices[choice]}. You can change it until the teacher reveals.")
-    return vote
-
-
-@user_errors
-def poll(voter):
-    """A phone's look for the teacher's next question (or the end of the room); nothing sent when nothing changed."""
-    skip = [gr.skip()] * (room_store.MAX_CHOICES + 3)
-    if not isinstance(voter, dict) or "code" not in voter:
-        return (*skip, gr.Timer(active=False))
-    now = room_store.rooms.current(voter["code"])
-    if now is None:
-        return (gr.skip(), *[gr.Button(visible=False)] * room_store.MAX_CHOICES,
-                "The room has ended. Thank you for voting!", None, gr.Timer(active=False))
-    q, revealed = now
-    if q.qid != voter["qid"]:
-        return (q.text, *_question_updates(q), "A new question: tap your answer.", {**voter, "qid": q.qid},
-                gr.skip())
-    if revealed and not voter.get("revealed"):
-        return (*[gr.skip()] * (room_store.MAX_CHOICES + 1), "The answer is on the projector: votes are closed.",
-                {**voter, "revealed": True}, gr.skip())
-    return (*skip, gr.skip())
-
-
-def build_join(demo: gr.Blocks) -> None:
-    """The vote view (hidden unless the URL carries ``?join``): see the module docstring."""
-    with gr.Column(elem_id="join-view"):
-        gr.Markdown("## Vote")
-        with gr.Row():
-            code = gr.Textbox(label="Room code (on the projector)", max_lines=1, scale=3, elem_id="join-code",
-                              placeholder="e.g. K7M4QX")
-            go = gr.Button("Join", variant="primary", scale=1, min_width=90, elem_id="join-go")
-        question = gr.Textbox(show_label=False, interactive=False, container=False, lines=2, elem_id="join-question",
-                              placeholder="The question appears here.")
-        buttons = [gr.Button(visible=False, size="lg", elem_id=f"join-choice-{i}", elem_classes="vote-choice")
-                   for i in range(room_store.MAX_CHOICES)]
-        status = gr.Textbox(show_label=False, interactive=False, container=False, elem_id="join-status")
-        voter = gr.State(None)  # {"code", "qid"}: which room and question this phone answers
-        timer = gr.Timer(POLL_SECONDS, active=False)
-    go.click(join, [code, voter], [question, *buttons, status, voter, timer], js=JOIN_CODE_JS, api_name="class_join",
-             **lane(CLASS))
-    code.submit(join, [code, voter], [question, *buttons, status, voter, timer], api_name="class_join_submit",
-                api_visibility="undocumented", **lane(CLASS))
-    for i, button in enumerate(buttons):
-        button.click(vote_handler(i), [voter], [*buttons, status], api_name=f"class_vote_{i}", **lane(CLASS))
-    timer.tick(poll, [voter], [question, *buttons, status, voter, timer], api_name="class_poll",
-               show_progress="hidden", **lane(CLASS))
-    demo.load(None, js=JOIN_JS, api_name="open_join", api_visibility="private")
+    table.click(tallies_file, [owner], [download], api_name=f"class_csv_{tab}", **lane(CLASS))
 
 
 # --- the questions each tab asks -----------------------------------------------------------------------------------

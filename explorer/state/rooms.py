@@ -26,16 +26,18 @@ its /64, which one machine may rotate through), sized for a class behind one cam
     NEW_VOTERS_PER_ADDRESS   new voters one address may add to a room per ``NEW_VOTER_WINDOW`` (10 s)
                              (``EXPLORER_ROOM_NEW_VOTERS``, default 60: a class of 60 scanning the QR code at once)
     ADDRESS_SHARE            the share of ``MAX_VOTES`` one address's voters may take in a room
-                             (``EXPLORER_ROOM_ADDRESS_SHARE``, default 0.5: 100 of 200, well above a class)
+                             (``EXPLORER_ROOM_ADDRESS_SHARE``, default 0.75: 150 of 200, a lecture hall's
+                             120 phones behind one campus address fit)
 
-so a script rotating session ids from one address holds at most half a room, and the rest stays for the phones
+so a script rotating voter ids from one address holds at most three quarters of a room, and the rest stays for the phones
 of other addresses; the teacher's page says when an address was refused. Phones behind the script's own address
-share its half: nothing tells them apart from the script.
+share its share: nothing tells them apart from the script.
 
 Only the session that opened a room holds its secret (a 32-byte token kept in that session's ``gr.State``,
 never sent to a browser): revealing, closing and asking the next question need it; the room code does not
-give it. A voter is one browser session (Gradio's session hash): one vote per question, changeable until the
-reveal; nobody but the room's owner sees the tally.
+give it. A voter is one phone's browser id (``explorer.web.hall``): one vote per question, changeable until the
+reveal; nobody but the room's owner sees the tally. A room keeps each earlier question's tally (at most
+``MAX_PAST``), also across its lecturer's reload, for the page's CSV.
 
 The store's guard is held only to read or write its books (microseconds), never while a model runs.
 """
@@ -73,7 +75,8 @@ WRONG_PER_SESSION, WRONG_SESSION_WINDOW = 5, 600.0  # wrong codes one session ma
 WRONG_PER_ADDRESS = int(_env_number("EXPLORER_ROOM_WRONG_CODES", 30, 1))  # per network, per WRONG_SESSION_WINDOW
 NEW_VOTERS_PER_ADDRESS = int(_env_number("EXPLORER_ROOM_NEW_VOTERS", 60, 1))
 NEW_VOTER_WINDOW = 10.0
-ADDRESS_SHARE = min(1.0, _env_number("EXPLORER_ROOM_ADDRESS_SHARE", 0.5, 0.01))
+ADDRESS_SHARE = min(1.0, _env_number("EXPLORER_ROOM_ADDRESS_SHARE", 0.75, 0.01))
+MAX_PAST = 100  # questions of one room whose tallies are kept for its CSV (oldest dropped first)
 MAX_GUESSERS = 10_000  # sessions (and networks) whose wrong codes are remembered (oldest forgotten first)
 
 _CODE = re.compile(f"^[{ALPHABET}]{{{CODE_LEN}}}$")
@@ -134,6 +137,7 @@ class _Room:
     seen: float = 0.0  # when the owner's page last asked for the tally (or asked, revealed)
     owner: str | None = None  # a digest of the lecturer's browser id, when the page sent one
     network: str | None = None  # the network address that opened it
+    past: list = field(default_factory=list)  # the tallies of the room's earlier questions, oldest first
 
 
 def check_question(text, choices) -> tuple[str, tuple[str, ...]]:
@@ -191,6 +195,7 @@ class Rooms:
         return room
 
     def _put(self, room: _Room, text: str, choices: tuple[str, ...], now: float) -> int:
+        room.past = [*room.past, self._tally(room, now)][-MAX_PAST:]  # a reopen by its lecturer keeps them too
         room.question, room.votes, room.revealed = self._new_question(text, choices), {}, False
         room.version, room.seen = room.version + 1, now
         return room.question.qid
@@ -364,6 +369,38 @@ class Rooms:
             self._sweep(self.clock())
             room = self._rooms.get(code) if isinstance(code, str) else None
             return None if room is None else (room.question, room.revealed)
+
+    # --- the phone page (explorer.web.hall) ----------------------------------------------------------------------
+    def admit(self, code: str, voter: str, address: str) -> None:
+        """Admit ``voter`` from ``address`` to the room now (when its phone opens the room, not at its first vote,
+        so a class scanning the QR code over a minute meets the per-address limits then, not all at the first
+        question); nothing when already admitted. ValueError with a sentence as ``vote`` refuses a new voter."""
+        now = self.clock()
+        with self._guard:
+            self._sweep(now)
+            room = self._rooms.get(code) if isinstance(code, str) else None
+            if room is None:
+                raise ValueError("This room has ended (or the code is wrong): type the code on the projector again.")
+            if voter not in room.voters:
+                self._admit(room, voter, address, now)
+
+    def phone_view(self, code: str, voter: str | None) -> tuple[Question, bool, int | None] | None:
+        """(the room's question, whether it is revealed, ``voter``'s choice for it or None); None once the room has
+        ended. Only for codes a join accepted: no guess is counted here."""
+        with self._guard:
+            self._sweep(self.clock())
+            room = self._rooms.get(code) if isinstance(code, str) else None
+            if room is None:
+                return None
+            return room.question, room.revealed, room.votes.get(voter) if voter is not None else None
+
+    def tallies(self, code: str, secret: str) -> list[Tally]:
+        """Every question of the owner's room, oldest first, the current one last: counts only, no voter."""
+        now = self.clock()
+        with self._guard:
+            self._sweep(now)
+            room = self._owned(code, secret, now)
+            return [*room.past, self._tally(room, now)]
 
     def __len__(self) -> int:
         with self._guard:

@@ -8,6 +8,8 @@
     SecurityHeaders  a Content-Security-Policy, frame-ancestors and nosniff on every response
     BrowserSessions  which sessions opened Gradio's heartbeat (a browser tab or Gradio's client): the sweeper
                      keeps those longer than a script's (explorer.web.sweeper)
+    PhoneRoutes      a class room's phone page and its vote routes, beside Gradio (explorer.web.hall), inside
+                     RequestLimit
 
 ``explorer.web.serving.apply`` sets ``ACCEPTS_FILES`` from the built app (``takes_files``).
 """
@@ -220,9 +222,11 @@ class BrowserSessions:
 
 
 def app_kwargs() -> dict:
-    """For ``launch(app_kwargs=...)``: security headers, browser sessions noted, the upload and request limits
-    and the page cache, as Starlette middleware (the first listed is the outermost)."""
+    """For ``launch(app_kwargs=...)``: security headers, browser sessions noted, the upload and request limits,
+    the phone page and the page cache, as Starlette middleware (the first listed is the outermost)."""
     from starlette.middleware import Middleware
 
+    from explorer.web.hall import PhoneRoutes
+
     return {"middleware": [Middleware(SecurityHeaders), Middleware(BrowserSessions), Middleware(UploadLimit),
-                           Middleware(RequestLimit), Middleware(PageCache)]}
+                           Middleware(RequestLimit), Middleware(PhoneRoutes), Middleware(PageCache)]}

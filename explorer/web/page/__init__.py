@@ -51,3 +51,8 @@ def script(name: str, **values) -> str:
     if set(values) != found:
         raise ValueError(f"{name} takes the values {sorted(found)}, given {sorted(values)}: give exactly those.")
     return _PLACEHOLDER.sub(lambda m: json.dumps(values[m.group(1)]), text)
+
+
+def text(name: str) -> str:
+    """The text of ``name``, a file of this folder, as it is (the phone page's HTML, CSS and script)."""
+    return _text(name)
