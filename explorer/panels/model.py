@@ -8,7 +8,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from explorer.web import links
+from explorer.web import link_model, links
 from explorer.web.clients import with_client
 from explorer.web.groups import VIEW, lane
 from explorer import measure
@@ -107,6 +107,7 @@ def load_model(source, state, progress=gr.Progress()):
         status = "✅ Back to the shipped default model."
     else:
         session.set_model(state, model, tokenizer, name, cleaned)
+        link_model.remember(state, source)  # the id the page's links carry from now on
         status = f"✅ Loaded **{name}** for your session: every tab now recomputes its view on it."
     summary, fig, rows, card, differs = model_card(state)
     return f"{status}\n\n{summary}", fig, rows, card, differs, state
