@@ -1,6 +1,6 @@
 """The page's own CSS and JavaScript, kept as files in this folder and handed to Gradio through its public API.
 
-- ``css_paths()``: the style sheets, for ``launch(css_paths=...)`` (page.css, then vote.css).
+- ``css_paths()``: the style sheets, for ``launch(css_paths=...)`` (page.css, vote.css, deck.css).
 - ``head()``: plotly_wrappers.js as a ``<script>`` for ``launch(head=...)``: it runs before the app mounts, so its
   wrappers exist before the first figure is drawn. It is the one script that wraps Plotly or reads its private
   fields; every other script calls the functions it puts on ``window`` (``explorerSaveTab``, ``explorerFit``, ...).
@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-STYLES = ("page.css", "vote.css")
+STYLES = ("page.css", "vote.css", "deck.css")
 #: The one script allowed to wrap Plotly's functions and read its private fields (tests/test_page_assets.py).
 PLOTLY_WRAPPERS = "plotly_wrappers.js"
 _PLACEHOLDER = re.compile(r"\$([A-Z][A-Z0-9_]*)\b")
