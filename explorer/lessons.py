@@ -165,3 +165,28 @@ def step_index(lesson: Lesson, raw) -> int:
 def step_query(step: Step) -> dict[str, str]:
     """The ``?tab=`` link query that opens ``step`` (its tab, settings and figure)."""
     return {"tab": step.tab, **step.settings, "focus": step.focus}
+
+
+def step_link(step: Step) -> str:
+    """The step's ``?tab=`` link, percent-encoded as a browser writes it."""
+    from urllib.parse import quote, urlencode
+
+    return "?" + urlencode(step_query(step), quote_via=quote, safe=",")
+
+
+def lesson_markdown(lesson: Lesson) -> str:
+    """The deck as docs/lesson.md lists it: one numbered line per step, its link and its text, each number shown
+    as the name it is computed under (docs/lesson.md's lesson section is this text: tests/test_lessons.py)."""
+    lines = []
+    for k, step in enumerate(lesson.steps, start=1):
+        text = step.text.format(**{name: f"*{name}*" for name in placeholders(step.text)})
+        minutes = f"({step.minutes:g} min) " if step.minutes else ""
+        ask = f" Ask the class: `{step.question}`." if step.question else ""
+        lines.append(f"{k}. {minutes}**{step.title}**: `{step_link(step)}`\n   {text}{ask}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m explorer.lessons intro: the deck as docs/lesson.md lists it
+    import sys
+
+    print(lesson_markdown(read(FOLDER / f"{sys.argv[1] if len(sys.argv) > 1 else 'intro'}.toml")), end="")

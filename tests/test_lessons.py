@@ -191,9 +191,9 @@ def test_the_knockout_numbers_and_question_score_the_repeated_part(pair):
     ids = _ids(tok, REPEATED)
     (rb, wb), (ra, wa) = _repeated_part_losses(ref, ids, 1, 2)
     settings = {"prompt": REPEATED, "heads": "1.2"}
-    assert lesson_numbers.repeat_before(model, tok, settings) == f"{rb:.2f}"
-    assert lesson_numbers.repeat_after(model, tok, settings) == f"{ra:.2f}"
-    assert lesson_numbers.repeat_change(model, tok, settings) == f"{ra - rb:+.2f}"
+    assert lesson_numbers.repeat_before(model, tok, settings) == f"{rb:.3f}"
+    assert lesson_numbers.repeat_after(model, tok, settings) == f"{ra:.3f}"
+    assert lesson_numbers.repeat_change(model, tok, settings) == f"{ra - rb:+.3f}"
     q = qs.knockout_effect(model, ids, [(1, 2)])
     hit = next(k for k, (lo, hi, _) in enumerate(qs.KNOCKOUT_BINS) if lo <= ra - rb < hi)
     assert q.values[hit] == 1.0 and "repeated part" in q.text and f"{ra - rb:+.3f}" in q.answer
@@ -219,3 +219,12 @@ def test_a_link_model_that_cannot_load_keeps_the_page_model_and_says_so(monkeypa
         assert not loaded and words in said and link_model.page_model_id(out) == "default"
     assert link_model.ensure_model(state, "default") == (state, "", False)
     assert link_model.ensure_model(state, "") == (state, "", False)
+
+
+def test_docs_lesson_lists_the_intro_deck_as_it_is():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "lesson.md").read_text()
+    listed = text[text.index("<!-- deck:intro -->\n") + len("<!-- deck:intro -->\n"):text.index("<!-- /deck:intro -->")]
+    assert listed == lessons.lesson_markdown(link_model.deck("intro"))
+    assert text.index("## The lesson as a deck") < text.index("## Links")  # the page leads with the deck

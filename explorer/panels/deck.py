@@ -25,10 +25,6 @@ from explorer.web.page import script
 from .errors import user_errors
 from .vote import as_text
 
-QUESTIONS = {"next_token": "which token comes next?", "attention": "which token does the head look at?",
-             "knockout": "what does the knock-out do to the loss?"}
-
-
 def step_text(lesson, k: int, state) -> str:
     """The step's title, its sentences with their numbers computed on the session's model, and the model's name."""
     step = lesson.steps[k]
@@ -52,8 +48,7 @@ def open_step(state, request: gr.Request = None):
     lesson, k = found
     step = lesson.steps[k]
     info = {"tab": step.tab, "focus": step.focus, "question": step.question, "step": k + 1, "n": len(lesson.steps)}
-    ask = gr.Button(value=f"Ask the class: {QUESTIONS[step.question]}", visible=True) if step.question else \
-        gr.Button(visible=False)
+    ask = gr.Button(value="Ask the class", visible=True) if step.question else gr.Button(visible=False)
     return (state, link_model.page_model_id(state), notice, f"{k + 1} / {len(lesson.steps)}",
             step_text(lesson, k, state), ask, json.dumps(info))
 
@@ -64,13 +59,13 @@ def build_deck(demo: gr.Blocks, state: gr.State, notice: gr.Textbox) -> gr.Textb
     page_model = gr.Textbox(value="default", visible="hidden", elem_id="page-model")
     info = gr.Textbox(value="{}", visible="hidden", elem_id="lesson-step")
     opener = gr.Button(visible="hidden", elem_id="lesson-open")
-    with gr.Column(elem_id="lesson-bar"):
-        with gr.Row(equal_height=True, elem_id="lesson-controls"):
-            prev = gr.Button("← Previous", size="sm", scale=0, min_width=120, elem_id="lesson-prev")
-            position = gr.Markdown("", elem_id="lesson-position")
-            ask = gr.Button("Ask the class", visible=False, size="sm", scale=0, min_width=200, elem_id="lesson-ask")
-            nxt = gr.Button("Next →", variant="primary", size="sm", scale=0, min_width=120, elem_id="lesson-next")
+    with gr.Row(elem_id="lesson-bar", equal_height=False):
+        prev = gr.Button("← Previous", size="sm", scale=0, min_width=110, elem_id="lesson-prev")
         text = gr.Markdown("", elem_id="lesson-text")
+        with gr.Column(scale=0, min_width=150, elem_id="lesson-side"):
+            position = gr.Markdown("", elem_id="lesson-position")
+            nxt = gr.Button("Next →", variant="primary", size="sm", min_width=110, elem_id="lesson-next")
+            ask = gr.Button("Ask the class", visible=False, size="sm", min_width=110, elem_id="lesson-ask")
     opener.click(open_step, [state], [state, page_model, notice, position, text, ask, info],
                  api_name="lesson_step", api_visibility="private", show_progress="hidden", **lane(VIEW, open_step)
                  ).then(None, [info], None, js=script("deck_open.js"), api_name="lesson_show", api_visibility="private")

@@ -91,16 +91,16 @@ def _knockout(model, tokenizer, settings) -> tuple[float, float, float, float]:
 
 
 def repeat_before(model, tokenizer, settings) -> str:
-    return f"{_knockout(model, tokenizer, settings)[2]:.2f}"
+    return f"{_knockout(model, tokenizer, settings)[2]:.3f}"
 
 
 def repeat_after(model, tokenizer, settings) -> str:
-    return f"{_knockout(model, tokenizer, settings)[3]:.2f}"
+    return f"{_knockout(model, tokenizer, settings)[3]:.3f}"
 
 
 def repeat_change(model, tokenizer, settings) -> str:
     _, _, b, a = _knockout(model, tokenizer, settings)
-    return f"{a - b:+.2f}"
+    return f"{a - b:+.3f}"
 
 
 def n_layers(model, tokenizer, settings) -> str:

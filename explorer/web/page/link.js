@@ -49,7 +49,8 @@
     };
     // a lesson's bar (deck.css keeps it at the bottom of the window) takes its height from the room
     const bar = () => { const el = document.getElementById('lesson-bar');
-                        return el && el.offsetParent !== null ? el.getBoundingClientRect().height : 0; };
+                        return el && getComputedStyle(el).position === 'fixed' && el.getClientRects().length
+                          ? el.getBoundingClientRect().height : 0; };
     const place = async (els) => {
       const room = window.innerHeight - bar() - 16;
       let b = box(els);
