@@ -91,3 +91,36 @@ def test_the_intro_deck_on_the_shipped_model_at_1280x720_in_projector_mode(app_u
 
 def test_the_intro_deck_on_a_smollm2_shape_model_at_1280x720_in_projector_mode(app_url, browser, smol_shape):  # noqa: F811
     drive(browser, f"{app_url}?lesson=intro&present=1&model={smol_shape}", f"{smol_shape} (local)", "smol")
+
+
+def test_links_carry_the_model_and_projector_and_test_this_head_stays_in_the_tab(app_url, browser):  # noqa: F811
+    """A link's model=<folder> is loaded before its view; Copy link and "Test this head" carry it and present=1;
+    "Test this head" opens Experiments in the same browser tab; a model that cannot load is named in a sentence."""
+    context = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT})
+    page = context.new_page()
+    prompt = "Tom gave the red ball to Anna. Anna gave the red ball to"
+    page.goto(f"{app_url}?tab=attention&prompt={prompt}&layer=1&head=1&focus=heatmap&model=tiny-local&present=1",
+              wait_until="domcontentloaded")
+    page.wait_for_function("() => document.body.dataset.focused", timeout=300_000)
+    _wait_idle(page)
+    assert page.locator("#page-model textarea, #page-model input").first.input_value() == "tiny-local"
+    assert "tiny-local (local)" in page.locator("#attention-head-sentence").inner_text() or \
+        "tiny-local" in page.locator("#tab-attention").inner_text()
+    page.locator("#copy-link").click()
+    page.wait_for_function("() => (document.querySelector('#view-link textarea, #view-link input') || {}).value", timeout=30_000)
+    copied = page.locator("#view-link textarea, #view-link input").first.input_value()
+    assert "tab=attention" in copied and "model=tiny-local" in copied and "present=1" in copied, copied
+    page.get_by_text("Test this head").click()
+    page.wait_for_function("() => location.search.includes('tab=experiments')", timeout=30_000)
+    page.wait_for_function("() => (document.body.dataset.focused || '').includes('experiments-loss')", timeout=300_000)
+    _wait_idle(page)
+    assert len(context.pages) == 1, "Test this head opened another browser tab"
+    url = page.evaluate("() => location.href")
+    assert "heads=1.1" in url and "model=tiny-local" in url and "present=1" in url, url
+    assert "tiny-local" in page.locator("#experiments-loss-summary").inner_text()
+    assert page.locator("#tab-experiments").is_visible()
+    page.goto(f"{app_url}?tab=attention&layer=1&model=no-such-folder", wait_until="domcontentloaded")
+    page.locator("#link-notice").wait_for(state="visible", timeout=120_000)
+    said = page.locator("#link-notice textarea, #link-notice input").first.input_value()
+    assert "no-such-folder" in said and "was not loaded" in said and "the page keeps" in said, said
+    context.close()
