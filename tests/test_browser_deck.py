@@ -29,12 +29,21 @@ def smol_shape(model_root) -> str:
     return folder.name
 
 
+BUSY = ".progress-text, .progress-level, .eta-bar, .meta-text, .meta-text-center"
+
+
+def _quiet(page) -> None:
+    """Until no answer is pending on the page, but for a class's live tally (it redraws every second)."""
+    page.wait_for_function(f"() => ![...document.querySelectorAll('{BUSY}')].some(e => !e.closest('[id^=\"ask-\"]'))",
+                           timeout=600_000)
+
+
 def _settled(page, k: int) -> None:
     page.wait_for_function(f"() => document.body.dataset.lessonStep === '{k}' && document.body.dataset.focused",
                            timeout=600_000)
     for _ in range(3):  # a later answer redraws the figure: the page places it again
         page.wait_for_timeout(700)
-        _wait_idle(page, timeout_ms=600_000)
+        _quiet(page)
     page.wait_for_timeout(800)
 
 

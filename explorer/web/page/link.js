@@ -74,7 +74,10 @@
       const els = shown();
       const drawn = els.length && els.every(el => !el.querySelector('.js-plotly-plot, .plot-container') ||
                                                    [...el.querySelectorAll('.js-plotly-plot')].some(gd => window.explorerDrawn(gd)));
-      quiet = drawn && !document.querySelector(BUSY) ? quiet + 1 : 0;
+      // busy: an answer still coming in the figure's tab (a class's live tally beside it does not count)
+      const panel = els.length ? els[0].closest('[id^="tab-"]') || document : document;
+      const busy = [...panel.querySelectorAll(BUSY)].some(e => !e.closest('[id^="ask-"]'));
+      quiet = drawn && !busy ? quiet + 1 : 0;
       if (quiet >= 5) {
         const b = box(els);
         if (!placed || b.top < 0 || b.bottom > window.innerHeight - bar()) { await place(els); placed = placed || Date.now(); }
