@@ -34,6 +34,7 @@ from explorer.web import page
 from explorer.web.clients import with_client
 from explorer.web.groups import VIEW, lane
 from explorer.panels.attention import build_attention
+from explorer.panels.deck import build_deck
 from explorer.panels.encoder_decoder import build_encoder_decoder
 from explorer.panels.experiments import build_experiments
 from explorer.panels.generation import build_generation
@@ -115,6 +116,7 @@ def build_demo(openings_later: bool = False) -> gr.Blocks:
                               placeholder="the view's link appears here")
         notice = gr.Textbox(label="About this link", visible=False, interactive=False, elem_id="link-notice")
         status = gr.Markdown(serving.COMPUTING_ALL, visible=openings_later, elem_id="opening-status")
+        page_model = build_deck(demo, state, notice)  # ?lesson=<name>: the deck's bar; the model id links carry
         with gr.Accordion(about_label(started), open=False, elem_id="glossary"):
             gr.Markdown("A Llama-style decoder written from scratch, and what happens inside it. Every number on "
                         "screen is computed now, on this machine, by the code that is running. The model picker "
@@ -138,11 +140,13 @@ def build_demo(openings_later: bool = False) -> gr.Blocks:
         links.register_model_loads(demo, load.click(with_client(load_model), [picker, state], [*card, state],
                                                     api_name="header_load_model", api_visibility="private", **lane(VIEW)))
         connect_header(demo, tabs, picker, card)  # "knock out at this step" loads a snapshot, opens Experiments
-        links.wire(demo, tabs, notice)
-        inputs, js = links.copy_link_js(demo)
+        load.click(None, [picker], None, js=page.script("model_load_start.js"), api_name="model_loading", api_visibility="private")
+        links.wire(demo, tabs, notice, state, page_model)
+        inputs, js = links.copy_link_js(demo, page_model)
         copy.click(None, inputs, [link], js=js, api_name="copy_link", api_visibility="private")
         demo.load(None, None, [projector], js=page.script("page_load.js"), api_name="projector_from_link",
                   api_visibility="private")
+        demo.load(None, js=page.script("model_loading.js"), api_name="model_loading_line", api_visibility="private")
         projector.change(None, [projector], None, js=page.script("projector.js"), api_name="projector",
                          api_visibility="private")
     demo.queue(**QUEUE)

@@ -98,6 +98,7 @@ def test_walkthrough_steps_are_linked_by_name_so_added_steps_never_shift_a_link(
 
     with gr.Blocks() as demo:
         walkthrough.build_walkthrough(demo, gr.State(None))
+        page_model = gr.Textbox()
     views = links.views(demo)
     step = views["walkthrough"].params["step"]
     for name in ("scores", "mask", "softmax", "logits"):
@@ -106,8 +107,8 @@ def test_walkthrough_steps_are_linked_by_name_so_added_steps_never_shift_a_link(
     assert links.read_query({"tab": "walkthrough", "step": "4"}, views)[1] == {step: 4}  # old links still open
     _, values, notes = links.read_query({"tab": "walkthrough", "step": "score"}, views)
     assert values == {} and "or a name: embed, norm1" in notes[0]
-    _, js = links.copy_link_js(demo)
-    assert '"4": "scores"' in js  # "copy link" writes the name
+    inputs, js = links.copy_link_js(demo, page_model)
+    assert '"4": "scores"' in js and inputs[-1] is page_model  # the page's model id comes last  # "copy link" writes the name
 
 
 def test_names_must_belong_to_a_link_key():

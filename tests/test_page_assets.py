@@ -73,7 +73,8 @@ def test_the_launch_arguments_carry_the_files_through_gradios_public_parameters(
 
     kwargs = app.launch_kwargs()
     assert "css" not in kwargs and "js" not in kwargs
-    assert [Path(p).resolve() for p in kwargs["css_paths"]] == [PAGE / "page.css", PAGE / "vote.css"]
+    assert [Path(p).resolve() for p in kwargs["css_paths"]] == [PAGE / "page.css", PAGE / "vote.css",
+                                                                     PAGE / "deck.css"]
     head = kwargs["head"]
     assert head.startswith("<script>") and head.endswith("</script>") and head.count("</script>") == 1
     assert WRAPPERS.read_text(encoding="utf-8") in head

@@ -304,6 +304,22 @@ def test_play_steps_through_the_snapshots_and_stops_at_the_last(monkeypatch):
 
 
 @shipped_snapshots
+def test_play_starts_where_the_run_starts_unless_a_link_set_the_step(monkeypatch):
+    """From the page's own opening step (the end of the phase change) Play went on from there and skipped the
+    change; from a step a lesson set, it starts there. Each answer carries the step and the figures of that step."""
+    from explorer.panels import training as tab
+    from explorer.state import snapshots
+
+    monkeypatch.setenv("EXPLORER_DEFAULT_MODEL", str(SHIPPED))
+    steps = snapshots.available_steps()
+    assert tab.toggle_play(steps[5], False, opening=steps[5])[0] == steps[0]
+    assert tab.toggle_play(steps[2], False, opening=steps[5])[0] == steps[2]
+    out = tab.playing_view(lambda s, p: tab.next_step(s))(steps[2], True, "L1H0", "apple river apple river")
+    assert out[0] == steps[3] and len(out) == 9
+    assert out[7].startswith(f"**Step {steps[3]}**")  # the summary of the figures is the slider's step
+
+
+@shipped_snapshots
 @pytest.mark.parametrize("step, head, prompt, message", [
     (1000, "L1H3", "   ", "The prompt is empty"),
     (float("nan"), "L1H3", "Once", "finite number"),

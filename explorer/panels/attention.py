@@ -121,9 +121,11 @@ def describe_head(weights: np.ndarray, layer: int, head: int, n_heads: int, n_kv
 
 
 def test_link(prompt: str, layer: int, head: int) -> str:
-    """The Experiments tab's link that knocks this head out on this prompt (percent-encoded: never markup)."""
+    """The Experiments tab's link that knocks this head out on this prompt (percent-encoded: never markup). The page
+    opens it in the same tab with its model and projector mode added (explorer/web/page/link.js)."""
     query = urllib.parse.urlencode({"tab": "experiments", "heads": f"{layer}.{head}",
-                                    "prompt": session.clean_text(prompt)[:links.MAX_TEXT]}, quote_via=urllib.parse.quote)
+                                    "prompt": session.clean_text(prompt)[:links.MAX_TEXT], "focus": "loss"},
+                                   quote_via=urllib.parse.quote)
     return f"?{query}"
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from explorer.web import links
+from explorer.web import link_model, links
+from explorer.web.page import script
 from explorer.web.clients import with_client
 from explorer.web.groups import VIEW, lane
 from explorer import measure
@@ -107,6 +108,7 @@ def load_model(source, state, progress=gr.Progress()):
         status = "✅ Back to the shipped default model."
     else:
         session.set_model(state, model, tokenizer, name, cleaned)
+        link_model.remember(state, source)  # the id the page's links carry from now on
         status = f"✅ Loaded **{name}** for your session: every tab now recomputes its view on it."
     summary, fig, rows, card, differs = model_card(state)
     return f"{status}\n\n{summary}", fig, rows, card, differs, state
@@ -143,6 +145,7 @@ def build_model(demo: gr.Blocks, state: gr.State) -> None:
              source.submit(with_client(load_model), [source, state], outputs, api_name="load_model_submit", api_visibility="private", **lane(VIEW)),
              reset.click(lambda: "default", None, [source], api_name="model_reset_text", api_visibility="private", **lane(VIEW)).then(
                  with_client(load_model), [source, state], outputs, api_name="model_reset", api_visibility="private", **lane(VIEW))]
+    load.click(None, [source], None, js=script("model_load_start.js"), api_name="model_tab_loading", api_visibility="private")
     links.register(demo, "model", cached_opening("model_card", show_card), [state], [status, bars, config, card, differs],
                    api_name="model_card",
                    follow_model=False)

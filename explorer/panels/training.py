@@ -184,13 +184,25 @@ def next_step(step):
             going)
 
 
-def toggle_play(step, playing: bool):
-    """Play from this step (from the first snapshot when at the last), or pause."""
+def toggle_play(step, playing: bool, opening: int | None = None):
+    """Play from the first snapshot when the slider is where the page opened it (``opening``, the end of the phase
+    change: playing from there would skip the change itself) or at the last; from the step a link, a lesson or the
+    visitor set otherwise. Or pause."""
     steps = snapshots.available_steps()
     if playing:
         return step, gr.Timer(active=False), gr.Button(value="▶ Play"), False
-    start = steps[0] if _step(step)[0] == steps[-1] else _step(step)[0]
+    at = _step(step)[0]
+    start = steps[0] if at in (steps[-1], opening) else at
     return start, gr.Timer(active=True), gr.Button(value="Pause"), True
+
+
+def playing_view(move):
+    """Play's click or tick as one answer: the slider's step and the figures of that same step, so that they never
+    disagree (drawn by separate events, the slider ran ahead of a slow figure: 1800 over a figure of 1400)."""
+    def run(step, playing, head, prompt):
+        moved = move(step, playing)
+        return (*moved, *step_view(moved[0], head, prompt))
+    return run
 
 
 _KNOCK: "weakref.WeakKeyDictionary[gr.Blocks, tuple]" = weakref.WeakKeyDictionary()
@@ -248,14 +260,14 @@ def build_training(demo: gr.Blocks, state: gr.State) -> None:
     view = user_errors(training_view)
     prompt.submit(view, [step, head, prompt], [*outs, compare, phase_md], api_name="training_prompt",
                   api_visibility="private", **lane(VIEW))
-    play.click(user_errors(toggle_play), [step, playing], [step, timer, play, playing], api_name="training_play",
-               api_visibility="private", **lane(VIEW)).then(shown, [step, head, prompt], outs, api_name="training_play_step",
-                                              api_visibility="private", **lane(VIEW))
-    # Play's steps draw without a progress overlay: one a second would make the figures flicker
-    timer.tick(user_errors(next_step), [step], [step, timer, play, playing], api_name="training_tick",
-               api_visibility="private", show_progress="hidden", **lane(VIEW)).then(
-        shown, [step, head, prompt], outs, api_name="training_tick_step", api_visibility="private",
-        show_progress="hidden", **lane(VIEW))
+    start = user_errors(playing_view(lambda s, p: toggle_play(s, p, opening_step)))
+    play.click(start, [step, playing, head, prompt], [step, timer, play, playing, *outs], api_name="training_play",
+               api_visibility="private", **lane(VIEW, step_view))
+    # Play's steps draw without a progress overlay: one a second would make the figures flicker; a tick that comes
+    # while the last one still runs is dropped (trigger_mode="once"), so the slider never runs ahead of the figures
+    tick = user_errors(playing_view(lambda s, p: next_step(s)))
+    timer.tick(tick, [step, playing, head, prompt], [step, timer, play, playing, *outs], api_name="training_tick",
+               api_visibility="private", show_progress="hidden", trigger_mode="once", **lane(VIEW, step_view))
     _KNOCK[demo] = (knock, step, state)
     links.register(demo, "training", cached_opening("training_view", training_view), [step, head, prompt],
                    [*outs, compare, phase_md], api_name="training_view",

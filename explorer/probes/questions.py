@@ -6,7 +6,7 @@ an attention weight, or 1 for the bin the measurement fell in). Choices are show
 
     next_token(model, tokenizer, ids)                 which token comes next: top tokens and a prompt token, shuffled
     attended_key(model, tokenizer, ids, layer, head)  which earlier token the last token's head looks at most
-    knockout_effect(model, ids, heads)                 how the loss moves with those heads knocked out
+    knockout_effect(model, ids, heads)                 how the loss (on the repeated part, if any) moves
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from torch import nn
 from explorer.interventions import check_heads, knockout_before_after
 from explorer.probes.patterns import attention_pattern
 from explorer.state.text import special_ids, token_strings
+from lens.heads import repeated_suffix_len
 from lens.hooks import as_tokens, run_with_cache
 
 N_CHOICES = 4
@@ -121,19 +122,25 @@ KNOCKOUT_BINS = ((float("-inf"), 0.0, "goes down"), (0.0, 0.1, "up by less than 
 
 
 def knockout_effect(model: nn.Module, ids, heads, how: str = "zero") -> Question:
-    """With ``heads`` knocked out (``how``: "zero" or "mean", as ``explorer.interventions.ablate_heads``), how does the mean next-token loss on ``ids`` move? Choices are the bins
-    of ``KNOCKOUT_BINS`` (nats per token); ``values`` are 1 for the bin the measured change falls in, 0 elsewhere."""
+    """With ``heads`` knocked out (``how``: "zero" or "mean", as ``explorer.interventions.ablate_heads``), how does
+    the mean next-token loss move? On a prompt that ends with the same tokens twice, the loss on that repeated part
+    (the part the Experiments figure shades and its sentence quotes); otherwise on the whole prompt. Choices are the
+    bins of ``KNOCKOUT_BINS`` (nats per token); ``values`` are 1 for the bin the change falls in, 0 elsewhere."""
     heads = check_heads(model, heads)
     tokens = as_tokens(model, ids)
     if tokens.shape[1] < 2:
         raise ValueError("A knock-out question needs a prompt of at least 2 tokens.")
     r = knockout_before_after(model, tokens, heads, how)
-    base, after = float(r["before"].double().mean()), float(r["after"].double().mean())
+    n_rep = repeated_suffix_len([int(t) for t in tokens[0]])
+    part = slice(tokens.shape[1] - n_rep - 1, None) if n_rep else slice(None)  # the second copy's predictions
+    base, after = float(r["before"][part].double().mean()), float(r["after"][part].double().mean())
     delta = after - base
     hit = next(k for k, (lo, hi, _) in enumerate(KNOCKOUT_BINS) if lo <= delta < hi)
     names = ", ".join(f"L{lay}H{h}" for lay, h in heads)
     choices = tuple(f"The loss {label}" for _, _, label in KNOCKOUT_BINS)
-    text = f"Knock out {names}: how does the loss on this prompt change (nats per token)?"
+    where = (f"on the repeated part of this prompt (its last {n_rep} tokens, shaded in the figure)" if n_rep
+             else "on this prompt")
+    text = f"Knock out {names}: how does the loss {where} change (nats per token)?"
     return Question("knockout", text, choices, tuple(1.0 if k == hit else 0.0 for k in range(len(choices))),
-                    "measured", f"Measured: {base:.3f} → {after:.3f} nats/token, a change of {delta:+.3f} "
+                    "measured", f"Measured: {base:.3f} → {after:.3f} nats/token {where}, a change of {delta:+.3f} "
                     f"({KNOCKOUT_BINS[hit][2]}).")

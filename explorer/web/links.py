@@ -34,11 +34,13 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from explorer.state.openings import cached_opening
+from explorer.web import link_model
+from explorer.web.clients import with_client
 from explorer.web.groups import VIEW, Lane, lane
 from explorer.web.page import script
 
 MAX_TEXT = 2000  # characters of a prompt carried by a link; the handlers' own limits apply after
-RESERVED = ("tab", "present", "__theme", "focus")
+RESERVED = ("tab", "present", "__theme", "focus", "model", "lesson")
 #: Keys that change the page, not a view: a URL with only these carries no link.
 PAGE_KEYS = ("present", "__theme")
 
@@ -188,12 +190,14 @@ def _quote(raw: str, limit: int = 40) -> str:
 
 def read_query(query: dict, views: dict[str, View]) -> tuple[str | None, dict, list[str]]:
     """(tab to select or None, {component: value}, sentences on what was ignored) for a link's query."""
-    notes: list[str] = []
+    query, notes, _ = link_model.expand_lesson(query)  # a lesson's step: that step's own link
     tab = query.get("tab")
-    if tab is None:
+    if tab is None and not notes:
         extra = [k for k in query if k not in RESERVED or k == "focus"]
         if extra:
             notes.append(f"Ignored {', '.join(extra)}: a link needs tab=… to say which tab they belong to.")
+        return None, {}, notes
+    if tab is None:
         return None, {}, notes
     if tab not in views:
         notes.append(f"Ignored tab={_quote(tab)}: the tabs are {', '.join(views)}.")
@@ -268,43 +272,53 @@ APPLY_LINK_ID = "apply-link"
 def _link_reader(registered: dict[str, View], tab: str | None, components: list):
     """The handler that reads the link for ``tab``'s trigger (None: the trigger for a link naming no known tab)."""
 
-    def read_link(request: gr.Request):
+    def read_link(state, request: gr.Request):
         query = dict(request.query_params) if request is not None else {}
+        # the link's model first (as the header picker would load it), so that the view runs on it
+        state, said, _ = with_client(link_model.ensure_model)(state, query.get("model"), client_request=request)
         found, values, notes = read_query(query, registered)
+        notes = [said, *notes] if said else notes
         if found != tab:  # this trigger belongs to another tab (only an API client can get here)
             values = {}
         elif tab is not None:  # what only the page's own example had (a token position past the link's prompt)
             values = {**registered[tab].resets, **values}
         text = " ".join(notes)
         return [gr.Tabs(selected=found) if found else gr.skip(), gr.Textbox(value=text, visible=bool(text)),
-                *[values[c] if c in values else gr.skip() for c in components]]
+                state, link_model.page_model_id(state), *[values[c] if c in values else gr.skip() for c in components]]
 
     return read_link
 
 
-def wire(demo: gr.Blocks, tabs: gr.Tabs, notice: gr.Textbox) -> None:
+def wire(demo: gr.Blocks, tabs: gr.Tabs, notice: gr.Textbox, state: gr.State, page_model: gr.Textbox) -> None:
     """Every view's opening example and the links (see the module docstring).
 
     The views are chained after one hidden trigger per tab (``apply-link-<tab>``), which the page's JS clicks
     only when the URL carries a link (``link_js``): the link's values, then that tab's view. Their opening
     examples, with the build-time values, are computed once into the page (``explorer.web.opening``, from
-    ``explorer.web.serving.apply``): a page opened without a link sends nothing."""
+    ``explorer.web.serving.apply``): a page opened without a link sends nothing. A link's ``model=`` is loaded
+    into ``state`` before its view runs (``explorer.web.link_model``); ``page_model`` holds the id every link the
+    page makes carries, after a link's load and after every model load (``register_model_loads``)."""
     registered = views(demo)
     general = gr.Button(visible="hidden", elem_id=APPLY_LINK_ID)
-    read = general.click(_link_reader(registered, None, []), None, [tabs, notice], api_name="read_link",
+    read = general.click(_link_reader(registered, None, []), [state], [tabs, notice, state, page_model], api_name="read_link",
                          api_visibility="private", show_progress="hidden", **lane(VIEW))
     _LINK_EVENTS[demo] = [read["id"]]
     _OPENINGS[demo] = []
     for view in registered.values():
         components = _unique([*view.params.values(), *view.resets])
         trigger = gr.Button(visible="hidden", elem_id=f"{APPLY_LINK_ID}-{view.tab}")
-        read = trigger.click(_link_reader(registered, view.tab, components), None, [tabs, notice, *components],
+        read = trigger.click(_link_reader(registered, view.tab, components), [state], [tabs, notice, state, page_model, *components],
                              api_name=f"read_link_{view.tab}", api_visibility="private", show_progress="hidden", **lane(VIEW))
         _LINK_EVENTS[demo].append(read["id"])
         _OPENINGS[demo].append(_run_view(read.then, view, visibility="undocumented", first=True))
     demo.load(None, js=link_js(focus_targets(demo)), api_name="open_link", api_visibility="private")
     for loads in _LOADS.get(demo, []):
         after_model_load(demo, loads, suffix=f"_{_LOADS[demo].index(loads)}")
+        for n, event in enumerate(loads):  # the page's model id, for the links it makes; the loading line ends
+            event.success(link_model.page_model_id, [state], [page_model], api_name=f"page_model_{_LOADS[demo].index(loads)}_{n}",
+                          api_visibility="private", show_progress="hidden", **lane(VIEW))
+            event.then(None, js=script("model_loaded.js"), api_name=f"model_loaded_{_LOADS[demo].index(loads)}_{n}",
+                       api_visibility="private")
 
 
 def opening_events(demo: gr.Blocks) -> list[int]:
@@ -372,13 +386,14 @@ def link_keys(demo: gr.Blocks) -> dict[str, list[str]]:
     return {tab: list(view.params) for tab, view in views(demo).items()}
 
 
-def copy_link_js(demo: gr.Blocks) -> tuple[list, str]:
+def copy_link_js(demo: gr.Blocks, page_model: gr.Textbox) -> tuple[list, str]:
     """(inputs, js) of the "copy link to this view" control: JS that finds the visible tab, reads its settings'
-    values (passed in as the event's inputs, in the order of ``inputs``) and builds the link."""
+    values (passed in as the event's inputs, in the order of ``inputs``; the page's model id last) and builds the
+    link, with ``model=`` unless the model is the default and ``present=1`` in projector mode."""
     registered = views(demo)
     components = _param_components(registered)
     index = {tab: {key: components.index(c) for key, c in view.params.items()} for tab, view in registered.items()}
     # value -> name, for the keys a link gives by name
     named = {tab: {key: {str(v): n for n, v in names.items()} for key, names in view.names.items()}
              for tab, view in registered.items() if view.names}
-    return components, script("copy_link.js", INDEX=index, NAMED=named)
+    return [*components, page_model], script("copy_link.js", INDEX=index, NAMED=named)

@@ -1,6 +1,6 @@
 """The page's own CSS and JavaScript, kept as files in this folder and handed to Gradio through its public API.
 
-- ``css_paths()``: the style sheets, for ``launch(css_paths=...)`` (page.css, then vote.css).
+- ``css_paths()``: the style sheets, for ``launch(css_paths=...)`` (page.css, vote.css, deck.css).
 - ``head()``: plotly_wrappers.js, then present.js, as one ``<script>`` for ``launch(head=...)``: it runs before the
   app mounts, so its wrappers exist before the first figure is drawn. plotly_wrappers.js is the one script that
   wraps Plotly or reads its private fields; every other script calls the functions it puts on ``window`` (``explorerSaveTab``, ``explorerFit``, ...).
@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-STYLES = ("page.css", "vote.css")
+STYLES = ("page.css", "vote.css", "deck.css")
 #: The one script allowed to wrap Plotly's functions and read its private fields (tests/test_page_assets.py).
 PLOTLY_WRAPPERS = "plotly_wrappers.js"
 #: The head's scripts, in order, in one ``<script>``: present.js (projector mode's presented figure) calls the wrappers.
