@@ -94,6 +94,11 @@ def is_cuda(dev: torch.device | str | None = None) -> bool:
     return torch.device(dev if dev is not None else device()).type == "cuda"
 
 
+def compute_capability(dev: torch.device | str | None = None) -> tuple[int, int]:
+    """A CUDA device's compute capability (major, minor), e.g. (8, 0) for an A100: bf16 products from 8 on."""
+    return torch.cuda.get_device_capability(resolve(dev))
+
+
 def device_of(obj: torch.nn.Module | torch.Tensor) -> torch.device:
     """The device a model's parameters (or a tensor) live on: new tensors for it are made there."""
     if isinstance(obj, torch.Tensor):

@@ -76,4 +76,4 @@ def test_native_bf16_follows_the_cpu_flags():
     except OSError:
         pass
     want = bool(flags & {"avx512_bf16", "amx_bf16"}) if flags else None
-    assert fm.native_bf16("cpu") is want
+    assert fm.native_bf16(torch.device("cpu")) is want

@@ -55,12 +55,11 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def native_bf16(device: str | torch.device = "cpu") -> bool | None:
-    """Whether ``device`` multiplies bf16 natively: a CUDA GPU of compute capability 8 or more, a CPU with
-    AVX512-BF16 or AMX-BF16. None where the CPU's flags cannot be read."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_capability(device)[0] >= 8
+def native_bf16(device: str | torch.device | None = None) -> bool | None:
+    """Whether ``device`` (default: the app's) multiplies bf16 natively: a GPU of compute capability 8 or more, a
+    CPU with AVX512-BF16 or AMX-BF16. None where the CPU's flags cannot be read."""
+    if dev.is_cuda(device):
+        return dev.compute_capability(device)[0] >= 8
     flags = cpu_flags()
     return bool(flags & {"avx512_bf16", "amx_bf16"}) if flags else None
 
