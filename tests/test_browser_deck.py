@@ -112,6 +112,8 @@ def test_links_carry_the_model_and_projector_and_test_this_head_stays_in_the_tab
               wait_until="domcontentloaded")
     page.wait_for_function("() => document.body.dataset.focused", timeout=300_000)
     _wait_idle(page)
+    page.keyboard.press("Escape")  # projector mode presents the linked figure alone: Esc brings the page back
+    page.wait_for_timeout(500)
     assert page.locator("#page-model textarea, #page-model input").first.input_value() == "tiny-local"
     assert "tiny-local (local)" in page.locator("#attention-head-sentence").inner_text() or \
         "tiny-local" in page.locator("#tab-attention").inner_text()
@@ -123,6 +125,8 @@ def test_links_carry_the_model_and_projector_and_test_this_head_stays_in_the_tab
     page.wait_for_function("() => location.search.includes('tab=experiments')", timeout=30_000)
     page.wait_for_function("() => (document.body.dataset.focused || '').includes('experiments-loss')", timeout=300_000)
     _wait_idle(page)
+    page.keyboard.press("Escape")
+    page.wait_for_timeout(500)
     assert len(context.pages) == 1, "Test this head opened another browser tab"
     url = page.evaluate("() => location.href")
     assert "heads=1.1" in url and "model=tiny-local" in url and "present=1" in url, url
