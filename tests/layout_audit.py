@@ -126,42 +126,49 @@ def key(model: str, viewport: str, view: str, figure: str, check: str) -> str:
 
 
 def run_audit(url: str, *, model: str, views_: list[View] | None = None, viewports: list[Viewport] | None = None,
-              out: Path | None = None, log=print) -> dict:
+              out: Path | None = None, log=print, browser=None) -> dict:
     """The audit of ``views_`` (default: all) at ``viewports`` (default: all) on the app at ``url``: one browser, one
     page per viewport. Returns {"model", "results": [{view, viewport, figures, failures}], "keys": [...]}; with
-    ``out``, a screenshot of each view there."""
+    ``out``, a screenshot of each view there. ``browser``: a Playwright browser already running (the test suite's:
+    a second sync Playwright cannot start beside it), else one is launched for the audit."""
+    if browser is not None:
+        return _audit(browser, url, model, views_, viewports, out, log)
     from playwright.sync_api import sync_playwright
 
+    with sync_playwright() as p:
+        own = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            return _audit(own, url, model, views_, viewports, out, log)
+        finally:
+            own.close()
+
+
+def _audit(browser, url: str, model: str, views_, viewports, out, log) -> dict:
     views_ = views() if views_ is None else views_
     viewports = VIEWPORTS if viewports is None else viewports
     results, keys = [], []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        try:
-            for vp in viewports:
-                page = browser.new_page(viewport={"width": vp.width, "height": vp.height})
-                fresh = True
-                for view in views_:
-                    t0 = time.monotonic()
-                    try:
-                        answer = audit_view(page, url, view, vp, fresh=fresh)
-                    except Exception as e:  # a view that never settled is a failure of its own, not the end
-                        answer = {"figures": [], "failures": [{"figure": "page", "check": "not-drawn",
-                                                               "detail": str(e).splitlines()[0][:200]}]}
-                        page.close()
-                        page = browser.new_page(viewport={"width": vp.width, "height": vp.height})
-                    fresh = view.query is not None  # after a link, the next tab opening starts from the bare page
-                    if out is not None:
-                        page.screenshot(path=str(out / f"{model}-{vp.name}-{view.name}.png"))
-                    results.append({"view": view.name, "viewport": vp.name, **answer})
-                    keys += [key(model, vp.name, view.name, f["figure"], f["check"]) for f in answer["failures"]]
-                    log(f"{model} {vp.name} {view.name}: {len(answer['failures'])} failures "
-                        f"({time.monotonic() - t0:.0f} s)")
+    for vp in viewports:
+        page = browser.new_page(viewport={"width": vp.width, "height": vp.height})
+        fresh = True
+        for view in views_:
+            t0 = time.monotonic()
+            try:
+                answer = audit_view(page, url, view, vp, fresh=fresh)
+            except Exception as e:  # a view that never settled is a failure of its own, not the end
+                answer = {"figures": [], "failures": [{"figure": "page", "check": "not-drawn",
+                                                       "detail": str(e).splitlines()[0][:200]}]}
                 page.close()
-        finally:
-            browser.close()
+                page = browser.new_page(viewport={"width": vp.width, "height": vp.height})
+            fresh = view.query is not None  # after a link, the next tab opening starts from the bare page
+            if out is not None:
+                page.screenshot(path=str(out / f"{model}-{vp.name}-{view.name}.png"))
+            results.append({"view": view.name, "viewport": vp.name, **answer})
+            keys += [key(model, vp.name, view.name, f["figure"], f["check"]) for f in answer["failures"]]
+            log(f"{model} {vp.name} {view.name}: {len(answer['failures'])} failures "
+                f"({time.monotonic() - t0:.0f} s)")
+        page.close()
     return {"model": model, "url": url, "results": results, "keys": sorted(set(keys))}
 
 

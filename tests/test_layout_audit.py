@@ -69,9 +69,9 @@ def _compare(report, model):
         warnings.warn("these now pass: take them off tests/layout_known.txt:\n" + "\n".join(fixed), stacklevel=1)
 
 
-def test_every_view_passes_the_audit_on_the_shipped_model(app_url, served_model_dir, tmp_path):
+def test_every_view_passes_the_audit_on_the_shipped_model(app_url, served_model_dir, browser, tmp_path):  # noqa: F811
     model = "shipped" if served_model_dir.name == "default-model" else "fixture"
-    report = run_audit(app_url, model=model, viewports=VIEWPORTS, out=tmp_path, log=lambda *_: None)
+    report = run_audit(app_url, model=model, viewports=VIEWPORTS, out=tmp_path, log=lambda *_: None, browser=browser)
     assert len(report["results"]) == len(VIEWPORTS) * len(views()) and len(views()) >= 10 + 12
     if model == "shipped":
         _compare(report, model)
