@@ -278,12 +278,7 @@ def head_scores(model: nn.Module, *, tokens=None, span_len: int | None = None, b
         span_len = min(32, (config.max_seq_len - n_prefix) // 2, n_candidates)
     if not isinstance(span_len, int) or span_len < 1:
         raise ValueError(f"span_len must be a positive integer, got {span_len!r}.")
-    if n_prefix + 2 * span_len > config.max_seq_len:
-        raise ValueError(f"a repeated span of {span_len} tokens needs {n_prefix + 2 * span_len} positions, more than "
-                         f"the model's context of {config.max_seq_len}: use span_len <= "
-                         f"{(config.max_seq_len - n_prefix) // 2}.")
-    if not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a positive integer, got {batch!r}.")
+    _check_probe(config, n_prefix, span_len, batch)
     toks = None if tokens is None else as_tokens(model, tokens)  # refused before anything runs
     probe = repeated_random_tokens(config.vocab_size, span_len, batch, seed, bos_id=bos)  # (B, P + 2*span)
     last_only = {"last_only": True} if hasattr(model, "lm_head") else {}  # a decoder: only the weights are read
@@ -300,6 +295,15 @@ def head_scores(model: nn.Module, *, tokens=None, span_len: int | None = None, b
                       duplicate_token=scores["duplicate_token"])
 
 
+def _check_probe(config, n_prefix: int, span_len: int, batch: int) -> None:
+    """The repeated-span probe fits the model's context, and its batch is a positive integer (ValueError)."""
+    if n_prefix + 2 * span_len > config.max_seq_len:
+        raise ValueError(f"a repeated span of {span_len} tokens needs {n_prefix + 2 * span_len} positions, more than "
+                         f"the model's context of {config.max_seq_len}: use span_len <= "
+                         f"{(config.max_seq_len - n_prefix) // 2}.")
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a positive integer, got {batch!r}.")
+
 
 def induction_scores(model: nn.Module, span_len: int, *, batch: int = 4, seed: int = 0) -> np.ndarray:
     """``head_scores(model, span_len=span_len, batch=batch, seed=seed)["induction"]``, (L, H) float32, from one
@@ -313,12 +317,7 @@ def induction_scores(model: nn.Module, span_len: int, *, batch: int = 4, seed: i
     n_prefix = 0 if config.bos_token_id is None else 1
     if not isinstance(span_len, int) or isinstance(span_len, bool) or span_len < 1:
         raise ValueError(f"span_len must be a positive integer, got {span_len!r}.")
-    if n_prefix + 2 * span_len > config.max_seq_len:
-        raise ValueError(f"a repeated span of {span_len} tokens needs {n_prefix + 2 * span_len} positions, more than "
-                         f"the model's context of {config.max_seq_len}: use span_len <= "
-                         f"{(config.max_seq_len - n_prefix) // 2}.")
-    if not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a positive integer, got {batch!r}.")
+    _check_probe(config, n_prefix, span_len, batch)
     probe = repeated_random_tokens(config.vocab_size, span_len, batch, seed, bos_id=config.bos_token_id)
     T = probe.shape[1]
     q = torch.arange(T - span_len, T)  # the second copy's queries; each looks for key q - span_len + 1

@@ -178,6 +178,18 @@ class Rooms:
         for code in [c for c, r in self._rooms.items() if self._ends(r) <= now]:
             del self._rooms[code]  # nothing of an ended room is kept
 
+    def _live(self, code, now: float) -> _Room | None:
+        """The room of ``code`` once ended rooms are swept, or None (a code that is no string names none)."""
+        self._sweep(now)
+        return self._rooms.get(code) if isinstance(code, str) else None
+
+    def _joined(self, code, now: float) -> _Room:
+        """``_live``'s room for a phone; ValueError with a sentence when it has ended or never was."""
+        room = self._live(code, now)
+        if room is None:
+            raise ValueError("This room has ended (or the code is wrong): type the code on the projector again.")
+        return room
+
     def _new_question(self, text: str, choices: tuple[str, ...]) -> Question:
         qid, self._next_qid = self._next_qid, self._next_qid + 1
         return Question(qid, text, choices)
@@ -342,10 +354,7 @@ class Rooms:
         ``address``: the voter's network address, for the limits on new voters per address (None: none apply)."""
         now = self.clock()
         with self._guard:
-            self._sweep(now)
-            room = self._rooms.get(code) if isinstance(code, str) else None
-            if room is None:
-                raise ValueError("This room has ended (or the code is wrong): type the code on the projector again.")
+            room = self._joined(code, now)
             q = room.question
             if qid != q.qid:
                 raise ValueError("The teacher has asked a new question: here it is; vote again.")
@@ -366,8 +375,7 @@ class Rooms:
         """(the room's question, whether it is revealed) for a phone already in the room; None once it has ended.
         Only for codes a join accepted (kept in the phone's server-side state): no guess is counted here."""
         with self._guard:
-            self._sweep(self.clock())
-            room = self._rooms.get(code) if isinstance(code, str) else None
+            room = self._live(code, self.clock())
             return None if room is None else (room.question, room.revealed)
 
     # --- the phone page (explorer.web.hall) ----------------------------------------------------------------------
@@ -377,10 +385,7 @@ class Rooms:
         question); nothing when already admitted. ValueError with a sentence as ``vote`` refuses a new voter."""
         now = self.clock()
         with self._guard:
-            self._sweep(now)
-            room = self._rooms.get(code) if isinstance(code, str) else None
-            if room is None:
-                raise ValueError("This room has ended (or the code is wrong): type the code on the projector again.")
+            room = self._joined(code, now)
             if voter not in room.voters:
                 self._admit(room, voter, address, now)
 
@@ -388,8 +393,7 @@ class Rooms:
         """(the room's question, whether it is revealed, ``voter``'s choice for it or None); None once the room has
         ended. Only for codes a join accepted: no guess is counted here."""
         with self._guard:
-            self._sweep(self.clock())
-            room = self._rooms.get(code) if isinstance(code, str) else None
+            room = self._live(code, self.clock())
             if room is None:
                 return None
             return room.question, room.revealed, room.votes.get(voter) if voter is not None else None
