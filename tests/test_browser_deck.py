@@ -98,11 +98,6 @@ def test_the_intro_deck_on_the_shipped_model_at_1280x720_in_projector_mode(app_u
     drive(browser, f"{app_url}?lesson=intro&present=1", default_model_name(), "shipped")
 
 
-# Known since the merge with the page's figure rules (docs/not-done.md): on the 30-layer model, step 5's sentence under
-# the heatmap ends under the deck's bar, where projector mode keeps the main figure's 300 px plot area. Strict: the day
-# it passes, this mark fails the test and must go.
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="30 layers: a step's sentence under its figure ends under the deck's bar at 1280x720")
 def test_the_intro_deck_on_a_smollm2_shape_model_at_1280x720_in_projector_mode(app_url, browser, smol_shape):  # noqa: F811
     drive(browser, f"{app_url}?lesson=intro&present=1&model={smol_shape}", f"{smol_shape} (local)", "smol")
 

@@ -37,6 +37,7 @@
   function place_when_drawn(ids) {
     const mine = ++run;
     delete document.body.dataset.focused;
+    if (window.explorerUnplace) window.explorerUnplace();
     const BUSY = '.progress-text, .progress-level, .eta-bar, .meta-text, .meta-text-center';
     const started = Date.now();
     let quiet = 0, placed = 0, flashed = false, stopped = false;
@@ -68,7 +69,7 @@
       if (excess > 0 && window.Plotly) {  // side by side or alone, each figure gives up the excess
         for (const gd of els.flatMap(el => [...el.querySelectorAll('.js-plotly-plot')])) {
           const h = window.explorerHeight(gd);
-          if (h && h - excess >= 240) await window.Plotly.relayout(gd, {height: Math.floor(h - excess)});
+          if (h && h - excess >= 240) await window.explorerPlace(gd, Math.floor(h - excess));
         }
         b = box(els);
       }

@@ -9,6 +9,8 @@
 //   explorerButtons    figures drawn before the Plotly.react wrapper was in place get the same buttons once.
 //   explorerSave       one figure as a 1920x1080-slide PNG or SVG (the buttons); explorerSaveTab: all of a tab's.
 //   explorerDrawn, explorerHeight   whether a figure is drawn and its drawn height (a link's focus=<name> placing).
+//   explorerPlace(gd, h)  a deck's step drew this figure at h px, so that it and its sentence end above the deck's
+//                         bar: redraws and fits keep that height (until the next step) instead of the 300 px rule.
 (() => {
   // Projector mode sets its 16 px in each figure's layout, not only in CSS: Plotly then places colour-bar titles,
   // margins and tick spacing for the text as drawn (CSS-enlarged text overlapped the titles Plotly had placed)
@@ -111,7 +113,7 @@
     if (!document.body.classList.contains('projector') || document.body.classList.contains('presenting') || !window.Plotly) return;
     document.querySelectorAll('[id^="tab-"]').forEach(panel => {
       const el = panel.querySelector('.js-plotly-plot');
-      if (!el || el.offsetParent === null || !el._fullLayout) return;
+      if (!el || el.offsetParent === null || !el._fullLayout || el.explorerPlaced) return;
       const top = el.getBoundingClientRect().top + window.scrollY;
       const room = Math.floor(window.innerHeight - top - 12);
       // back up to the height it was sent with as far as the room allows: a figure first drawn while the header
@@ -168,6 +170,7 @@
       const panel = document.body.classList.contains('projector') && el && el.closest && el.closest('[id^="tab-"]');
       const presented = window.explorerPresentedHeight && window.explorerPresentedHeight(el);
       if (presented && layout) layout = Object.assign({}, layout, {height: presented});
+      else if (el && el.explorerPlaced && layout) layout = Object.assign({}, layout, {height: el.explorerPlaced});
       else if (panel && layout && panel.querySelector('[data-testid="plotly"]') === el) {
         const room = Math.floor(window.innerHeight - (el.getBoundingClientRect().top + window.scrollY) - 12);
         const m = layout.margin || {}, least = MIN_PLOT + (m.t === undefined ? 100 : m.t) + (m.b === undefined ? 80 : m.b);
@@ -214,6 +217,11 @@
   window.explorerSaveTab = saveTab;
   window.explorerDrawn = (gd) => !!gd._fullLayout;
   window.explorerHeight = (gd) => gd._fullLayout && gd._fullLayout.height;
+  window.explorerPlace = (gd, h) => {
+    if (document.body.classList.contains('deck')) gd.explorerPlaced = h;
+    return window.Plotly.relayout(gd, {height: h});
+  };
+  window.explorerUnplace = () => document.querySelectorAll('.js-plotly-plot').forEach(gd => { delete gd.explorerPlaced; });
   // the wrapper as soon as Plotly is loaded: before the figures of the first answer are drawn (a progress timer
   // can keep the page's debounced observer from firing for as long as an event runs)
   if (window.Plotly) wrapRedraws();
