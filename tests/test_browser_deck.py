@@ -4,8 +4,8 @@ layers, random weights, written once into the test session's model root). Each s
 the window above the deck's bar, with no error, the position "k / N" and the loaded model's name; its "Ask the class"
 must open a room.
 
-Phones: ``on_question`` is where each question step is asked; once the light phone page and the one room per
-lecture exist, it is the place to join phones at the first question and check that every later one reaches them.
+Phones: three phone pages (390x844, each a browser of its own) join the lecture's room once, at the first
+question; every later question must reach them without a re-join, and the tally must count their three votes.
 """
 from __future__ import annotations
 
@@ -47,11 +47,37 @@ def _settled(page, k: int) -> None:
     page.wait_for_timeout(800)
 
 
-def on_question(page, step) -> None:
-    """The step's "Ask the class": its tab's room opens with a code (phones join here once rooms are shared)."""
+def on_question(browser, page, step, phones: list) -> None:  # noqa: F811 (fixture name)
+    """The step's "Ask the class": the lecture's one room asks the step's question; three phones join at the first
+    question only, each later one reaches them by itself, and each phone's vote is counted on the projector."""
+    before = [p.locator("#question").inner_text() for p in phones]  # before the ask: a push may come at once
     page.locator("#lesson-ask").click()
-    page.locator(f"#ask-{step.tab}-code").wait_for(state="visible", timeout=300_000)
+    link = f"#ask-{step.tab}-link textarea, #ask-{step.tab}-link input"
+    page.wait_for_function(f"() => ((document.querySelector('{link}') || {{}}).value || '').includes('vote?code=')",
+                           timeout=300_000)
+    url = page.locator(link).first.input_value()
     assert len(page.locator(f"#ask-{step.tab}-code").inner_text().strip()) == 6
+    if not phones:
+        for _ in range(3):
+            phone = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+            phone.goto(url, wait_until="domcontentloaded")
+            phones.append(phone)
+        before = [""] * 3
+    else:
+        assert all(p.url == phones[0].url for p in phones) and phones[0].url == url, "the room changed: phones re-join"
+    for i, phone in enumerate(phones):
+        try:
+            phone.wait_for_function("(old) => { const q = document.querySelector('#question').textContent; "
+                                    "const b = document.querySelector('#choice-0'); return q && q !== old && b && !b.disabled; }",
+                                    arg=before[i], timeout=60_000)
+        except Exception as e:
+            raise AssertionError(f"step {step.title}: phone {i} shows {phone.locator('#question').inner_text()!r}, "
+                                 f"{phone.locator('#status').inner_text()!r} (before: {before[i]!r})") from e
+        phone.locator(f"#choice-{i % phone.locator('.choice').count()}").click()
+        phone.wait_for_function("() => document.querySelector('#status').textContent.startsWith('Your vote:')",
+                                timeout=30_000)
+    page.wait_for_function(f"() => (document.querySelector('#ask-{step.tab}-counts') || {{}}).innerText"
+                           "?.includes('3 votes')", timeout=30_000)
 
 
 def drive(browser, url: str, model_name: str, tag: str) -> None:  # noqa: F811 (fixture name)
@@ -61,6 +87,7 @@ def drive(browser, url: str, model_name: str, tag: str) -> None:  # noqa: F811 (
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
     page.goto(url, wait_until="domcontentloaded")
+    phones: list = []
     for k, step in enumerate(lesson.steps, start=1):
         _settled(page, k)
         where = f"{tag} step {k} ({step.tab}, {step.focus})"
@@ -82,13 +109,21 @@ def drive(browser, url: str, model_name: str, tag: str) -> None:  # noqa: F811 (
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"deck-{tag}-{k:02d}-{step.tab}.png"))
         if step.question:
-            on_question(page, step)
+            on_question(browser, page, step, phones)
         if k < n:  # the arrow key, and now and then the button
             page.locator("#lesson-next").click() if k % 4 == 0 else page.keyboard.press("ArrowRight")
     page.keyboard.press("ArrowRight")  # past the last step: it stays
     page.wait_for_timeout(500)
     assert page.locator("#lesson-position").inner_text().strip() == f"{n} / {n}"
     assert not errors, "\n".join(errors)
+    assert len(phones) == 3, "the deck asked no question"
+    asked = [s for s in lesson.steps if s.question][-1].tab
+    # the lecture's end, from a tab no longer shown: its room ends on every phone
+    page.evaluate(f"() => document.getElementById('ask-{asked}-close').click()")
+    for phone in phones:
+        phone.wait_for_function("() => document.querySelector('#status').textContent.includes('room has ended')",
+                                timeout=40_000)
+        phone.close()
     page.close()
 
 
