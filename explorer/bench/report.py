@@ -138,24 +138,34 @@ def _vote_lines(vote: dict[str, Any]) -> list[str]:
     if "skipped" in vote or "rounds" not in vote:
         return lines + [f"Skipped: {vote.get('skipped', 'not measured')}.", ""]
 
-    def fmt(d):
-        return "—" if not d or d["p50"] is None else f"{d['p50']:.2f} / {d['p95']:.2f} / {d['max']:.2f}"
+    def fmt(d, digits=2):
+        return "—" if not d or d["p50"] is None else " / ".join(f"{d[k]:.{digits}f}" for k in ("p50", "p95", "max"))
 
     lines += [
         "`python app.py` in its own process with `EXPLORER_PROXY_HOPS=1` (explorer/bench/vote.py): a teacher's "
         f"session asks the walkthrough's question and polls the tally once a second as its page's timer does; "
         f"{vote['phones']} phones open the phone page over 30 s ({vote['campus']} behind one campus address in "
         "X-Forwarded-For, the rest an address each), hold a long poll and vote 0.5-3 s after each question reaches "
-        "them, a tenth reloading and voting again. Three questions in the one room: while the phones join, with the "
-        f"server otherwise idle, and while {vote['visitors']} other sessions ask the Attention tab.", "",
-        "| question | votes (voters) | ack p50 / p95 / max (s) | Ask pressed to phone p50 / p95 / max (s) | "
-        "tally after the last vote (s) | exact | attention answered meanwhile |", "|---|---|---|---|---|---|---|"]
+        "them, a tenth reloading and voting again (plain HTTP/1.1, each phone its own connections, in two processes "
+        "of their own: explorer/bench/phones.py). Three questions in the one room: while the phones join, with the "
+        f"server otherwise idle, and while {vote['visitors']} other sessions ask the Attention tab. Where an ack "
+        "went: its vote's time on the server (arrival in the middleware to answer), and the worst lag of the "
+        "server's and the phones' event loops while the question's votes came.", "",
+        "| question | votes (voters) | ack p50 / p95 / max (s) | on the server p50 / p95 / max (s) | loop lag: "
+        "server / phones (s) | Ask pressed to phone p50 / p95 / max (s) | tally after the last vote (s) | exact | "
+        "attention answered meanwhile |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def lag(x):
+        return "—" if x is None else f"{x:.2f}"
+
     for name, r in vote["rounds"].items():
         if "failed" in r:
-            lines.append(f"| {name} | failed: {r['failed']} | | | | | |")
+            lines.append(f"| {name} | failed: {r['failed']} | | | | | | | |")
             continue
         tally = r["tally_after_last_vote"]
         lines.append(f"| {name} | {r['votes']} ({r['voters']}) | {fmt(r['ack_seconds'])} | "
+                     f"{fmt(r.get('server_vote_seconds'), 3)} | {lag(r.get('server_lag_max'))} / "
+                     f"{lag(r.get('phones_lag_max'))} | "
                      f"{fmt(r['ask_to_phone_seconds'])} | {'—' if tally is None else f'{tally:.2f}'} | "
                      f"{'yes' if r['exact'] else 'NO'} | {r['attention_answered']} |")
     return lines + ["", f"{vote['joined']} of {vote['phones']} phones joined; {vote['refused_429']} requests "

@@ -4,25 +4,26 @@ phone page's own requests (explorer/web/hall.py), 120 of them behind one campus 
 The server runs with ``EXPLORER_PROXY_HOPS=1``, and every phone names its address in X-Forwarded-For as a proxy
 would: 120 phones the same campus address, 80 an address each. The teacher's session asks the walkthrough's
 question (``ask_class_walkthrough``) and polls the tally once a second as its page's ``gr.Timer`` does
-(``class_tally_walkthrough``), on raw queue routes (``explorer.bench.page_client``). The phones are asyncio tasks
-in one thread: each opens the page (HTML and script) within ``RAMP_SECONDS`` (a hall scanning the QR code), joins,
-then holds a long poll and votes a human pause after each question reaches it; a tenth reload the page before
-they vote again (one vote per browser: the count must not move).
+(``class_tally_walkthrough``), on raw queue routes (``explorer.bench.page_client``). The phones run in processes
+of their own (``explorer.bench.phones``: plain HTTP/1.1, each phone its own connections): each opens the page (HTML
+and script) within ``RAMP_SECONDS`` (a hall scanning the QR code), joins, then holds a long poll and votes a human
+pause after each question reaches it; a tenth reload the page before they vote again (one vote per browser: the
+count must not move).
 
 Three questions, all in the one room: the first while the phones join; the second with the server otherwise idle;
 the third while ``VISITORS`` other sessions ask the Attention tab one question after another. Per question: each
 vote's ack (sent to answered), each phone's wait for the question (the teacher's ask answered to the phone's poll
-answered), the projector's tally after the last ack (to the end of the first tally poll showing every vote), and
-whether its counts equal the phones' final choices.
+answered), the projector's tally after the last ack (to the end of the first tally poll showing every vote),
+whether its counts equal the phones' final choices, and where an ack's seconds went: the phone processes' own
+loop lag, and with ``times`` (the server's ``EXPLORER_PHONE_TIMES`` file, explorer/web/hall.py) each vote's
+time on the server from arrival to answer and the server's own loop lag.
 
-    with served_app({"EXPLORER_PROXY_HOPS": "1"}) as server:
-        result = lecture_hall(server.url)
+    with served_app({"EXPLORER_PROXY_HOPS": "1", "EXPLORER_PHONE_TIMES": path}) as server:
+        result = lecture_hall(server.url, times=path)
 """
 from __future__ import annotations
 
-import asyncio
 import json
-import random
 import re
 import threading
 import time
@@ -31,12 +32,11 @@ from typing import Any
 
 from .load import attention_values, quantiles
 from .page_client import fetch_plan, run_events
+from .phones import Hall
 from .server import served_app
 
 PHONES, CAMPUS, VISITORS = 200, 120, 40
-CAMPUS_ADDRESS = "203.0.113.7"
 RAMP_SECONDS = 30.0  # the hall scans the QR code: 120 campus phones in 30 s stay under 60 new voters per 10 s
-PAUSE = (0.5, 3.0)  # a student's pause between seeing the question and tapping, seconds
 TICK_SECONDS = 1.0  # explorer.panels.vote.TALLY_SECONDS
 _VOTES = re.compile(r"\*\*(\d+) votes?\*\*")
 
@@ -115,138 +115,6 @@ class Teacher:
         return None, None
 
 
-class Hall:
-    """The phones: asyncio tasks on one event loop in a thread of its own."""
-
-    def __init__(self, url: str, code: str, n: int, campus: int, seed: int, ramp: float) -> None:
-        self.url, self.code, self.n, self.ramp = url, code, n, ramp
-        self.lost = 0  # phones that could not join
-        self.rng = random.Random(seed)
-        self.address = [CAMPUS_ADDRESS if i < campus else f"198.51.100.{i - campus + 1}" if i - campus < 250
-                        else f"198.51.101.{i - campus - 249}" for i in range(n)]
-        self.voter = [uuid.uuid4().hex for _ in range(n)]
-        self.joined: dict[int, float] = {}
-        self.seen: dict[int, dict[int, float]] = {}  # qid -> phone -> when its poll brought the question
-        self.acks: dict[int, list[float]] = {}  # qid -> each vote's ack seconds
-        self.final: dict[int, dict[int, int]] = {}  # qid -> phone -> its last choice the server confirmed
-        self.last_ack: dict[int, float] = {}  # qid -> when its last vote was answered (monotonic)
-        self.pending = 0  # votes decided or on their way
-        self.retried = 0  # requests sent again after a dropped connection
-        self.waited = 0  # votes told to wait for the room's limit on new voters per address, sent again
-        self.failed: list[str] = []
-        self.refused = 0
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.done = asyncio.Event()
-
-    async def _request(self, http, i: int, method: str, path: str, **kw) -> dict | None:
-        headers = {"x-forwarded-for": self.address[i]}
-        for attempt in range(2):  # a dropped connection is tried again once, a second later, as a phone's page does
-            try:
-                r = await http.request(method, self.url + path, headers=headers, **kw)
-                break
-            except Exception as exc:  # noqa: BLE001 - a phone's failure is counted, the others go on
-                if attempt:
-                    self.failed.append(f"{path}: {type(exc).__name__}")
-                    return None
-                self.retried += 1
-                await asyncio.sleep(1.0)
-        if r.status_code == 429:
-            self.refused += 1
-        if r.headers.get("content-type", "").startswith("application/json"):
-            return r.json()
-        return {} if r.status_code == 200 else None
-
-    async def _vote(self, http, i: int, s: dict) -> None:
-        self.pending += 1
-        try:
-            await self._votes(http, i, s)
-        finally:
-            self.pending -= 1
-
-    async def _votes(self, http, i: int, s: dict) -> None:
-        await asyncio.sleep(self.rng.uniform(*PAUSE))
-        choice = self.rng.randrange(len(s["choices"]))
-        for attempt in range(2 if self.rng.random() < 0.1 else 1):
-            if attempt:  # a reload: the page and a join again, the same id in the browser's storage, a new choice
-                await self._open(http, i)
-                choice = (choice + 1) % len(s["choices"])
-            t0 = time.monotonic()
-            answer = await self._request(http, i, "POST", "vote/api/vote",
-                                         json={"code": self.code, "qid": s["qid"], "choice": choice,
-                                               "voter": self.voter[i]})
-            if answer and "wait a few seconds" in str(answer.get("message")):  # as the page asks: again, later
-                self.waited += 1
-                await asyncio.sleep(5.0)
-                t0 = time.monotonic()
-                answer = await self._request(http, i, "POST", "vote/api/vote",
-                                             json={"code": self.code, "qid": s["qid"], "choice": choice,
-                                                   "voter": self.voter[i]})
-            if answer and answer.get("qid") == s["qid"] and answer.get("mine") == choice:
-                now = time.monotonic()
-                self.acks.setdefault(s["qid"], []).append(now - t0)
-                self.last_ack[s["qid"]] = max(now, self.last_ack.get(s["qid"], now))
-                self.final.setdefault(s["qid"], {})[i] = choice
-            else:
-                self.failed.append(f"vote {i}: {(answer or {}).get('message')}")
-
-    async def _open(self, http, i: int) -> dict | None:
-        await self._request(http, i, "GET", f"vote?code={self.code}")
-        await self._request(http, i, "GET", "vote/phone.js")
-        return await self._request(http, i, "GET", "vote/api/state", params={"code": self.code, "voter": self.voter[i]})
-
-    async def phone(self, http, i: int, start: float) -> None:
-        await asyncio.sleep(start)
-        s = await self._open(http, i)
-        if not s or s.get("state") != "question":
-            self.failed.append(f"join {i}: {(s or {}).get('message')}")
-            self.lost += 1
-            return
-        self.joined[i] = time.monotonic()
-        voted = set()
-        while not self.done.is_set():
-            if s.get("state") == "question" and s["qid"] not in voted:
-                voted.add(s["qid"])
-                self.seen.setdefault(s["qid"], {})[i] = time.monotonic()
-                asyncio.ensure_future(self._vote(http, i, s))
-            poll = asyncio.ensure_future(self._request(
-                http, i, "GET", "vote/api/state",
-                params={"code": self.code, "voter": self.voter[i], "seen": s["key"], "wait": "1"}))
-            stop = asyncio.ensure_future(self.done.wait())
-            await asyncio.wait({poll, stop}, return_when=asyncio.FIRST_COMPLETED)
-            if not poll.done():
-                poll.cancel()
-                return
-            stop.cancel()
-            answer = poll.result()
-            if answer is None or answer.get("state") in ("error", "ended"):
-                await asyncio.sleep(1.0)
-                continue
-            if answer.get("retry"):
-                await asyncio.sleep(answer["retry"])
-            s = answer
-
-    async def _all(self) -> None:
-        import httpx
-
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=4 * self.n)
-        async with httpx.AsyncClient(timeout=60, limits=limits) as http:
-            starts = sorted(self.rng.uniform(0, self.ramp) for _ in range(self.n))
-            await asyncio.gather(*(self.phone(http, i, starts[i]) for i in range(self.n)))
-
-    def start(self) -> None:
-        self.thread.start()
-        self.future = asyncio.run_coroutine_threadsafe(self._all(), self.loop)
-
-    def finish(self) -> None:
-        self.loop.call_soon_threadsafe(self.done.set)
-        try:
-            self.future.result(timeout=30)
-        except Exception as exc:  # noqa: BLE001
-            self.failed.append(f"phones: {type(exc).__name__}")
-        self.loop.call_soon_threadsafe(self.loop.stop)
-
-
 def _wait_for(condition, deadline: float) -> bool:
     while time.monotonic() < deadline:
         if condition():
@@ -257,10 +125,11 @@ def _wait_for(condition, deadline: float) -> bool:
 
 def lecture_hall(url: str, n: int = PHONES, campus: int = CAMPUS, visitors: int = VISITORS, *,
                  timeout: float = 300.0, seed: int = 0, ramp: float = RAMP_SECONDS, cpu=None,
-                 round_seconds: float = 60.0) -> dict[str, Any]:
+                 round_seconds: float = 60.0, times: str | None = None) -> dict[str, Any]:
     """The three questions (see the module docstring); per question its measurements, and the whole run's.
     ``cpu``: the server's CPU seconds so far (``Server.cpu_seconds``), to say what each question cost it;
-    ``round_seconds``: how long a question waits for every phone's vote (a test on a loaded machine waits longer)."""
+    ``round_seconds``: how long a question waits for every phone's vote (a test on a loaded machine waits longer);
+    ``times``: the server's ``EXPLORER_PHONE_TIMES`` file, to split each ack into the server's share and the rest."""
     import os
 
     deadline = time.monotonic() + timeout
@@ -335,6 +204,7 @@ def lecture_hall(url: str, n: int = PHONES, campus: int = CAMPUS, visitors: int 
             "tally_after_last_vote": None if shown_at is None else shown_at - last,
             "tally_counts": counts, "expected_counts": expected, "exact": counts == expected and len(final) == n,
             "attention_answered": len(attention_seconds) if name == "busy" else 0,
+            **_where(hall, qid, times),
             "server_cpu_seconds": None if cpu is None else cpu() - cpu_before,
             "wall_seconds": time.monotonic() - wall_before, "load_average": os.getloadavg()[0]}
     busy.clear()
@@ -349,17 +219,47 @@ def lecture_hall(url: str, n: int = PHONES, campus: int = CAMPUS, visitors: int 
             "tally_polls": len(teacher.polls), "last_polls": [p[2:] for p in teacher.polls[-3:]]}
 
 
+def _where(hall: Hall, qid: int, times: str | None) -> dict[str, Any]:
+    """Where question ``qid``'s acks went, from its first phone seeing it to its last ack: the phone processes'
+    worst loop lag (s: how late a 50 ms tick ran), and from the server's ``times`` file each vote's seconds from
+    arrival in the middleware to its answer, and the server loop's worst and total lag over the same span."""
+    start = min(hall.seen.get(qid, {}).values(), default=0.0)
+    end = hall.last_ack.get(qid, start)
+    out: dict[str, Any] = {"phones_lag_max": max((late for t, late in list(hall.lags) if start <= t <= end),
+                                                 default=None)}
+    if times:
+        votes, lags = [], []
+        with open(times) as f:
+            for line in f:
+                kind, a, b, q = line.split()
+                if kind == "vote" and q == str(qid):
+                    votes.append(float(b) - float(a))
+                elif kind == "lag" and start <= float(a) <= end:
+                    lags.append(float(b))
+        out.update(server_vote_seconds=quantiles(votes), server_lag_max=max(lags, default=None),
+                   server_lag_seconds=sum(lags))
+    return out
+
+
 def describe(r: dict[str, Any]) -> str:
     parts = []
     for name, q in (r.get("rounds") or {}).items():
-        a = q.get("ack_seconds") or {}
-        parts.append(f"{name}: ack p95 {a.get('p95')}, tally {q.get('tally_after_last_vote')}, exact {q.get('exact')}")
+        a, v = q.get("ack_seconds") or {}, q.get("server_vote_seconds") or {}
+        parts.append(f"{name}: ack p95 {a.get('p95')} (on the server p95 {v.get('p95')}), tally "
+                     f"{q.get('tally_after_last_vote')}, exact {q.get('exact')}")
     return f"{r.get('joined')} of {r.get('phones')} phones joined; " + "; ".join(parts) + f"; failed: {r.get('failed')[:3]}"
 
 
 def bench_vote(n: int = PHONES, *, log=print) -> dict[str, Any]:
     """The benchmark's lecture-hall row: a fresh ``python app.py`` behind one trusted proxy hop, then the hall."""
-    with served_app({"EXPLORER_PROXY_HOPS": "1"}) as server:
-        result = lecture_hall(server.url, n, cpu=server.cpu_seconds)
+    import tempfile
+    from pathlib import Path
+
+    times = Path(tempfile.mkstemp(prefix="explorer-phone-times-", suffix=".txt")[1])
+    try:
+        with served_app({"EXPLORER_PROXY_HOPS": "1", "EXPLORER_PHONE_TIMES": str(times)}) as server:
+            result = lecture_hall(server.url, n, cpu=server.cpu_seconds, times=str(times))
+    finally:
+        times.unlink(missing_ok=True)
     log(f"vote: {describe(result)}")
     return result

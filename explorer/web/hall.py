@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import re
 import time
 from collections import OrderedDict
@@ -44,6 +45,8 @@ MAX_WAITS = env_int("EXPLORER_PHONE_WAITS", 4000)  # polls held at once on this 
 ADDRESS_IN_FLIGHT = env_int("EXPLORER_PHONE_ADDRESS_CAP", 256)
 ADDRESS_RATE, ADDRESS_BURST = 40.0, 400.0
 MAX_ADDRESSES = 20_000
+TIMES = os.environ.get("EXPLORER_PHONE_TIMES", "")  # a file for the bench: see ``Timings``
+LAG_TICK = 0.05  # how often, with TIMES, this event loop's lateness is written down
 RETRY_SECONDS = 3  # what a refused or unheld poll tells the phone to wait before the next
 _VOTER = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 LETTERS = "ABCDEF"
@@ -134,6 +137,28 @@ class Waits:
                     entry[1].set()
 
 
+class Timings:
+    """With ``EXPLORER_PHONE_TIMES`` set (explorer/bench/vote.py sets it): each phone request's arrival in this
+    middleware and its answer, and how late this event loop runs, appended to that file as lines
+    ``vote|state ARRIVED ANSWERED QID`` and ``lag WHEN LATE -`` (time.monotonic seconds, one clock for every process
+    of the machine), so that the bench can tell a vote's seconds on the server from those before and after it."""
+
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "a", buffering=1)
+        self.task: asyncio.Task | None = None
+
+    def note(self, kind: str, arrived: float, qid) -> None:
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._lag())
+        self.file.write(f"{kind} {arrived:.6f} {time.monotonic():.6f} {qid}\n")
+
+    async def _lag(self) -> None:
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(LAG_TICK)
+            self.file.write(f"lag {t:.6f} {max(0.0, time.monotonic() - t - LAG_TICK):.6f} -\n")
+
+
 class Door:
     """Per client address: requests in flight and a token bucket, in a bounded record."""
 
@@ -170,6 +195,7 @@ class PhoneRoutes:
         self.waits: Waits | None = None
         self.door = Door()
         self.known: "OrderedDict[str, None]" = OrderedDict()  # codes a join accepted (polls count no guess)
+        self.timings = Timings(TIMES) if TIMES else None
 
     def _store(self):
         return self.store if self.store is not None else room_store.rooms
@@ -195,6 +221,7 @@ class PhoneRoutes:
         if path not in (PATH + "/api/state", PATH + "/api/vote"):
             return await _json(send, 404, {"state": "error", "message": "No such page: open the link on the "
                                                                        "projector again."})
+        arrived = time.monotonic()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
         address = address_of(headers, (scope.get("client") or (None,))[0])
         if not self.door.enter(address):
@@ -209,7 +236,9 @@ class PhoneRoutes:
                 status, body = 405, {"state": "error", "message": "Use the page's own buttons to vote."}
         finally:
             self.door.leave(address)
-        return await _json(send, status, body)
+        await _json(send, status, body)
+        if self.timings is not None:
+            self.timings.note(path.rsplit("/", 1)[1], arrived, body.get("qid"))
 
     def _join(self, raw_code, voter: str, address: str, first: bool) -> tuple[str | None, dict | None]:
         """(the code, None) when the room is open to this phone, else (None, the error answer). A code no join
