@@ -1,7 +1,8 @@
 """A lecture hall against the app as served, through the benchmark's own clients (explorer/bench/vote.py): 200
 phones on the phone page's requests, 120 of them behind one campus address named in X-Forwarded-For (one trusted
 proxy hop), a tenth reloading and voting again, three questions in one room, the third while 40 other sessions
-ask the Attention tab (as the benchmark's row does). Every phone joins and every count is exact; the timings are the benchmark's to judge."""
+ask the Attention tab (as the benchmark's row does). Every phone joins and every count is exact; the timings are
+the benchmark's to judge."""
 from __future__ import annotations
 
 import pytest
