@@ -22,6 +22,10 @@ import pytest
 import torch
 from hypothesis import settings
 
+# Compiled test modules (with pytest's assertion rewriting) and the project's own are kept in __pycache__ (git
+# ignores it) even where PYTHONDONTWRITEBYTECODE is set: compiling them anew took ~8 s of every fast-tier run.
+sys.dont_write_bytecode = False
+
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
 # The device is chosen the way a deployment chooses it (explorer/device.py reads this once): forced to the CPU
 # where torch sees no GPU, so every app test runs the same placing code a GPU deployment runs; "auto" on a GPU
