@@ -176,3 +176,25 @@ def test_links_carry_the_model_and_projector_and_test_this_head_stays_in_the_tab
     said = page.locator("#link-notice textarea, #link-notice input").first.input_value()
     assert "no-such-folder" in said and "was not loaded" in said and "the page keeps" in said, said
     context.close()
+
+
+def test_a_student_steps_through_the_deck_on_a_390_px_phone(app_url, browser):  # noqa: F811
+    """The same deck link without present=1 on a phone: the bar (its sentences, the position, Previous and Next on
+    one row) stays at the bottom of the window, the step's figure is placed above it, nothing scrolls sideways."""
+    page = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page.goto(f"{app_url}?lesson=intro&step=4", wait_until="domcontentloaded")
+    for k in (4, 5):
+        _settled(page, k)
+        bar = page.locator("#lesson-bar").bounding_box()
+        assert bar and bar["y"] >= 844 * 0.5 and bar["y"] + bar["height"] <= 844 + 1, (k, bar)
+        assert page.locator("#lesson-position").inner_text().strip() == f"{k} / 13"
+        buttons = [page.locator(f"#{i}").bounding_box() for i in ("lesson-prev", "lesson-next")]
+        assert all(b and b["y"] >= bar["y"] and b["y"] + b["height"] <= 845 for b in buttons), (k, buttons)
+        assert abs(buttons[0]["y"] - buttons[1]["y"]) < 8, f"Previous and Next on one row: {buttons}"
+        for element_id in page.evaluate("() => document.body.dataset.focused").split():
+            box = page.locator(f"#{element_id}").bounding_box()
+            assert box and box["y"] >= 0 and box["y"] + box["height"] <= bar["y"] + 1, (k, element_id, box, bar)
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+        if k == 4:
+            page.locator("#lesson-next").tap()
+    page.close()
