@@ -16,17 +16,9 @@ from explorer.bench import phones as P
 from explorer.bench import vote as bench
 from explorer.state import rooms as R
 from explorer.web import clients, hall
+from tests.test_hall import _nothing  # the stand-in for Gradio behind the phone routes
 
 CHOICES = ("ball", "kite", "cat", "to")
-
-
-async def _nothing(scope, receive, send):  # what Gradio would answer: here, nothing the phones should reach
-    if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        return await send({"type": "lifespan.shutdown.complete"})
-    await send({"type": "http.response.start", "status": 404, "headers": []})
-    await send({"type": "http.response.body", "body": b"gradio"})
 
 
 @pytest.fixture()
