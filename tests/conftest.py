@@ -23,7 +23,7 @@ import torch
 from hypothesis import settings
 
 # Compiled test modules (with pytest's assertion rewriting) and the project's own are kept in __pycache__ (git
-# ignores it) even where PYTHONDONTWRITEBYTECODE is set: compiling them anew took ~8 s of every fast-tier run.
+# ignores it) even where PYTHONDONTWRITEBYTECODE is set: otherwise every run compiles and rewrites them anew.
 sys.dont_write_bytecode = False
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
