@@ -390,6 +390,36 @@ def test_a_flooding_client_waits_behind_everyone_elses_next_request():
     assert [e.session_hash for e in line][:3] == ["flood-0", "victim", "flood-1"]
 
 
+def test_a_classmate_behind_a_flooders_address_waits_a_round_not_the_flood():
+    """Within one address, each established session has a turn of its own and fresh ids share one: rotating ids
+    gain nothing, and a classmate's page behind the same address goes second, not after the flood."""
+    demo, _ = _tiny()
+    queue = _pushing_queue(demo)
+    adapter.cap_queue(demo, _rules(client_cap=100, session_cap=100, established=lambda s: s.startswith("page")))
+    fn = _by_name(demo)["other"]
+    join = lambda session, client: asyncio.run(queue.push(types.SimpleNamespace(session_hash=session, fn_index=fn),
+                                                          client, None))
+    for i in range(6):
+        join(f"flood-{i}", "campus")
+    join("page-classmate", "campus")
+    join("other-address", "home")
+    line = queue.event_queue_per_concurrency_id[demo.fns[fn].concurrency_id].queue
+    assert [e.session_hash for e in line][:4] == ["flood-0", "other-address", "page-classmate", "flood-1"]
+    join("page-classmate", "campus")  # the classmate's second question takes turns with the fresh ids' second
+    assert [e.session_hash for e in line][3:6] == ["flood-1", "page-classmate", "flood-2"]
+
+
+def test_a_flood_of_fresh_ids_fills_its_addresss_cap_but_not_its_pages():
+    demo, _ = _tiny()
+    queue = _pushing_queue(demo)
+    adapter.cap_queue(demo, _rules(client_cap=3, established=lambda s: s.startswith("page")))
+    fn = _by_name(demo)["other"]
+    join = lambda session: asyncio.run(queue.push(types.SimpleNamespace(session_hash=session, fn_index=fn),
+                                                  "campus", None))
+    assert [join(f"fresh-{i}")[0] for i in range(4)] == [True, True, True, False]
+    assert [join(f"page-{i}")[0] for i in range(4)] == [True, True, True, False]  # its pages' own cap
+
+
 def test_one_long_job_per_session():
     demo, _ = _tiny()
     i = _by_name(demo)["long_job"]
@@ -420,3 +450,19 @@ def test_a_sessions_component_configurations_made_on_demand_equal_gradios_eager_
     assert dict.__len__(demo.state_holder["s"].config_values) > 0
     adapter.configs_on_demand(demo)
     assert dict.__len__(demo.state_holder["t"].config_values) == 0
+
+
+def test_a_session_is_established_some_seconds_after_its_heartbeat_opened(monkeypatch):
+    from explorer.web.middleware import BrowserSessions
+
+    clock = [1000.0]
+    monkeypatch.setattr("explorer.web.middleware.time.monotonic", lambda: clock[0])
+    BrowserSessions.forget("tab")
+    assert not BrowserSessions.established("tab")
+    BrowserSessions.note("tab")
+    clock[0] += BrowserSessions.ESTABLISHED_SECONDS - 1
+    BrowserSessions.note("tab")  # a reconnect keeps the first time
+    assert BrowserSessions.has_browser("tab") and not BrowserSessions.established("tab")
+    clock[0] += 1
+    assert BrowserSessions.established("tab")
+    BrowserSessions.forget("tab")

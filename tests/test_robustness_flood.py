@@ -38,6 +38,20 @@ def test_rotating_session_ids_from_one_address_leave_another_address_answered(be
     assert out["victim_seconds"] is not None and out["victim_seconds"] < 5.0, out
     assert out["flood"]["accepted"] < 300  # the client cap (events held at once), whatever session ids it sent
     assert any("network address" in e for e in out["flood"]["examples"]), out
+    # a page behind the flooder's address has a turn of its own within it (issue 43)
+    assert out["classmate_seconds"] is not None and out["classmate_seconds"] < 5.0, out
+
+
+def test_four_addresses_flooding_long_jobs_leave_a_class_of_forty_answered():
+    """4 addresses x 300 fine-tunes from fresh ids (issue 43): each address holds its lane's share, and a class
+    of 40 at 40 addresses asking at once, and a visitor's calculator, are all answered."""
+    with served_app({"EXPLORER_PROXY_HOPS": "1"}) as server:
+        out = flood.class_beside_long_floods(server.url, addresses=4, joins=300, class_size=40)
+    from explorer.web.serving import CLIENT_LONG_CAP
+
+    assert out["long_accepted"] == [CLIENT_LONG_CAP] * 4, out
+    assert out["visitor_seconds"] is not None, out
+    assert out["class_answered"] == 40, out
 
 
 def test_a_generation_starts_while_twenty_fine_tunes_are_queued(behind_proxy):

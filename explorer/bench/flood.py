@@ -6,6 +6,7 @@ robustness rows) and tests/test_robustness_flood.py.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import re
 import threading
 import time
@@ -60,15 +61,17 @@ def flood(url: str, fn: int, data: list, n: int, *, tag: str, workers: int = 32,
 
 
 def answer_seconds(url: str, api_name: str, values: list | None = None, *, headers: dict | None = None,
-                   timeout: float = 120.0) -> tuple[float | None, list[str]]:
-    """Seconds until one new session's ``api_name`` is answered (None: not answered), and what failed."""
+                   timeout: float = 120.0, session_hash: str | None = None) -> tuple[float | None, list[str]]:
+    """Seconds until ``api_name`` is answered for one session (a new one unless ``session_hash`` is given; None:
+    not answered), and what failed."""
     import httpx
 
     plan = fetch_plan(url)
     fn = plan.fn_of(api_name)
     t0 = time.monotonic()
+    session_hash = session_hash or f"victim-{uuid.uuid4().hex[:8]}"
     with httpx.Client(timeout=60, headers=headers or {}) as http:
-        out = run_events(http, url, f"victim-{uuid.uuid4().hex[:8]}", plan, [fn], {fn: values or plan.values[fn]},
+        out = run_events(http, url, session_hash, plan, [fn], {fn: values or plan.values[fn]},
                          time.monotonic() + timeout, follow=False)
     return (time.monotonic() - t0 if fn in out.done else None), out.refused + out.failed
 
@@ -94,18 +97,50 @@ def queue_outlives_flood(url: str, *, long_jobs: int = 20, joins: int = 2300) ->
             "page_status": page.status_code, "answer_seconds": seconds, "answer_failed": failed}
 
 
+def hold_heartbeat(url: str, session_hash: str) -> threading.Event:
+    """Open Gradio's heartbeat for ``session_hash`` and keep it open, as a page does, until the returned event is
+    set."""
+    import httpx
+
+    stop = threading.Event()
+
+    def hold() -> None:
+        with contextlib.suppress(Exception), httpx.Client(timeout=httpx.Timeout(5.0, read=None)) as http:
+            with http.stream("GET", url + API + f"heartbeat/{session_hash}") as stream:
+                for _ in stream.iter_bytes():
+                    if stop.is_set():
+                        return
+
+    threading.Thread(target=hold, daemon=True).start()
+    return stop
+
+
 def victim_beside_rotation(url: str, *, joins: int = 300, flooder: str = "10.1.1.1",
-                           victim: str = "10.2.2.2") -> dict[str, Any]:
+                           victim: str = "10.2.2.2", established_s: float = 10.0) -> dict[str, Any]:
     """``joins`` attention questions, each from a new session id, all from one (forwarded) address, then one
-    from another address: how the flood was answered and how long the victim waited. The server must trust
-    one proxy hop (``EXPLORER_PROXY_HOPS=1``) for the forwarded addresses to count."""
+    from another address and one from a classmate behind the flooder's address (a page whose heartbeat opened
+    ``established_s`` before, as ``BrowserSessions.ESTABLISHED_SECONDS`` asks): how the flood was answered and how
+    long each waited. The server must trust one proxy hop (``EXPLORER_PROXY_HOPS=1``) for the forwarded addresses
+    to count."""
     plan = fetch_plan(url)
     fn = plan.fn_of("attention")
     values = list(plan.values[fn])
-    flooded = flood(url, fn, values, joins, tag="rotating", headers={"X-Forwarded-For": flooder})
-    values[0] = "The victim asks a question of their own."
-    seconds, failed = answer_seconds(url, "attention", values, headers={"X-Forwarded-For": victim})
-    return {"flood": flooded, "victim_seconds": seconds, "victim_failed": failed}
+    classmate = f"classmate-{uuid.uuid4().hex[:8]}"
+    heartbeat = hold_heartbeat(url, classmate)
+    opened = time.monotonic()
+    try:
+        flooded = flood(url, fn, values, joins, tag="rotating", headers={"X-Forwarded-For": flooder})
+        values[0] = "The victim asks a question of their own."
+        seconds, failed = answer_seconds(url, "attention", values, headers={"X-Forwarded-For": victim})
+        time.sleep(max(0.0, established_s - (time.monotonic() - opened)))
+        flooded_again = flood(url, fn, plan.values[fn], joins, tag="rotating2", headers={"X-Forwarded-For": flooder})
+        values[0] = "A classmate behind the same address asks."
+        classmate_s, classmate_failed = answer_seconds(url, "attention", values, session_hash=classmate,
+                                                       headers={"X-Forwarded-For": flooder})
+    finally:
+        heartbeat.set()
+    return {"flood": flooded, "victim_seconds": seconds, "victim_failed": failed, "flood_again": flooded_again,
+            "classmate_seconds": classmate_s, "classmate_failed": classmate_failed}
 
 
 def memory_after_throwaway(server, *, sessions: int = 600, settle_s: float = 120.0, log=print) -> dict[str, Any]:
@@ -161,6 +196,35 @@ def generation_beside_finetunes(url: str, *, finetunes: int = 20, sweeps: int = 
                 if time.monotonic() - t0 > 300:
                     break
     return {"finetunes": queued, "sweeps": swept, "generation_join": code, "generation_first_seconds": first}
+
+
+def class_beside_long_floods(url: str, *, addresses: int = 4, joins: int = 300, class_size: int = 40,
+                             timeout: float = 120.0) -> dict[str, Any]:
+    """``addresses`` forwarded addresses each sending ``joins`` LoRA fine-tunes from fresh session ids, then a
+    class of ``class_size`` at as many addresses asking the Attention tab at once and a visitor's KV calculator:
+    how many long jobs were taken, how many of the class were answered and how fast. The server must trust one
+    proxy hop (``EXPLORER_PROXY_HOPS=1``)."""
+    plan = fetch_plan(url)
+    ft = plan.fn_of("lora_finetune")
+    floods = [flood(url, ft, plan.values[ft], joins, tag=f"long{a}", headers={"X-Forwarded-For": f"10.5.0.{a + 1}"})
+              for a in range(addresses)]
+    visitor_s, visitor_failed = answer_seconds(url, "kv_calculator", headers={"X-Forwarded-For": "10.6.0.1"},
+                                               timeout=timeout)
+    values = list(plan.values[plan.fn_of("attention")])
+
+    def student(i: int):
+        mine = [f"Student {i} asks: the cat sat on the mat and looked at the cat.", *values[1:]]
+        return answer_seconds(url, "attention", mine, headers={"X-Forwarded-For": f"10.7.{i // 250}.{i % 250 + 1}"},
+                              timeout=timeout)
+
+    with concurrent.futures.ThreadPoolExecutor(class_size) as pool:
+        answers = list(pool.map(student, range(class_size)))
+    seconds = sorted(s for s, _ in answers if s is not None)
+    return {"long_accepted": [f["accepted"] for f in floods], "long_examples": floods[0]["examples"],
+            "visitor_seconds": visitor_s, "visitor_failed": visitor_failed, "class_size": class_size,
+            "class_answered": len(seconds), "class_failed": [f for _, fs in answers for f in fs][:3],
+            "class_p50": round(seconds[len(seconds) // 2], 2) if seconds else None,
+            "class_p95": round(seconds[min(len(seconds) - 1, int(0.95 * len(seconds)))], 2) if seconds else None}
 
 
 def cancel_and_watch(server, http, session: str, fn: int, event_id: str, watch_s: float) -> dict[str, Any]:
@@ -332,7 +396,11 @@ def bench_robust(log=print) -> dict[str, Any]:
         f"{out['queue']['flood']['queue_stopped']} 'queue stopped', answer {out['queue']['answer_seconds']}")
     with served_app({"EXPLORER_PROXY_HOPS": "1"}) as server:
         out["rotation"] = victim_beside_rotation(server.url)
-        log(f"robust: victim beside 300 rotating ids: {out['rotation']['victim_seconds']}")
+        log(f"robust: beside 300 rotating ids, another address {out['rotation']['victim_seconds']} s, a classmate "
+            f"behind the same address {out['rotation']['classmate_seconds']} s")
+        out["long_floods"] = class_beside_long_floods(server.url)
+        log(f"robust: a class of 40 beside 4 x 300 long jobs: {out['long_floods']['class_answered']} answered, "
+            f"p95 {out['long_floods']['class_p95']} s")
         out["lanes"] = generation_beside_finetunes(server.url)
         log(f"robust: generation beside 20 fine-tunes: first token {out['lanes']['generation_first_seconds']}")
     with served_app() as server:

@@ -6,8 +6,9 @@
     UploadLimit      Gradio's upload route bounded per request, or refused when no component takes files;
                      Gradio's recording route refused (no component records audio)
     SecurityHeaders  a Content-Security-Policy, frame-ancestors and nosniff on every response
-    BrowserSessions  which sessions opened Gradio's heartbeat (a browser tab or Gradio's client): the sweeper
-                     keeps those longer than a script's (explorer.web.sweeper)
+    BrowserSessions  which sessions opened Gradio's heartbeat (a browser tab or Gradio's client), and when: the
+                     sweeper keeps those longer than a script's (explorer.web.sweeper), and the queue gives one
+                     opened a while ago a turn of its own within its address (gradio_adapter.cap_queue)
     PhoneRoutes      a class room's phone page and its vote routes, beside Gradio (explorer.web.hall), inside
                      RequestLimit
 
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 
 import gradio as gr
@@ -188,9 +190,13 @@ class SecurityHeaders:
 
 class BrowserSessions:
     """ASGI middleware that notes each session hash opening Gradio's heartbeat route (a browser tab does, and
-    so does Gradio's own client; a script posting to the queue does not), in a bounded record."""
+    so does Gradio's own client; a script posting to the queue does not), and when it first did, in a bounded
+    record."""
     MAX = 20_000
-    _seen: "OrderedDict[str, None]" = OrderedDict()
+    #: A session that opened its heartbeat at least this long ago is established: the queue gives it a turn of
+    #: its own among its address's sessions, where fresh ids (a script rotating them) share one turn.
+    ESTABLISHED_SECONDS = 10.0
+    _seen: "OrderedDict[str, float]" = OrderedDict()  # session hash -> when first noted (monotonic)
     _guard = threading.Lock()
 
     def __init__(self, app) -> None:
@@ -204,9 +210,10 @@ class BrowserSessions:
 
     @classmethod
     def note(cls, session_hash: str) -> None:
+        key = session_hash[:128]
         with cls._guard:
-            cls._seen[session_hash[:128]] = None
-            cls._seen.move_to_end(session_hash[:128])
+            cls._seen[key] = cls._seen.get(key, time.monotonic())
+            cls._seen.move_to_end(key)
             while len(cls._seen) > cls.MAX:
                 cls._seen.popitem(last=False)
 
@@ -214,6 +221,12 @@ class BrowserSessions:
     def has_browser(cls, session_hash: str) -> bool:
         """Whether ``session_hash`` opened the heartbeat (a page or Gradio's client holds it)."""
         return session_hash in cls._seen
+
+    @classmethod
+    def established(cls, session_hash: str) -> bool:
+        """Whether ``session_hash`` opened the heartbeat at least ``ESTABLISHED_SECONDS`` ago."""
+        first = cls._seen.get(session_hash)
+        return first is not None and time.monotonic() - first >= cls.ESTABLISHED_SECONDS
 
     @classmethod
     def forget(cls, session_hash: str) -> None:

@@ -110,7 +110,8 @@ def queue_rules(on_join=None) -> adapter.QueueRules:
     return adapter.QueueRules(
         SESSION_QUEUE_CAP, CLIENT_QUEUE_CAP, LONG_GROUPS, address_of_request, refused_sentence(SESSION_QUEUE_CAP),
         client_refused_sentence(CLIENT_QUEUE_CAP), LONG_REFUSED, UNKNOWN_EVENT, on_join=on_join, lane_of=lane_name,
-        lane_cap=lane_cap, lane_refusal=lane_refused_sentence, check_values=limits.join_problem)
+        lane_cap=lane_cap, lane_refusal=lane_refused_sentence, check_values=limits.join_problem,
+        established=middleware.BrowserSessions.established)
 
 
 def apply(demo: gr.Blocks, *, openings_later: bool = False) -> gr.Blocks:

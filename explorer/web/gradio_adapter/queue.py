@@ -4,7 +4,8 @@
     keep_sessions_with_events(demo)        the books never drop a session with events pending, and an event whose
                                            session they dropped is dropped, not fatal
     cap_queue(demo, rules)                 per session and per client address: caps (in all and per lane), one
-                                           long job, each event's inputs checked, fair order
+                                           long job, each event's inputs checked, fair order (by address, then
+                                           by session within an address)
     cap_per_session(demo, cap, refusal)    at most ``cap`` of one session's events in the queue at once
     events_held(demo, session)             how many of a session's events are queued or running
 """
@@ -97,20 +98,24 @@ class QueueRules(NamedTuple):
     # (api name, the input components, the values) -> None, or the index of the input refused (None: the whole)
     # and a sentence
     check_values: Callable[[str | None, list, Any], tuple[int | None, str] | None] | None = None
+    # whether a session has a turn of its own among its address's sessions (None: one turn per address); fresh
+    # ids share one, so rotating them gains nothing
+    established: Callable[[str], bool] | None = None
 
 
 def cap_queue(demo: gr.Blocks, rules: QueueRules) -> None:
     """At each join: the event's values checked (``rules.check_values``) before anything is stored; at most
     ``rules.session_cap`` of a session's events and ``rules.client_cap`` of a client address's in the queue at
-    once, and ``rules.lane_cap(lane)`` of that address's in each lane, whatever session ids it sends; at most one
+    once, and ``rules.lane_cap(lane)`` of that address's in each lane, whatever session ids it sends (counted
+    apart for its established sessions, ``rules.established``, and its fresh ids); at most one
     long job (an event of ``rules.long_groups``) per session; then the new event takes its fair place in its
-    group's line: round robin by client address (a client's n-th waiting event goes after every other client's
-    n-th), so one client's flood of fresh sessions waits behind everyone else's next request, where Gradio's line
-    is first come first served."""
+    group's line (``_fair_order``): round robin by client address, and within an address by session, where
+    Gradio's line is first come first served."""
     queue = queue_of(demo)
     push = queue.push
     clients: dict[str, str] = {}  # event id -> client address, for the events in the queue
     lanes: dict[str, str] = {}  # event id -> its lane, for the same events
+    turns: dict[str, str] = {}  # event id -> whose turn it waits for within its address ("": the fresh ids')
 
     def held(ids) -> list:
         return [queue.event_ids_to_events[i] for i in list(ids or ()) if i in queue.event_ids_to_events]
@@ -129,17 +134,22 @@ def cap_queue(demo: gr.Blocks, rules: QueueRules) -> None:
         for gone in [i for i in clients if i not in queue.event_ids_to_events]:
             del clients[gone]
             lanes.pop(gone, None)
+            turns.pop(gone, None)
         client = rules.client_of(request)
         lane = rules.lane_of(fn.concurrency_id) if rules.lane_of is not None else fn.concurrency_id
         ids = queue.pending_event_ids_session.get(session) if session else None
         mine = held(ids)
         if len(ids or ()) >= rules.session_cap:
             return False, rules.session_refusal, "queue_full"
-        if sum(1 for c in clients.values() if c == client) >= rules.client_cap:
+        turn = session if session and rules.established is not None and rules.established(session) else ""
+        # an address's fresh ids and its established sessions have a cap each: a flood of fresh ids cannot
+        # refuse the pages behind the same address
+        alike = [i for i, c in clients.items() if c == client and (turns.get(i, "") == "") == (turn == "")]
+        if len(alike) >= rules.client_cap:
             return False, rules.client_refusal, "queue_full"
         if rules.lane_cap is not None:
             cap = rules.lane_cap(lane)
-            if sum(1 for i, c in clients.items() if c == client and lanes.get(i) == lane) >= cap:
+            if sum(1 for i in alike if lanes.get(i) == lane) >= cap:
                 refusal = rules.lane_refusal(lane, cap) if rules.lane_refusal is not None else rules.client_refusal
                 return False, refusal, "queue_full"
         if fn.concurrency_id in rules.long_groups and \
@@ -149,7 +159,8 @@ def cap_queue(demo: gr.Blocks, rules: QueueRules) -> None:
         if ok and isinstance(answer, str) and answer in queue.event_ids_to_events:
             clients[answer] = client
             lanes[answer] = lane
-            _fair_place(queue, queue.event_ids_to_events[answer], clients)
+            turns[answer] = turn
+            _fair_order(queue, queue.event_ids_to_events[answer], clients, turns)
         return ok, answer, kind
 
     queue.push = push_within_rules
@@ -164,23 +175,27 @@ def _refused_value(inputs: int, index: int | None, sentence: str) -> tuple:
                    for i in range(inputs)], "validator_error"
 
 
-def _fair_place(queue: Queue, event, clients: dict[str, str]) -> None:
-    """Move ``event`` (last in its group's line) before the first waiting event of a later round: its round
-    is how many of its client's events wait before it."""
+def _fair_order(queue: Queue, event, clients: dict[str, str], turns: dict[str, str]) -> None:
+    """Order the line ``event`` just joined (last in it) round robin at two levels: by client address (an
+    address's n-th waiting event goes after every other address's n-th), and within an address by turn (each
+    established session has its own, the address's fresh ids share one), so a classmate behind a flooder's
+    address waits for a round or two, not for the flood. Stable: events in the same round keep their order."""
     line = queue.event_queue_per_concurrency_id.get(event.concurrency_id)
     if line is None or not line.queue or line.queue[-1] is not event:
         return
-    seen: dict[str, int] = {}
-    rounds = []
-    for e in line.queue:
-        c = clients.get(e._id, e.session_hash)
-        rounds.append(seen.get(c, 0))
-        seen[c] = rounds[-1] + 1
-    mine = rounds[-1]
-    for i, r in enumerate(rounds[:-1]):
-        if r > mine:
-            line.queue.insert(i, line.queue.pop())
-            return
+    events = list(line.queue)
+    seen: dict[tuple, int] = {}
+    by_client: dict[str, list[tuple[int, int]]] = {}  # address -> (round of its turn, place in line)
+    for i, e in enumerate(events):
+        client = clients.get(e._id, e.session_hash)
+        key = (client, turns.get(e._id, ""))
+        by_client.setdefault(client, []).append((seen.get(key, 0), i))
+        seen[key] = seen.get(key, 0) + 1
+    rounds = [0] * len(events)
+    for waiting in by_client.values():
+        for n, (_, i) in enumerate(sorted(waiting)):
+            rounds[i] = n
+    line.queue[:] = [events[i] for i in sorted(range(len(events)), key=lambda i: (rounds[i], i))]
 
 
 def cap_per_session(demo: gr.Blocks, cap: int, refusal: str,
