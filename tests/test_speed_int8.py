@@ -5,6 +5,9 @@ The kernel is built by the machine's C compiler the first time a process needs i
 test that forces a fresh build is slow; without a compiler these tests skip, saying so."""
 import copy
 import ctypes
+import os
+import threading
+import time
 
 import pytest
 import torch
@@ -48,6 +51,94 @@ def test_gemv_int8_is_the_dequantised_product(kernel, rows, cols):
     assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max())
     with pytest.raises(ValueError, match="contiguous"):
         narrow.gemv_int8(w, torch.randn(cols + 1), out)
+
+
+@pytest.fixture
+def threads():
+    """torch's thread count set to ``n`` inside the test (the kernel's helpers follow it), put back after."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def _large(rows=4000, cols=256, seed=0):
+    """A weight over the kernel's sharing threshold (64K weights): its rows are handed out in chunks."""
+    torch.manual_seed(seed)
+    return narrow.Int8Weight(torch.randint(-127, 128, (rows, cols), dtype=torch.int8), torch.rand(rows) + 0.01)
+
+
+def test_shared_rows_give_the_same_bits_as_one_thread(kernel, threads):
+    w = _large()
+    x, start = torch.randn(w.shape[1]), torch.randn(w.shape[0])
+    ref = (w.scale.double()[:, None] * w.q.double()) @ x.double()
+    threads(1)
+    alone, alone_acc = torch.empty(w.shape[0]), start.clone()
+    narrow.gemv_int8(w, x, alone, 0.25)
+    narrow.gemv_int8(w, x, alone_acc, 0.25, accumulate=True)
+    assert torch.allclose(alone.double(), 0.25 * ref, rtol=1e-5, atol=1e-5 * ref.abs().max())
+    threads(3)  # two helpers: more threads than this machine may have cores, as on a busy one
+    helped, calls = narrow.helped_chunks(), 0
+    while calls < 200 or (narrow.helped_chunks() == helped and calls < 20000):  # until a helper took part
+        out, acc = torch.full_like(alone, float("nan")), start.clone()
+        narrow.gemv_int8(w, x, out, 0.25)
+        narrow.gemv_int8(w, x, acc, 0.25, accumulate=True)
+        assert torch.equal(out, alone) and torch.equal(acc, alone_acc)
+        calls += 1
+    assert narrow.helped_chunks() > helped, "no helper thread computed any rows"
+
+
+def test_gemv_fp32_is_the_product_and_two_callers_at_once_are_both_right(kernel, threads):
+    torch.manual_seed(1)
+    w, x = torch.randn(900, 96), torch.randn(96)
+    ref = w.double() @ x.double()
+    threads(2)
+    out = torch.empty(900)
+    narrow.gemv_fp32(w, x, out, 2.0)
+    assert torch.allclose(out.double(), 2.0 * ref, rtol=1e-5, atol=1e-5 * ref.abs().max())
+    with pytest.raises(ValueError, match="contiguous float32"):
+        narrow.gemv_fp32(w.t(), torch.randn(900), torch.empty(96))
+    q = _large(seed=2)
+    expected = torch.empty(q.shape[0])
+    narrow.gemv_int8(q, torch.ones(q.shape[1]), expected)
+    failures = []
+
+    def caller(seed):  # ctypes lets go of the GIL: the two callers run the kernel at the same time
+        xs = torch.ones(q.shape[1])
+        for _ in range(100):
+            got = torch.empty(q.shape[0])
+            narrow.gemv_int8(q, xs, got)
+            failures.extend([seed] if not torch.equal(got, expected) else [])
+
+    workers = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert failures == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this system")
+def test_a_forked_child_computes_without_its_parents_helpers(kernel, threads):
+    w = _large(seed=4)
+    x = torch.randn(w.shape[1])
+    threads(2)
+    want = torch.empty(w.shape[0])
+    narrow.gemv_int8(w, x, want)  # the parent's helper thread exists from here on
+    pid = os.fork()
+    if pid == 0:  # the child: the same product, which would hang if it waited for a helper it does not have
+        got = torch.empty(w.shape[0])
+        narrow.gemv_int8(w, x, got)
+        os._exit(0 if torch.equal(got, want) else 1)
+    for _ in range(3000):  # at most 30 s: a child that hangs fails the test instead of stopping the suite
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child did not finish its product")
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
 def test_fast_step_on_int8_equals_the_modules(kernel, int8_model):

@@ -6,6 +6,9 @@ bench/notes/int8.md), and fbgemm's dynamic int8 product quantises the activation
 kernel (kernels/gemv.c: each int8 weight widened to fp32 in registers, multiplied and added in fp32) with the
 machine's C compiler the first time it is needed, keeps the library on disk, and calls it through ctypes. It
 computes what the readable reference computes, ``x @ (scale * Q).T`` in fp32, up to the order of the additions.
+A large product's rows are shared between the calling thread and the kernel's own helper threads (torch's thread
+count less one), which the caller never waits for unless one is holding rows: on a busy machine a descheduled
+helper costs nothing (bench/notes/int8.md). The result does not depend on the number of threads.
 
 Where there is no compiler, or ``EXPLORER_NARROW_KERNELS=off``, ``unavailable()`` says why and the fast step steps
 aside for int8 (the modules run, as before).
@@ -27,7 +30,7 @@ from typing import NamedTuple
 import torch
 
 SOURCE = Path(__file__).with_name("kernels") / "gemv.c"
-FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-pthread", "-shared", "-fPIC")
 # "auto": build the kernel where a C compiler is found; "off": never (int8 then decodes through the modules).
 SWITCH = os.environ.get("EXPLORER_NARROW_KERNELS", "auto").strip().lower() or "auto"
 
@@ -84,7 +87,10 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         return None, f"the int8 kernel did not load ({e})"
     lib.gemv_i8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
     lib.gemv_i8.restype = None
+    lib.gemv_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    lib.gemv_f32.restype = None
     lib.narrow_simd.restype = ctypes.c_int
+    lib.narrow_helped.restype = ctypes.c_int64
     return lib, None
 
 
@@ -107,13 +113,40 @@ def simd() -> bool:
     return bool(lib is not None and lib.narrow_simd())
 
 
+def helped_chunks() -> int:
+    """How many chunks of rows the kernel's helper threads have computed in this process (0: every product so far
+    ran on the calling thread alone)."""
+    lib = _library()[0]
+    return 0 if lib is None else int(lib.narrow_helped())
+
+
 def gemv_int8(w: Int8Weight, x: torch.Tensor, out: torch.Tensor, alpha: float = 1.0, accumulate: bool = False) -> None:
     """``out = alpha * scale * (Q @ x)`` (``accumulate``: ``out +=`` that) for ``w`` (out, in), ``x`` (in,) and
     ``out`` (out,), fp32 contiguous CPU tensors; ``out`` must not overlap ``x``. Call after ``unavailable()`` is
     None."""
     rows, cols = w.q.shape
-    if x.shape != (cols,) or out.shape != (rows,) or not (x.is_contiguous() and out.is_contiguous()):
-        raise ValueError(f"gemv_int8 takes x ({cols},) and out ({rows},) contiguous, got {tuple(x.shape)} and "
-                         f"{tuple(out.shape)}.")
+    _check(w.q, x, out)
     _library()[0].gemv_i8(x.data_ptr(), w.q.data_ptr(), w.scale.data_ptr(), out.data_ptr(), rows, cols, alpha,
                           int(accumulate), torch.get_num_threads())
+
+
+def gemv_fp32(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, alpha: float = 1.0,
+              accumulate: bool = False) -> None:
+    """``gemv_int8``'s product for an fp32 weight ``w`` (out, in), row-major contiguous: ``out = alpha * (w @ x)``
+    (``accumulate``: ``out +=`` that), its rows shared among the same threads. Call after ``unavailable()`` is
+    None."""
+    if w.dtype != torch.float32 or not w.is_contiguous():
+        raise ValueError("gemv_fp32 takes a contiguous float32 weight (out, in).")
+    _check(w, x, out)
+    rows, cols = w.shape
+    _library()[0].gemv_f32(x.data_ptr(), w.data_ptr(), out.data_ptr(), rows, cols, alpha, int(accumulate),
+                           torch.get_num_threads())
+
+
+def _check(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
+    rows, cols = w.shape
+    if x.shape != (cols,) or out.shape != (rows,) or not (x.is_contiguous() and out.is_contiguous()):
+        raise ValueError(f"the product takes x ({cols},) and out ({rows},) contiguous, got {tuple(x.shape)} and "
+                         f"{tuple(out.shape)}.")
+    if x.dtype != torch.float32 or out.dtype != torch.float32 or not (x.is_cpu and out.is_cpu and w.is_cpu):
+        raise ValueError("the product takes float32 CPU vectors.")
