@@ -24,7 +24,7 @@ from torch import nn
 from ..kv_cache import KVCache
 from ..rope import rope_matrix
 from .layout import DecodeLayout, decode_layout, layout_current
-from .narrow import Int8Weight, gemv_int8
+from .narrow import Int8Weight, gemv_int8_at
 
 # Which library computes the CPU step's one-token matrix products: "auto" (measured once per model shape and thread
 # count, see cpu_products), "torch" or "numpy". EXPLORER_DECODE_BLAS sets it for the process.
@@ -84,14 +84,15 @@ class Vec(NamedTuple):
     and a torch product can take turns writing it without a conversion between them."""
     a: np.ndarray
     t: torch.Tensor
+    p: int  # its address, for the int8 kernel's calls
 
     @staticmethod
     def empty(n: int) -> "Vec":
         a = np.empty(n, dtype=np.float32)
-        return Vec(a, torch.from_numpy(a))
+        return Vec(a, torch.from_numpy(a), a.ctypes.data)
 
     def part(self, start: int, stop: int) -> "Vec":
-        return Vec(self.a[start:stop], self.t[start:stop])
+        return Vec(self.a[start:stop], self.t[start:stop], self.p + start * self.a.itemsize)
 
 
 class Products(NamedTuple):
@@ -123,14 +124,14 @@ def _numpy_mv_add(x: Vec, w: torch.Tensor, h: Vec) -> None:
 
 def _int8_mv(w: torch.Tensor | Int8Weight, h: Vec, out: Vec, scale: float = 1.0) -> None:
     if isinstance(w, Int8Weight):
-        gemv_int8(w, h.t, out.t, scale)
+        gemv_int8_at(w, h.p, out.p, scale, False)
     else:  # the fp32 LM head of an int8 model
         _torch_mv(w, h, out, scale)
 
 
 def _int8_mv_add(x: Vec, w: torch.Tensor | Int8Weight, h: Vec) -> None:
     if isinstance(w, Int8Weight):
-        gemv_int8(w, h.t, x.t, 1.0, accumulate=True)
+        gemv_int8_at(w, h.p, x.p, 1.0, True)
     else:
         _torch_mv_add(x, w, h)
 

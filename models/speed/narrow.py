@@ -130,6 +130,14 @@ def gemv_int8(w: Int8Weight, x: torch.Tensor, out: torch.Tensor, alpha: float = 
                           int(accumulate), torch.get_num_threads())
 
 
+def gemv_int8_at(w: Int8Weight, x_at: int, out_at: int, alpha: float, accumulate: bool) -> None:
+    """``gemv_int8`` on vectors given by address (``x`` (in,), ``out`` (out,) fp32, contiguous, not overlapping) and
+    without its checks: the fast step's own vectors, made to fit, about 2 us a call less."""
+    q = w.q
+    _library()[0].gemv_i8(x_at, q.data_ptr(), w.scale.data_ptr(), out_at, q.shape[0], q.shape[1], alpha, accumulate,
+                          torch.get_num_threads())
+
+
 def gemv_fp32(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, alpha: float = 1.0,
               accumulate: bool = False) -> None:
     """``gemv_int8``'s product for an fp32 weight ``w`` (out, in), row-major contiguous: ``out = alpha * (w @ x)``
