@@ -87,8 +87,6 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         return None, f"the int8 kernel did not load ({e})"
     lib.gemv_i8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
     lib.gemv_i8.restype = None
-    lib.gemv_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
-    lib.gemv_f32.restype = None
     lib.narrow_simd.restype = ctypes.c_int
     lib.narrow_helped.restype = ctypes.c_int64
     return lib, None
@@ -136,19 +134,6 @@ def gemv_int8_at(w: Int8Weight, x_at: int, out_at: int, alpha: float, accumulate
     q = w.q
     _library()[0].gemv_i8(x_at, q.data_ptr(), w.scale.data_ptr(), out_at, q.shape[0], q.shape[1], alpha, accumulate,
                           torch.get_num_threads())
-
-
-def gemv_fp32(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, alpha: float = 1.0,
-              accumulate: bool = False) -> None:
-    """``gemv_int8``'s product for an fp32 weight ``w`` (out, in), row-major contiguous: ``out = alpha * (w @ x)``
-    (``accumulate``: ``out +=`` that), its rows shared among the same threads. Call after ``unavailable()`` is
-    None."""
-    if w.dtype != torch.float32 or not w.is_contiguous():
-        raise ValueError("gemv_fp32 takes a contiguous float32 weight (out, in).")
-    _check(w, x, out)
-    rows, cols = w.shape
-    _library()[0].gemv_f32(x.data_ptr(), w.data_ptr(), out.data_ptr(), rows, cols, alpha, int(accumulate),
-                           torch.get_num_threads())
 
 
 def _check(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:

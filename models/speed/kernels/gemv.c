@@ -1,5 +1,5 @@
-/* One-row products for the fast step: out[o] = (accumulate ? out[o] : 0) + alpha * scale[o] * (W[o, :] . x),
- * W an (rows, cols) row-major matrix of int8 (gemv_i8, scale per row) or fp32 (gemv_f32, no scale), x and out fp32.
+/* The one-row product of an int8 weight: out[o] = (accumulate ? out[o] : 0) + alpha * scale[o] * (Q[o, :] . x),
+ * Q an (rows, cols) row-major int8 matrix, scale (rows,), x and out fp32.
  * Each int8 weight is widened to fp32 in registers and multiplied in fp32, so the result is the fp32 dot product of
  * the widened weight up to the order of the additions; only the weight's own bytes are read from memory.
  * Built and loaded by models/speed/narrow.py. AVX2 + FMA where the CPU has them, portable C elsewhere.
@@ -19,12 +19,6 @@
 static float dot_i8_c(const int8_t *q, const float *x, int64_t n) {
     float r = 0.0f;
     for (int64_t i = 0; i < n; i++) r += (float)q[i] * x[i];
-    return r;
-}
-
-static float dot_f32_c(const float *w, const float *x, int64_t n) {
-    float r = 0.0f;
-    for (int64_t i = 0; i < n; i++) r += w[i] * x[i];
     return r;
 }
 
@@ -58,19 +52,6 @@ static float dot_i8_avx2(const int8_t *q, const float *x, int64_t n) {
     return hsum(a0, a1, a2, a3) + dot_i8_c(q + i, x + i, n - i);
 }
 
-__attribute__((target("avx2,fma")))
-static float dot_f32_avx2(const float *w, const float *x, int64_t n) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
-    }
-    return hsum(a0, a1, a2, a3) + dot_f32_c(w + i, x + i, n - i);
-}
-
 static int simd_here = -1;
 
 int narrow_simd(void) {
@@ -83,8 +64,8 @@ int narrow_simd(void) {
 
 typedef struct {
     const float *x;
-    const void *w;  /* int8_t or float rows */
-    const float *scale;  /* NULL for fp32 weights */
+    const int8_t *q;
+    const float *scale;
     float *out;
     int64_t rows, cols, chunk, chunks;
     float alpha;
@@ -93,15 +74,8 @@ typedef struct {
 
 static void run_rows(const Job *j, int64_t start, int64_t stop) {
     for (int64_t o = start; o < stop; o++) {
-        float d;
-        if (j->scale) {
-            const int8_t *row = (const int8_t *)j->w + o * j->cols;
-            d = j->scale[o] * (j->simd ? dot_i8_avx2(row, j->x, j->cols) : dot_i8_c(row, j->x, j->cols));
-        } else {
-            const float *row = (const float *)j->w + o * j->cols;
-            d = j->simd ? dot_f32_avx2(row, j->x, j->cols) : dot_f32_c(row, j->x, j->cols);
-        }
-        float v = j->alpha * d;
+        const int8_t *row = j->q + o * j->cols;
+        float v = j->alpha * j->scale[o] * (j->simd ? dot_i8_avx2(row, j->x, j->cols) : dot_i8_c(row, j->x, j->cols));
         j->out[o] = j->accumulate ? j->out[o] + v : v;
     }
 }
@@ -226,9 +200,9 @@ static int start_helpers(int wanted) {
     return started;
 }
 
-static void product(const float *x, const void *w, const float *scale, float *out, int64_t rows, int64_t cols,
-                    float alpha, int accumulate, int threads) {
-    Job j = {x, w, scale, out, rows, cols, 0, 0, alpha, accumulate, narrow_simd(), 0};
+void gemv_i8(const float *x, const int8_t *q, const float *scale, float *out, int64_t rows, int64_t cols,
+             float alpha, int accumulate, int threads) {
+    Job j = {x, q, scale, out, rows, cols, 0, 0, alpha, accumulate, narrow_simd(), 0};
     int helpers = threads - 1 < MAX_HELPERS ? threads - 1 : MAX_HELPERS;
     if (helpers < 1 || rows < 2 || rows * cols < SHARED_MIN_WEIGHTS ||
         atomic_fetch_add_explicit(&calls, 1, memory_order_relaxed) < atomic_load_explicit(&alone_until,
@@ -264,14 +238,4 @@ static void product(const float *x, const void *w, const float *scale, float *ou
         atomic_store_explicit(&alone_until, atomic_load(&calls) + (now_ns() - waiting) / NS_PER_ALONE_CALL + 1,
                               memory_order_relaxed);
     atomic_flag_clear(&owner);
-}
-
-void gemv_i8(const float *x, const int8_t *q, const float *scale, float *out, int64_t rows, int64_t cols,
-             float alpha, int accumulate, int threads) {
-    product(x, q, scale, out, rows, cols, alpha, accumulate, threads);
-}
-
-void gemv_f32(const float *x, const float *w, float *out, int64_t rows, int64_t cols, float alpha, int accumulate,
-              int threads) {
-    product(x, w, NULL, out, rows, cols, alpha, accumulate, threads);
 }
