@@ -93,6 +93,11 @@ static void run_rows(const Job *j, int64_t start, int64_t stop) {
  * products alone, one for each NS_PER_ALONE_CALL it waited (a 3 ms time slice: 300 products, about two decode
  * steps), so that waiting never costs much more than sharing saves (~10 us a product); then it shares again. */
 #define NS_PER_ALONE_CALL 10000
+/* Helpers that computed under a tenth of the chunks of the last WINDOW shared products were rarely given a core (a
+ * busy machine): their spinning only took time from the caller, so the next ALONE_CALLS products (about ten steps)
+ * run on the caller alone while the helpers sleep. */
+#define WINDOW 64
+#define ALONE_CALLS 1500
 
 static Job job;  /* written only by the caller that owns it, while no helper is busy */
 static _Atomic uint64_t ticket;  /* (generation << 32) | next chunk; chunk CLOSED: nothing to claim */
@@ -105,6 +110,7 @@ static int started;  /* helper threads made (only the owner touches it) */
 static int fork_hook;
 static _Atomic int64_t calls, alone_until;  /* products handed out so far; before alone_until: no sharing */
 static _Atomic int64_t helped;  /* chunks computed by helpers since the library was loaded */
+static int64_t window_products, window_chunks, window_helped;  /* owner only: the last shared products' tally */
 
 int64_t narrow_helped(void) { return atomic_load(&helped); }
 
@@ -223,8 +229,11 @@ void gemv_i8(const float *x, const int8_t *q, const float *scale, float *out, in
         pthread_cond_broadcast(&wake);
         pthread_mutex_unlock(&lock);
     }
-    int64_t c;
-    while (claim(gen, j.chunks, &c)) run_chunk(&j, c);
+    int64_t c, mine = 0;
+    while (claim(gen, j.chunks, &c)) {
+        run_chunk(&j, c);
+        mine++;
+    }
     atomic_store(&ticket, ((uint64_t)gen << 32) | CLOSED);
     int64_t waiting = 0;
     for (unsigned spins = 1; atomic_load(&busy); spins++) {  /* only a helper holding a chunk keeps us here */
@@ -237,5 +246,12 @@ void gemv_i8(const float *x, const int8_t *q, const float *scale, float *out, in
     if (waiting)
         atomic_store_explicit(&alone_until, atomic_load(&calls) + (now_ns() - waiting) / NS_PER_ALONE_CALL + 1,
                               memory_order_relaxed);
+    window_chunks += j.chunks;
+    window_helped += j.chunks - mine;
+    if (++window_products == WINDOW) {
+        if (window_helped * 10 < window_chunks)
+            atomic_store_explicit(&alone_until, atomic_load(&calls) + ALONE_CALLS, memory_order_relaxed);
+        window_products = window_chunks = window_helped = 0;
+    }
     atomic_flag_clear(&owner);
 }
