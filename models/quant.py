@@ -23,6 +23,9 @@ from .block import PROJECTIONS
 _INT8_MM = getattr(torch.ops.aten, "_weight_int8pack_mm", None) if hasattr(torch.ops, "aten") else None
 # torch's CPU int8 kernel works one input row at a time, so a prompt's many rows go through a dense matmul
 INT8_MM_MAX_ROWS = 1
+# The LM head too: it is the largest matrix a token reads (SmolLM2-135M: 113 MB in fp32, against 106 MB for every
+# block's projections in int8), so leaving it fp32 would cap int8's decoding at 2.45x fp32 (bench/notes/int8.md).
+INT8_TARGETS = PROJECTIONS + ("lm_head",)
 
 
 class Int8Linear(nn.Module):
@@ -64,8 +67,9 @@ class Int8Linear(nn.Module):
 
 
 @torch.no_grad()
-def quantize_int8(model: nn.Module, targets=PROJECTIONS, *, tokens: torch.Tensor | None = None):
-    """A copy of ``model`` with the target projections in int8; the original is untouched.
+def quantize_int8(model: nn.Module, targets=INT8_TARGETS, *, tokens: torch.Tensor | None = None):
+    """A copy of ``model`` with the target linears (default: every block's projections and the LM head) in int8;
+    the original is untouched. A tied LM head becomes its own int8 module, and the embedding keeps its fp32 table.
 
     Returns (quantized_model, report) with report: layers, bytes_before and bytes_after of those
     weights, bytes_saved, and, when ``tokens`` (B, T) is given, max_abs_logit_error and

@@ -179,14 +179,34 @@ def test_int8_quantization_reports_bytes_and_a_small_logit_error():
     before = model(tokens).detach()
     qmodel, report = quantize_int8(model, tokens=tokens)
     assert torch.equal(model(tokens), before)  # the original is untouched
-    n_linear = 2 * 7
-    assert report["layers"] == n_linear
-    fp_bytes = sum(m.weight.numel() * 4 for m in model.modules() if type(m) is nn.Linear and m is not model.lm_head)
+    n_linear = 2 * 7 + 1  # every block's seven projections and the LM head
+    assert report["layers"] == n_linear and isinstance(qmodel.lm_head, Int8Linear)
+    fp_bytes = sum(m.weight.numel() * 4 for m in model.modules() if type(m) is nn.Linear)
     assert report["bytes_before"] == fp_bytes
     assert report["bytes_after"] == fp_bytes // 4 + sum(m.out_features * 4 for m in qmodel.modules()
                                                           if isinstance(m, Int8Linear))
     assert 0 < report["relative_logit_error"] < 0.05
     assert report["max_abs_logit_error"] == pytest.approx((qmodel(tokens) - before).abs().max().item())
+
+
+def test_int8_of_a_tied_model_gives_the_head_its_own_int8_rows():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=53, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32, d_ff=64,
+                      tie_embeddings=True)
+    model = Decoder(cfg).eval()
+    table = model.embed_tokens.weight.detach().clone()
+    qmodel, report = quantize_int8(model)
+    assert model.lm_head.weight is model.embed_tokens.weight  # the original is still tied
+    # the copy's lookups read the fp32 table unchanged; its head is the table's rows in int8, each row within half a
+    # step of its scale
+    assert qmodel.embed_tokens.weight.dtype == torch.float32 and torch.equal(qmodel.embed_tokens.weight, table)
+    head = qmodel.lm_head
+    assert isinstance(head, Int8Linear) and head.qweight.shape == table.shape
+    assert torch.all((head.qweight.float() * head.scale[:, None] - table).abs() <= head.scale[:, None] / 2 + 1e-7)
+    assert report["bytes_before"] == sum(m.weight.numel() * 4 for m in model.modules() if type(m) is nn.Linear)
+    tokens = torch.randint(0, 53, (1, 8))
+    ref = model(tokens)
+    assert 0 < (qmodel(tokens) - ref).abs().max() < 0.05 * ref.abs().max()
 
 
 def test_int8_linear_round_trip_error_is_bounded_by_half_a_step():

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from models.generate import generate
-from models.quant import Int8Linear, quantize_int8
-from models.speed import fast_step, narrow, torch_step, why_not
+from models.block import PROJECTIONS
+from models.quant import INT8_TARGETS, Int8Linear, quantize_int8
+from models.speed import decode_layout, fast_step, narrow, torch_step, why_not
 from tests.speed_pair import _Counted, _pair, _step_by_step, tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -30,12 +31,19 @@ def kernel():
         pytest.skip(reason)
 
 
-@pytest.fixture(scope="module")
-def int8_model():
-    plain, _ = _pair(tiny(d_model=72, d_ff=136), seed=3)  # widths off the kernel's 32-wide loop: its tail runs too
+# quantize_int8's default copy of a model with an LM head of its own and of one tied to the embedding (the copy
+# unties it: the head int8, the embedding fp32), and a copy quantised without its head (the head fp32, torch's)
+HEADS = {"untied": (False, INT8_TARGETS), "tied": (True, INT8_TARGETS), "fp32 head": (True, PROJECTIONS)}
+
+
+@pytest.fixture(scope="module", params=list(HEADS))
+def int8_model(request):
+    tie, targets = HEADS[request.param]
+    # widths off the kernel's 32-wide loop: its tail runs too
+    plain, _ = _pair(tiny(d_model=72, d_ff=136, tie_embeddings=tie), seed=3)
     for p in plain.parameters():
         p.requires_grad_(False)
-    return plain, quantize_int8(plain)[0]
+    return plain, quantize_int8(plain, targets)[0]
 
 
 @pytest.mark.parametrize("rows,cols", [(5, 7), (64, 96), (33, 200)])
@@ -134,8 +142,12 @@ def test_a_forked_child_computes_without_its_parents_helpers(kernel, threads):
 
 
 def test_fast_step_on_int8_equals_the_modules(kernel, int8_model):
-    _, q = int8_model
+    plain, q = int8_model
     assert why_not(q) is None and isinstance(q.blocks[0].attn.q_proj, Int8Linear)
+    int8_head = isinstance(q.lm_head, Int8Linear)
+    assert isinstance(decode_layout(q).lm_head, narrow.Int8Weight) == int8_head  # the head's product: the kernel's
+    # the embedding's lookups read its own fp32 table, the one the fp32 model holds
+    assert q.embed_tokens.weight.dtype == torch.float32 and torch.equal(q.embed_tokens.weight, plain.embed_tokens.weight)
     prompt = torch.tensor([[1, 5, 9, 2, 7]])
     counted = _Counted(fast_step)
     tokens, logits, cache = _step_by_step(q, prompt, 12, step=counted)
@@ -168,6 +180,10 @@ def test_an_int8_write_is_seen_and_a_bias_is_refused(kernel, int8_model):
         q.blocks[0].attn.q_proj.scale.mul_(3)
     after = generate(q, prompt, 6, step=fast_step)
     assert torch.equal(after, generate(q, prompt, 6)) and not torch.equal(before, after)
+    if isinstance(q.lm_head, Int8Linear):  # a replaced head (new memory, not a write) is seen too
+        q.lm_head.qweight = q.lm_head.qweight.flip(0).contiguous()  # (V, C): every token's row moved
+        again = generate(q, prompt, 6, step=fast_step)
+        assert torch.equal(again, generate(q, prompt, 6)) and not torch.equal(again, after)
     biased = copy.deepcopy(q)
     layer = biased.blocks[1].attn.v_proj
     layer.bias = torch.zeros(layer.out_features)

@@ -48,7 +48,7 @@ class _Plan(NamedTuple):
     layers: list[_Layer]
     norm: np.ndarray  # (C,) the final norm's weight
     eps: float
-    lm_head: torch.Tensor  # (V, C)
+    lm_head: torch.Tensor | Int8Weight  # (V, C)
     embed: np.ndarray  # (V, C)
     cos: torch.Tensor  # (T_max, D) RoPE tables
     sin: torch.Tensor
@@ -61,7 +61,7 @@ def weights_plan(model: nn.Module) -> _Plan | None:
     made once and kept beside the model) and numpy views of its norms, embedding and rotary tables;
     ``plan_current`` says whether a weight was written or replaced since. None for a model whose weights are not
     on the CPU. The model is read through its attributes, as ``models.speed.step.why_not`` checked it."""
-    if not model.lm_head.weight.is_cpu:
+    if not model.embed_tokens.weight.is_cpu:
         return None
     layout = decode_layout(model)
     layers = [_Layer(block.input_layernorm.weight.detach().numpy(), block.input_layernorm.eps, lay.qkv, lay.o,
@@ -125,7 +125,7 @@ def _numpy_mv_add(x: Vec, w: torch.Tensor, h: Vec) -> None:
 def _int8_mv(w: torch.Tensor | Int8Weight, h: Vec, out: Vec, scale: float = 1.0) -> None:
     if isinstance(w, Int8Weight):
         gemv_int8_at(w, h.p, out.p, scale, False)
-    else:  # the fp32 LM head of an int8 model
+    else:  # the fp32 LM head of a model quantised without it
         _torch_mv(w, h, out, scale)
 
 
@@ -139,7 +139,8 @@ def _int8_mv_add(x: Vec, w: torch.Tensor | Int8Weight, h: Vec) -> None:
 TORCH_PRODUCTS = Products("torch", _torch_mv, _torch_mv_add)
 NUMPY_PRODUCTS = Products("numpy", _numpy_mv, _numpy_mv_add)
 PRODUCTS = {p.name: p for p in (TORCH_PRODUCTS, NUMPY_PRODUCTS)}
-# an int8 model's products: its int8 matrices through models.speed.narrow's kernel, its fp32 LM head through torch
+# an int8 model's products: its int8 matrices (the LM head's too) through models.speed.narrow's kernel; an fp32 head
+# (a model quantised without it) through torch
 INT8_PRODUCTS = Products("int8 kernel", _int8_mv, _int8_mv_add)
 
 

@@ -112,7 +112,7 @@ class Layer(NamedTuple):
 class DecodeLayout(NamedTuple):
     """The weights of one model laid out for one-token products, and what they were made from."""
     layers: list[Layer]  # an int8 model's (``Int8Linear`` projections): each matrix an ``Int8Weight``
-    lm_head: torch.Tensor  # (V, C)
+    lm_head: torch.Tensor | Int8Weight  # (V, C): an Int8Weight where the model's head is an ``Int8Linear``
     sources: tuple[torch.Tensor, ...]  # the model's own tensors the step reads (these matrices' and the rest)
     pointers: list[int]  # where each source's memory was when the layout was made ...
     versioned: tuple[torch.Tensor, ...]  # ... and, for each source that counts its writes (not an inference tensor),
@@ -141,7 +141,8 @@ def sources(model: nn.Module) -> tuple[torch.Tensor, ...]:
         out.append(block.post_attention_layernorm.weight)
         for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
             out += _weights_of(m)
-    return (*out, model.norm.weight, model.lm_head.weight, model.embed_tokens.weight, model.rope_cos, model.rope_sin)
+    return (*out, model.norm.weight, *_weights_of(model.lm_head), model.embed_tokens.weight, model.rope_cos,
+            model.rope_sin)
 
 
 def _weights_of(linear: nn.Module) -> tuple[torch.Tensor, ...]:
@@ -195,7 +196,9 @@ def _make_layout(model: nn.Module) -> DecodeLayout:
                      (mlp.down_proj.weight.detach(), 0)]
             layers.append(Layer(*(m for m, _ in parts)))
             nbytes += sum(n for _, n in parts)
-        lm_head, n = _stacked([model.lm_head.weight])
+        # an int8 LM head is read as it is (one layer: nothing copied), shared between threads by the kernel
+        lm_head, n = stack_int8([model.lm_head]) if isinstance(model.lm_head, Int8Linear) else \
+            _stacked([model.lm_head.weight])
     return DecodeLayout(layers, lm_head, tensors, pointers, versioned, versions, nbytes + n)
 
 

@@ -70,7 +70,8 @@ KNOWN_MODULES: dict[type, dict] = {  # type -> children (name: type), parameters
         "embedding_dim", "max_norm", "norm_type", "num_embeddings", "padding_idx", "scale_grad_by_freq", "sparse",
         "training"}),
     HookPoint: dict(children={}, params=(), buffers=(), attrs={"edits", "training"}),
-    # weight-only int8 (models.quant): the seven projections of every block, products by models.speed.narrow
+    # weight-only int8 (models.quant): the seven projections of every block and the LM head, products by
+    # models.speed.narrow
     Int8Linear: dict(children={}, params=(), buffers=("qweight", "scale"),
                      attrs={"in_features", "out_features", "training"}),
 }
@@ -86,13 +87,14 @@ class _Tree(NamedTuple):
 
 # The tree depends only on the number of layers and takes ~1,000 string operations to spell out: a few layer counts
 # are kept (bounded: 4) so that the check of each generation only compares.
-@lru_cache(maxsize=4)
-def _known_tree(n_layers: int, int8: bool = False) -> _Tree:
-    """int8: the tree of ``models.quant.quantize_int8``'s copy, every block's projections ``Int8Linear``."""
+@lru_cache(maxsize=8)
+def _known_tree(n_layers: int, int8: bool = False, int8_head: bool = False) -> _Tree:
+    """int8: the tree of ``models.quant.quantize_int8``'s copy, every block's projections ``Int8Linear``; int8_head:
+    its LM head too (the default), else an fp32 ``nn.Linear`` (a copy quantised without it)."""
     modules, params, buffers = {}, set(), set()
 
     def add(path: str, kind: type) -> None:
-        if int8 and path.split(".", 2)[-1] in PROJECTIONS:
+        if int8 and path.split(".", 2)[-1] in PROJECTIONS or int8_head and path == "lm_head":
             kind = Int8Linear
         modules[path] = kind
         spec = KNOWN_MODULES[kind]
@@ -143,7 +145,7 @@ def _check(model: nn.Module, seen: list, params: dict) -> str | None:
     int8 = len(model.blocks) > 0 and type(model.blocks[0].attn.q_proj) is Int8Linear
     if int8 and narrow.unavailable() is not None:
         return f"int8 weights, and {narrow.unavailable()}"
-    tree = _known_tree(c.n_layers, int8)
+    tree = _known_tree(c.n_layers, int8, int8 and type(model.lm_head) is Int8Linear)
     got = {}
     for path, m in model.named_modules(remove_duplicate=False):  # one walk: hooks, types, settings
         seen.append(m)
@@ -180,7 +182,7 @@ def _check(model: nn.Module, seen: list, params: dict) -> str | None:
                   (mlp.down_proj, (C, c.d_ff)), (block.input_layernorm, (C,)), (block.post_attention_layernorm, (C,))]
         if any(tuple(_shape(m)) != shape for m, shape in shapes):
             return "weights shaped otherwise than the config says"
-    if tuple(model.lm_head.weight.shape) != (V, C) or tuple(model.embed_tokens.weight.shape) != (V, C) or \
+    if tuple(_shape(model.lm_head)) != (V, C) or tuple(model.embed_tokens.weight.shape) != (V, C) or \
             model.embed_tokens.max_norm is not None or tuple(model.norm.weight.shape) != (C,) or \
             model.rope_cos.dtype != torch.float32 or tuple(model.rope_cos.shape) != (c.max_seq_len, D):
         return "weights shaped otherwise than the config says"
@@ -284,7 +286,7 @@ torch_step = FastStep("torch step", cpu=False)  # the same sequence as torch ope
 
 def decode_blas(model: nn.Module) -> str:
     """Which library computes ``fast_step``'s one-token products for ``model`` (for the provenance of a speed)."""
-    if not model.lm_head.weight.is_cpu or why_not(model) is not None:
+    if not model.embed_tokens.weight.is_cpu or why_not(model) is not None:
         return f"torch {torch.__version__}"
     if cpu_products(model) is INT8_PRODUCTS:
         kind = "AVX2" if narrow.simd() else "portable C"
