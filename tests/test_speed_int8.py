@@ -147,7 +147,8 @@ def test_fast_step_on_int8_equals_the_modules(kernel, int8_model):
     int8_head = isinstance(q.lm_head, Int8Linear)
     assert isinstance(decode_layout(q).lm_head, narrow.Int8Weight) == int8_head  # the head's product: the kernel's
     # the embedding's lookups read its own fp32 table, the one the fp32 model holds
-    assert q.embed_tokens.weight.dtype == torch.float32 and torch.equal(q.embed_tokens.weight, plain.embed_tokens.weight)
+    table = q.embed_tokens.weight
+    assert table.dtype == torch.float32 and torch.equal(table, plain.embed_tokens.weight)
     prompt = torch.tensor([[1, 5, 9, 2, 7]])
     counted = _Counted(fast_step)
     tokens, logits, cache = _step_by_step(q, prompt, 12, step=counted)

@@ -25,13 +25,15 @@ REAL_CONFIGS_PATH = DATA_DIR / "real_configs.json"
 
 def parameter_memory(config: ModelConfig | dict) -> dict[str, int]:
     """Bytes of the weights: fp32 (4 per parameter), bf16 (2), int8 (1: the textbook figure), and
-    int8_models_quant: what ``models.quant`` holds (projections int8 + one fp32 scale per output row;
-    embedding, LM head and norms left in fp32)."""
+    int8_models_quant: what ``models.quant.quantize_int8`` holds (the projections and the LM head int8 + one fp32
+    scale per output row; the embedding and norms left in fp32: a tied head gets its own int8 rows beside the
+    embedding's fp32 table)."""
     c = _cfg(config)
     n = parameter_count(c)
-    proj = c.n_layers * sum(i * o for i, o in projection_shapes(c).values())
-    rows = c.n_layers * sum(o for _, o in projection_shapes(c).values())
-    rest = n["total"] - proj
+    head = c.vocab_size * c.d_model  # the LM head's weight, tied or not
+    proj = c.n_layers * sum(i * o for i, o in projection_shapes(c).values()) + head
+    rows = c.n_layers * sum(o for _, o in projection_shapes(c).values()) + c.vocab_size
+    rest = n["total"] - proj + (head - n["lm_head"])  # a tied head's table, counted once in the total, stays fp32
     return {"parameters": n["total"], "fp32": 4 * n["total"], "bf16": 2 * n["total"], "int8": n["total"],
             "int8_models_quant": proj + 4 * rows + 4 * rest}
 

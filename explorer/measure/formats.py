@@ -35,8 +35,9 @@ FORMATS = ("fp32", "bf16", "int8")
 FORMAT_NOTES = {
     "fp32": "every weight in float32 (4 bytes)",
     "bf16": "every weight and activation in bfloat16 (2 bytes); norms compute in fp32",
-    "int8": "the 7 projections of every layer int8 with one fp32 scale per output row (1 byte + 4/in); "
-            "embedding, LM head and norms stay fp32; activations fp32 (never quantised)",
+    "int8": "the 7 projections of every layer and the LM head int8 with one fp32 scale per output row (1 byte + "
+            "4/in); the embedding (its own fp32 table where the LM head was tied to it: a lookup reads one row) and "
+            "norms stay fp32; activations fp32 (never quantised)",
 }
 INT8_FAST = "narrow"  # int8_kernel's name for the fast step's own int8 product (models.speed.narrow)
 # a measured speed this far above its memory limit is a measuring error (a timer, a cache), not a result

@@ -134,7 +134,8 @@ def _format_sentences(numbers: dict, points: list[dict], flagged: list[str]) -> 
         read = i8["bytes_per_token"]["total"] / f32["bytes_per_token"]["total"]
         if x > 1:
             out.append(f"**int8 decodes {x:.2f}× as fast as fp32** here: it reads {read:.0%} of fp32's bytes per "
-                       "token (the LM head, norms and embedding stay fp32).")
+                       "token (every matrix, the LM head included, in int8; the norms, the KV cache and the one "
+                       "embedding row a token looks up stay fp32).")
         else:
             why = numbers.get("int8_aside")
             out.append(f"**int8 decodes only {x:.2f}× fp32's speed here**, though it reads {read:.0%} of the bytes: "
