@@ -170,6 +170,21 @@ def test_compare_formats_reports_each_format(model, prompt):
         assert r["bytes_per_token"] == fm.bytes_per_token(models[f], 8 + 3)
 
 
+def test_stepped_speed_decodes_what_generate_decodes_and_its_budget_cuts_runs(model, prompt):
+    """``stepped_speed`` times the loop ``generate`` runs: the same tokens; without a budget every run and token;
+    with a spent budget one run of ``min_tokens``."""
+    from models.speed import fast_step
+
+    r = fm.stepped_speed(model, prompt, 12, step=fast_step, repeats=3)
+    assert torch.equal(r["tokens"], generate(model, prompt, 12, step=fast_step))
+    assert r["new_tokens"] == 12 and r["repeats"] == 3 and r["tokens_per_s"] == 1.0 / r["step_seconds"] > 0
+    r = fm.stepped_speed(model, prompt, 12, repeats=3, budget_s=0.0, min_tokens=4)
+    assert r["new_tokens"] == 4 and r["repeats"] == 1
+    assert torch.equal(r["tokens"], generate(model, prompt, 4))
+    with pytest.raises(ValueError, match="at least 2"):
+        fm.stepped_speed(model, prompt, 1)
+
+
 @pytest.mark.slow  # sleeps through its time budgets
 def test_a_decode_speed_within_a_budget_takes_fewer_tokens_and_runs_for_a_slow_decoder():
     """``decode_speed(..., budget_s=)``: a decoder whose step takes 50 ms, given 1 s for 3 runs of up to 64 tokens,

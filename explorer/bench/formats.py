@@ -19,10 +19,11 @@ CPU_FLAGS_SHOWN = frozenset({"avx2", "fma", "avx512f", "avx512_vnni", "avxvnni",
 
 
 def bench_formats(model: Decoder, hf, prompt: torch.Tensor, settings: dict[str, Any], log) -> dict[str, Any]:
-    """Read bandwidth, then decode tokens/s (``decode_speed``: prefill cancelled out) of each format (decoded with
-    ``models.speed.fast_step``, which computes fp32 and int8 and steps aside for bf16: the modules decode it) and of
-    transformers, bytes read per token counted on each model at the continuation's middle length, the limit and
-    the fraction of it reached. ``prompt`` (1, T); ``hf`` may be None (then its row is absent)."""
+    """Read bandwidth, then decode tokens/s (prefill left out: ``stepped_speed``, transformers' ``decode_speed``) of
+    each format (decoded with ``models.speed.fast_step``, which computes fp32 and int8 and steps aside for bf16: the
+    modules decode it) and of transformers, bytes read per token counted on each model at the continuation's middle
+    length, the limit and the fraction of it reached. ``prompt`` (1, T); ``hf`` may be None (then its row is
+    absent)."""
     bw = fm.read_bandwidth(settings["bandwidth_bytes"], repeats=7, device=prompt.device)
     log(f"formats: read bandwidth {bw['bytes_per_s'] / 1e9:.1f} GB/s ({bw['method']})")
     kv_len = prompt.shape[1] + HF_TOKENS // 2
@@ -30,8 +31,7 @@ def bench_formats(model: Decoder, hf, prompt: torch.Tensor, settings: dict[str, 
     speeds = {}
     for fmt in fm.FORMATS:
         m = model if fmt == "fp32" else fm.convert(model, fmt)
-        speeds[f"ours {fmt}"] = (fm.decode_speed(lambda n, m=m: generate(m, prompt, n, step=fast_step), HF_TOKENS,
-                                                 repeats=settings["decode_repeats"], device=prompt.device),
+        speeds[f"ours {fmt}"] = (fm.stepped_speed(m, prompt, HF_TOKENS, step=fast_step, repeats=settings["decode_repeats"]),
                                  fm.bytes_per_token(m, kv_len), fm.int8_kernel(m, fast_step))
         del m
     if hf is not None:

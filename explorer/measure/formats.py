@@ -24,7 +24,7 @@ from torch import nn
 
 from lens import device as dev
 from models.speed import prepared_copy
-from models.generate import generate
+from models.generate import generate, generate_steps
 from models.layers import RMSNorm
 from models.quant import Int8Linear, quantize_int8
 
@@ -206,6 +206,43 @@ def decode_speed(generate_fn, n_tokens: int, *, repeats: int = 3, device=None, b
             "repeats": len(long_runs)}
 
 
+def stepped_speed(model: nn.Module, prompt: torch.Tensor, n_tokens: int, *, step=None, repeats: int = 3,
+                  budget_s: float | None = None, min_tokens: int = 8) -> dict[str, Any]:
+    """Decode tokens/s of our own generation loop (greedy, ``step`` as ``generate`` takes it), timed inside each
+    run: (k - 1) / (time of the k-th new token - time of the first), the median over ``repeats`` runs of up to
+    ``n_tokens``. The prefill and the first token fall outside the span, as ``decode_speed``'s differencing
+    cancels them, but without its 1-token runs, so a format whose prefill is slow (int8 widens every weight of a
+    prompt) spends its budget on one-token steps.
+
+    With ``budget_s``: a run stops at its first token past the budget (never under ``min_tokens``), and no run
+    starts past it (one at least). Returns ``decode_speed``'s keys; "tokens" (1, T + k) and "new_tokens" (k) are
+    the first run's, the longest.
+    """
+    if n_tokens < 2 or min_tokens < 2:
+        raise ValueError("measure at least 2 new tokens.")
+    device = prompt.device
+    generate(model, prompt, 2, step=step)  # warm-up
+    started = time.perf_counter()
+    spans, tokens = [], None
+    for r in range(repeats):
+        if budget_s is not None and r > 0 and time.perf_counter() - started > budget_s:
+            break
+        new, times = [], []
+        limit = n_tokens if tokens is None else tokens.shape[1] - prompt.shape[1]
+        for s in generate_steps(model, prompt, limit, step=step):
+            dev.synchronize(device)
+            times.append(time.perf_counter())
+            new.append(s.token)
+            if budget_s is not None and len(new) >= min_tokens and times[-1] - started > budget_s:
+                break
+        spans.append((times[-1] - times[0]) / (len(times) - 1))
+        if tokens is None:
+            tokens = torch.cat([prompt, torch.stack(new, dim=1)], dim=1)  # (1, T + k)
+    step_s = max(statistics.median(spans), 1e-9)
+    return {"tokens_per_s": 1.0 / step_s, "step_seconds": step_s, "tokens": tokens,
+            "new_tokens": tokens.shape[1] - prompt.shape[1], "repeats": len(spans)}
+
+
 @torch.inference_mode()
 def prefill_speed(model: nn.Module, ids: torch.Tensor, *, repeats: int = 3) -> float:
     """Prompt tokens/s of one forward pass over ``ids`` (1, T) filling a cache (median of ``repeats``)."""
@@ -292,7 +329,7 @@ def compare_formats(models: dict[str, nn.Module], prompt: torch.Tensor, held_out
     one-token path decoding uses (``models.speed.fast_step``; None: the modules), for every format alike (the fast
     step computes fp32 and, where its kernel is built, int8; it steps aside for bf16).
     budget_s: each format's decoding timed for
-    about this long (``decode_speed``: fewer tokens and runs for a slow format, each row saying how many); greedy
+    about this long (``stepped_speed``: fewer tokens and runs for a slow format, each row saying how many); greedy
     agreement then compares the tokens both decoded. reference_logits: ``held_out_logits`` of the first model on
     ``held_out``, when the caller already has them.
     """
@@ -301,8 +338,7 @@ def compare_formats(models: dict[str, nn.Module], prompt: torch.Tensor, held_out
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         model = models[name]
-        speed = decode_speed(lambda n, m=model: generate(m, prompt, n, step=step), new_tokens, repeats=repeats,
-                             device=prompt.device, budget_s=budget_s)
+        speed = stepped_speed(model, prompt, new_tokens, step=step, repeats=repeats, budget_s=budget_s)
         if name == names[0]:
             logits = held_out_logits(model, held_out) if reference_logits is None else reference_logits
             reference_logits = logits
