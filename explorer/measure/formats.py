@@ -206,13 +206,13 @@ def decode_speed(generate_fn, n_tokens: int, *, repeats: int = 3, device=None, b
             "repeats": len(long_runs)}
 
 
-def stepped_speed(model: nn.Module, prompt: torch.Tensor, n_tokens: int, *, step=None, repeats: int = 3,
-                  budget_s: float | None = None, min_tokens: int = 8) -> dict[str, Any]:
-    """Decode tokens/s of our own generation loop (greedy, ``step`` as ``generate`` takes it), timed inside each
-    run: (k - 1) / (time of the k-th new token - time of the first), the median over ``repeats`` runs of up to
-    ``n_tokens``. The prefill and the first token fall outside the span, as ``decode_speed``'s differencing
-    cancels them, but without its 1-token runs, so a format whose prefill is slow (int8 widens every weight of a
-    prompt) spends its budget on one-token steps.
+def stepped_speed(model: nn.Module, prompt: torch.Tensor, n_tokens: int, *, step=None, use_cache: bool = True,
+                  repeats: int = 3, budget_s: float | None = None, min_tokens: int = 8) -> dict[str, Any]:
+    """Decode tokens/s of our own generation loop (greedy; ``step`` and ``use_cache`` as ``generate`` takes them),
+    timed inside each run: (k - 1) / (time of the k-th new token - time of the first), the median over ``repeats``
+    runs of up to ``n_tokens``. The prefill and the first token fall outside the span, as ``decode_speed``'s
+    differencing cancels them, but without its 1-token runs, so a format whose prefill is slow (int8 widens every
+    weight of a prompt) spends its budget on one-token steps.
 
     With ``budget_s``: a run stops at its first token past the budget (never under ``min_tokens``), and no run
     starts past it (one at least). Returns ``decode_speed``'s keys; "tokens" (1, T + k) and "new_tokens" (k) are
@@ -221,7 +221,7 @@ def stepped_speed(model: nn.Module, prompt: torch.Tensor, n_tokens: int, *, step
     if n_tokens < 2 or min_tokens < 2:
         raise ValueError("measure at least 2 new tokens.")
     device = prompt.device
-    generate(model, prompt, 2, step=step)  # warm-up
+    generate(model, prompt, 2, step=step, use_cache=use_cache)  # warm-up
     started = time.perf_counter()
     spans, tokens = [], None
     for r in range(repeats):
@@ -229,7 +229,7 @@ def stepped_speed(model: nn.Module, prompt: torch.Tensor, n_tokens: int, *, step
             break
         new, times = [], []
         limit = n_tokens if tokens is None else tokens.shape[1] - prompt.shape[1]
-        for s in generate_steps(model, prompt, limit, step=step):
+        for s in generate_steps(model, prompt, limit, step=step, use_cache=use_cache):
             dev.synchronize(device)
             times.append(time.perf_counter())
             new.append(s.token)

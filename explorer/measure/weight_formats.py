@@ -17,7 +17,6 @@ from explorer.state import session
 from explorer.state.cache import results, weights_key
 from explorer.state.locks import MEASURE_LOCK
 from lens.hooks import model_lock
-from models.generate import generate
 from models.lora import adapter_mode, folded_copy
 from models.speed import decode_blas, fast_step
 
@@ -42,7 +41,7 @@ NEW_TOKENS = 64  # greedy agreement and decode speed are measured over at most t
 REPEATS = 3
 # each format's decoding (and transformers') is timed for about this long, so that the whole view fits 30 s:
 # fewer tokens and runs where a format decodes slowly (bf16 without native kernels), each row saying how many
-DECODE_SECONDS = 3.0 * seconds_scale()
+DECODE_SECONDS = 2.0 * seconds_scale()
 CACHE_TOKENS = 32  # the KV-caching row: decode with and without the cache, over at most this many tokens
 # ... the cached decode timed for about this long (fewer tokens where it is slow), the uncached one then over as
 # many tokens
@@ -135,10 +134,8 @@ def measure_formats(model, tokenizer, ids: list[int], progress=None) -> dict:
         del reference
         fp32 = copies["fp32"]
         stage(5)
-        kv_on = fm.decode_speed(lambda n: generate(fp32, prompt, n, step=fast_step), CACHE_TOKENS, repeats=1,
-                                budget_s=CACHE_SECONDS)
-        kv_off = fm.decode_speed(lambda n: generate(fp32, prompt, n, use_cache=False), kv_on["new_tokens"],
-                                 repeats=1)
+        kv_on = fm.stepped_speed(fp32, prompt, CACHE_TOKENS, step=fast_step, repeats=1, budget_s=CACHE_SECONDS)
+        kv_off = fm.stepped_speed(fp32, prompt, kv_on["new_tokens"], use_cache=False, repeats=1)
         flash = {impl: [] for impl in ("naive", "sdpa")}
         stage(6)
         for T in FLASH_LENGTHS:
