@@ -32,11 +32,12 @@ def test_quick_bench_on_a_tiny_config_writes_markdown_and_json(tmp_path):
     assert all(r["max_abs_diff"] < 1e-4 for r in report["attention"])
     # 11 for the models (2 of them the decode roofline), 2 for the generation stream, 5 for the Attention tab
     # (time and payload, 2 models; head switch), 5 induction spans, 5 for classroom load (a plain page, a link,
-    # 64 sessions, 40 own questions, attention beside measurements), 5 for the lecture's long actions, 3 for a lecture hall voting, 5 for a
-    # stranger's script (queue, victim, lanes, Stop of a sweep and of a fine-tune, memory), 2 for a lecture (the
+    # 64 sessions, 40 own questions, attention beside measurements), 5 for the lecture's long actions, 3 for a lecture hall voting, 7 for a
+    # stranger's script (queue, victim, a classmate behind the flooder's address, a class beside 4 x 300 long jobs,
+    # lanes, Stop of a sweep and of a fine-tune, memory), 2 for a lecture (the
     # formats view, cold start), 1 for the Training tab's step, 4 for the door (a new Host, a 25 MB body, the soak's
     # memory and its visitor), 1 for growing an induction head live
-    assert len(report["targets"]) == 53
+    assert len(report["targets"]) == 55
     assert all(report["experiments"][k]["seconds"] > 0 for k in ("knockout_sweep", "patch_resid_pre", "patch_head",
                                                                 "patching_experiment", "induction_span_120"))
     assert "skipped" in report["load"] and "Classroom load" in md
