@@ -13,6 +13,7 @@ import time
 import uuid
 from typing import Any, Callable
 
+from .load import quantiles
 from .page_client import API, fetch_plan, run_events  # noqa: F401 (fetch_plan: tests)
 
 #: The memory lab's sweep at lengths that take seconds on 2 cores: a long measurement.
@@ -219,12 +220,12 @@ def class_beside_long_floods(url: str, *, addresses: int = 4, joins: int = 300, 
 
     with concurrent.futures.ThreadPoolExecutor(class_size) as pool:
         answers = list(pool.map(student, range(class_size)))
-    seconds = sorted(s for s, _ in answers if s is not None)
+    seconds = [s for s, _ in answers if s is not None]
+    q = quantiles(seconds)
     return {"long_accepted": [f["accepted"] for f in floods], "long_examples": floods[0]["examples"],
             "visitor_seconds": visitor_s, "visitor_failed": visitor_failed, "class_size": class_size,
             "class_answered": len(seconds), "class_failed": [f for _, fs in answers for f in fs][:3],
-            "class_p50": round(seconds[len(seconds) // 2], 2) if seconds else None,
-            "class_p95": round(seconds[min(len(seconds) - 1, int(0.95 * len(seconds)))], 2) if seconds else None}
+            **{f"class_{k}": None if q[k] is None else round(q[k], 2) for k in ("p50", "p95")}}
 
 
 def cancel_and_watch(server, http, session: str, fn: int, event_id: str, watch_s: float) -> dict[str, Any]:

@@ -31,7 +31,8 @@ def bench_formats(model: Decoder, hf, prompt: torch.Tensor, settings: dict[str, 
     speeds = {}
     for fmt in fm.FORMATS:
         m = model if fmt == "fp32" else fm.convert(model, fmt)
-        speeds[f"ours {fmt}"] = (fm.stepped_speed(m, prompt, HF_TOKENS, step=fast_step, repeats=settings["decode_repeats"]),
+        speeds[f"ours {fmt}"] = (fm.stepped_speed(m, prompt, HF_TOKENS, step=fast_step,
+                                                  repeats=settings["decode_repeats"]),
                                  fm.bytes_per_token(m, kv_len), fm.int8_kernel(m, fast_step))
         del m
     if hf is not None:
