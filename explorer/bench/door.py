@@ -119,8 +119,8 @@ def soak(server, *, seconds: float = 300.0, settle_s: float = 90.0, ask_every: f
     def finetunes() -> None:
         ft = plan.fn_of("lora_finetune")
         while not stop.wait(2.0):
-            out = flood(server.url, ft, plan.values[ft], 10, tag="soakft", workers=2,
-                        headers={"X-Forwarded-For": FLOODER})
+            out = flood(server.url, ft, plan.values[ft], 10, tag="soakft", workers=2, read=True,
+                        headers={"X-Forwarded-For": FLOODER})  # read: unread fine-tunes would leave unrun
             add("finetune_joins", out["joins"])
             add("finetune_accepted", out["accepted"])
 

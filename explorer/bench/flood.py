@@ -32,12 +32,33 @@ def _join(http, url: str, fn: int, data: list, session_hash: str, headers: dict 
         return 0, f"{type(exc).__name__}: {exc}"[:200]
 
 
+def keep_reading(url: str, session_hash: str, timeout: float = 900.0) -> threading.Thread:
+    """A reader of ``session_hash``'s answers (Gradio's ``/queue/data``) on a daemon thread, open until its
+    stream closes or ``timeout`` seconds pass: what a script does whose events the queue should not drop as unread
+    (``gradio_adapter.drop_unread``)."""
+    import httpx
+
+    def read() -> None:
+        with contextlib.suppress(Exception), httpx.Client(timeout=httpx.Timeout(30.0, read=timeout)) as http:
+            with http.stream("GET", url + API + "queue/data", params={"session_hash": session_hash}) as stream:
+                for line in stream.iter_lines():
+                    if '"msg":"close_stream"' in line[:100] or '"msg":"unexpected_error"' in line[:100]:
+                        return
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
 def flood(url: str, fn: int, data: list, n: int, *, tag: str, workers: int = 32,
-          headers: dict | Callable[[int], dict] | None = None, wait_when_full: float = 0.0) -> dict[str, Any]:
-    """``n`` joins of event ``fn``, each from a new session id, ``workers`` at a time, streams never read: how
-    many were accepted, refused (by status) and how many said the queue was stopped. ``headers`` may be a
-    function of the join's number. With ``wait_when_full`` seconds, a join told the queue is full is sent again
-    until accepted or that long has passed."""
+          headers: dict | Callable[[int], dict] | None = None, wait_when_full: float = 0.0,
+          read: bool = False) -> dict[str, Any]:
+    """``n`` joins of event ``fn``, each from a new session id, ``workers`` at a time: how many were accepted,
+    refused (by status) and how many said the queue was stopped. ``headers`` may be a function of the join's
+    number. With ``wait_when_full`` seconds, a join told the queue is full is sent again until accepted or that
+    long has passed. Streams are never read, so the queue drops what waits longer than its grace
+    (``serving.UNREAD_SECONDS``); with ``read`` each accepted join's answers are read (``keep_reading``), as a
+    script that holds its place does."""
     import httpx
 
     deadline = time.monotonic() + wait_when_full
@@ -45,8 +66,10 @@ def flood(url: str, fn: int, data: list, n: int, *, tag: str, workers: int = 32,
     def one(i: int):
         with httpx.Client() as http:
             while True:
-                code, text = _join(http, url, fn, data, f"{tag}-{i}-{uuid.uuid4().hex[:6]}",
-                                   headers(i) if callable(headers) else headers)
+                session = f"{tag}-{i}-{uuid.uuid4().hex[:6]}"
+                code, text = _join(http, url, fn, data, session, headers(i) if callable(headers) else headers)
+                if code == 200 and read:
+                    keep_reading(url, session)
                 if code != 503 or "Queue is full" not in text or time.monotonic() > deadline:
                     return code, text
                 time.sleep(0.25)
@@ -78,15 +101,16 @@ def answer_seconds(url: str, api_name: str, values: list | None = None, *, heade
 
 
 def queue_outlives_flood(url: str, *, long_jobs: int = 20, joins: int = 2300) -> dict[str, Any]:
-    """Long jobs queued (sweeps, one session each: they stay pending for minutes), then ``joins`` cheap joins
-    (``kv_calculator``) each from a new session, never read, sent again while the queue is full until taken:
+    """Long jobs queued (sweeps, one session each, read: they stay pending for minutes), then ``joins`` cheap joins
+    (``kv_calculator``) each from a new session, never read (dropped unrun if they wait past the queue's grace),
+    sent again while the queue is full until taken:
     more sessions than Gradio's per-session message books hold, with events pending. Then a page and an answer
     from a new visitor."""
     import httpx
 
     plan = fetch_plan(url)
     sweep = plan.fn_of("memory_compare")
-    held = flood(url, sweep, SWEEP, long_jobs, tag="long", workers=long_jobs)
+    held = flood(url, sweep, SWEEP, long_jobs, tag="long", workers=long_jobs, read=True)  # read: they stay queued
     cheap = plan.fn_of("kv_calculator")
     t0 = time.monotonic()
     flooded = flood(url, cheap, plan.values[cheap], joins, tag="cheap", wait_when_full=400.0)
@@ -130,11 +154,12 @@ def victim_beside_rotation(url: str, *, joins: int = 300, flooder: str = "10.1.1
     heartbeat = hold_heartbeat(url, classmate)
     opened = time.monotonic()
     try:
-        flooded = flood(url, fn, values, joins, tag="rotating", headers={"X-Forwarded-For": flooder})
+        flooded = flood(url, fn, values, joins, tag="rotating", headers={"X-Forwarded-For": flooder}, read=True)
         values[0] = "The victim asks a question of their own."
         seconds, failed = answer_seconds(url, "attention", values, headers={"X-Forwarded-For": victim})
         time.sleep(max(0.0, established_s - (time.monotonic() - opened)))
-        flooded_again = flood(url, fn, plan.values[fn], joins, tag="rotating2", headers={"X-Forwarded-For": flooder})
+        flooded_again = flood(url, fn, plan.values[fn], joins, tag="rotating2", headers={"X-Forwarded-For": flooder},
+                              read=True)
         values[0] = "A classmate behind the same address asks."
         classmate_s, classmate_failed = answer_seconds(url, "attention", values, session_hash=classmate,
                                                        headers={"X-Forwarded-For": flooder})
@@ -154,7 +179,7 @@ def memory_after_throwaway(server, *, sessions: int = 600, settle_s: float = 120
     gc.collect()
     before = server.rss_bytes()
     t0 = time.monotonic()
-    flooded = flood(server.url, fn, plan.values[fn], sessions, tag="throwaway", workers=16)
+    flooded = flood(server.url, fn, plan.values[fn], sessions, tag="throwaway", workers=16, read=True)
     # the flood's events may still be running: wait until the server is idle (CPU time stops growing)
     while time.monotonic() - t0 < 600:
         cpu = server.cpu_seconds()
@@ -178,9 +203,10 @@ def generation_beside_finetunes(url: str, *, finetunes: int = 20, sweeps: int = 
 
     plan = fetch_plan(url)
     ft = plan.fn_of("lora_finetune")
-    queued = flood(url, ft, plan.values[ft], finetunes, tag="finetune", workers=8,
+    queued = flood(url, ft, plan.values[ft], finetunes, tag="finetune", workers=8, read=True,
                    headers=lambda i: {"X-Forwarded-For": f"10.4.{i // 250}.{i % 250 + 1}"})
-    swept = flood(url, plan.fn_of("memory_compare"), SWEEP, sweeps, tag="sweep", workers=1) if sweeps else None
+    swept = flood(url, plan.fn_of("memory_compare"), SWEEP, sweeps, tag="sweep", workers=1, read=True) \
+        if sweeps else None
     time.sleep(0.5)
     gen = plan.fn_of("generate")
     values = list(plan.values[gen])
@@ -207,8 +233,8 @@ def class_beside_long_floods(url: str, *, addresses: int = 4, joins: int = 300, 
     proxy hop (``EXPLORER_PROXY_HOPS=1``)."""
     plan = fetch_plan(url)
     ft = plan.fn_of("lora_finetune")
-    floods = [flood(url, ft, plan.values[ft], joins, tag=f"long{a}", headers={"X-Forwarded-For": f"10.5.0.{a + 1}"})
-              for a in range(addresses)]
+    floods = [flood(url, ft, plan.values[ft], joins, tag=f"long{a}", headers={"X-Forwarded-For": f"10.5.0.{a + 1}"},
+                    read=True) for a in range(addresses)]
     visitor_s, visitor_failed = answer_seconds(url, "kv_calculator", headers={"X-Forwarded-For": "10.6.0.1"},
                                                timeout=timeout)
     values = list(plan.values[plan.fn_of("attention")])

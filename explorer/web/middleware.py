@@ -8,7 +8,9 @@
     SecurityHeaders  a Content-Security-Policy, frame-ancestors and nosniff on every response
     BrowserSessions  which sessions opened Gradio's heartbeat (a browser tab or Gradio's client), and when: the
                      sweeper keeps those longer than a script's (explorer.web.sweeper), and the queue gives one
-                     opened a while ago a turn of its own within its address (gradio_adapter.cap_queue)
+                     opened a while ago a turn of its own within its address (gradio_adapter.cap_queue); and
+                     which have a reader of their answers open (the queue drops events nobody reads:
+                     gradio_adapter.drop_unread)
     PhoneRoutes      a class room's phone page and its vote routes, beside Gradio (explorer.web.hall), inside
                      RequestLimit
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from urllib.parse import parse_qs
 
 import gradio as gr
 
@@ -197,16 +200,38 @@ class BrowserSessions:
     #: its own among its address's sessions, where fresh ids (a script rotating them) share one turn.
     ESTABLISHED_SECONDS = 10.0
     _seen: "OrderedDict[str, float]" = OrderedDict()  # session hash -> when first noted (monotonic)
+    _reading: dict[str, int] = {}  # session hash -> answer streams (Gradio's /queue/data) open now
+    _installed = False  # whether an app runs behind this middleware (else every session counts as read)
     _guard = threading.Lock()
 
     def __init__(self, app) -> None:
         self.app = app
+        BrowserSessions._installed = True
 
     async def __call__(self, scope, receive, send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
         if "/heartbeat/" in path:
             self.note(path.rstrip("/").rsplit("/", 1)[-1])
+        elif path.endswith("/queue/data"):
+            found = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash")
+            if found:
+                key = found[0][:128]
+                with self._guard:
+                    self._reading[key] = self._reading.get(key, 0) + 1
+                try:
+                    return await self.app(scope, receive, send)
+                finally:
+                    with self._guard:
+                        left = self._reading.pop(key, 1) - 1
+                        if left > 0:
+                            self._reading[key] = left
         return await self.app(scope, receive, send)
+
+    @classmethod
+    def reading(cls, session_hash: str) -> bool:
+        """Whether a reader of ``session_hash``'s answers is open now (True when no app runs behind this
+        middleware: then nothing is known, and nothing may be dropped for it)."""
+        return not cls._installed or session_hash in cls._reading
 
     @classmethod
     def note(cls, session_hash: str) -> None:

@@ -14,6 +14,8 @@ Caps, checked at each join (``explorer.web.gradio_adapter.cap_queue``), each ref
     and ``EXPLORER_CLIENT_LANE_CAP`` in each other lane, so fresh session ids do not buy a script more;
     each event's values are checked before it is stored (``explorer.web.limits``: text length, sizes, ranges);
     within a lane, events wait round robin by client address, so a flood waits behind everyone's next request.
+An event waiting ``EXPLORER_UNREAD_SECONDS`` with no reader of its answers open is dropped before it runs
+(``gradio_adapter.drop_unread``): a page reads as it joins, a script that never reads only holds the line.
 The queue's size stays well below Gradio's per-session message books (2,000 sessions in Gradio 6.31), which
 keep every session with an event pending (``keep_sessions_with_events``).
 
@@ -63,6 +65,11 @@ CLIENT_LANE_CAP = env_int("EXPLORER_CLIENT_LANE_CAP", 192)
 #: The whole queue: room for a class's page loads many times over, and at most half of Gradio's per-session
 #: message books (``apply`` lowers it to that), so a session with an event pending always has its place there.
 QUEUE_MAX_SIZE = env_int("EXPLORER_QUEUE_SIZE", 1024)
+#: Seconds an event may wait with no reader of its answers open before it is dropped unrun: a page opens its
+#: reader within a moment of joining, even on a loaded server.
+UNREAD_SECONDS = env_int("EXPLORER_UNREAD_SECONDS", 10)
+UNREAD_SENTENCE = ("This request was not run: no page was listening for its answer for "
+                   f"{UNREAD_SECONDS} s after it was sent. Press the button again.")
 #: Gradio's timing summary (its monitoring page) is recomputed after this many events, not after each one: after
 #: each, it costs a class's page loads dearly. Gradio reads its variable when ``demo.queue()`` makes the queue.
 ANALYTICS_EVERY = 1000
@@ -117,6 +124,7 @@ def queue_rules(on_join=None) -> adapter.QueueRules:
 def apply(demo: gr.Blocks, *, openings_later: bool = False) -> gr.Blocks:
     """After ``demo.queue(**QUEUE)``: every listener's lane checked (ValueError naming those without one), each
     session's and client's share of the queue capped (in all and per lane), each event's values checked at join,
+    events nobody reads dropped before they run,
     uvicorn told to trust no forwarded header (``clients.trust_no_proxy_headers``), the opening examples computed
     into the page, uploads switched off when nothing takes files, the sweeper started.
 
@@ -132,6 +140,7 @@ def apply(demo: gr.Blocks, *, openings_later: bool = False) -> gr.Blocks:
         sweeper.tell_returning_visitor(demo, session_hash)
 
     adapter.cap_queue(demo, queue_rules(on_join))
+    adapter.drop_unread(demo, middleware.BrowserSessions.reading, UNREAD_SECONDS, UNREAD_SENTENCE)
     adapter.sentence_for_bad_values(demo, bad_value_sentence)
     if openings_later:
         _LATER[demo] = _detach_openings(demo)

@@ -23,14 +23,15 @@ try:
     from gradio.components.plot import PlotData
     from gradio.queueing import Event, EventQueue, Queue
     from gradio.route_utils import get_root_url
+    from gradio.server_messages import ProcessCompletedMessage
     from gradio.state_holder import SessionState, StateHolder
     from gradio.utils import LRUCache
 except ImportError as exc:  # a module moved: say which version this was written for
     raise RuntimeError(f"Gradio {gr.__version__} lacks a module explorer/web/gradio_adapter uses ({exc}); it was "
                        f"tested with {TESTED_GRADIO}: install gradio=={TESTED_GRADIO} or update the adapter.") from exc
 
-__all__ = ["BlockFunction", "Blocks", "Event", "EventQueue", "LRUCache", "PlotData", "Queue", "SessionState",
-           "StateHolder", "TESTED_GRADIO", "check_gradio", "default_group", "get_root_url", "shape_problems"]
+__all__ = ["BlockFunction", "Blocks", "Event", "EventQueue", "LRUCache", "PlotData", "ProcessCompletedMessage",
+           "Queue", "SessionState", "StateHolder", "TESTED_GRADIO", "check_gradio", "default_group", "get_root_url", "shape_problems"]
 
 #: The classes whose methods and attributes are used here.
 CLASSES = {"Blocks": Blocks, "Queue": Queue, "BlockFunction": BlockFunction, "StateHolder": StateHolder,
@@ -42,6 +43,7 @@ METHODS: dict[str, tuple[tuple[str, ...], bool]] = {
     "Queue.push": (("self", "body", "request", "username"), True),
     "Queue.send_message": (("self", "event", "event_message"), False),
     "Queue.clean_events": (("self",), True),
+    "Queue.get_events": (("self",), False),
     "LRUCache.__setitem__": (("self", "key", "value"), False),
     "StateHolder.delete_state": (("self", "session_id"), False),
     "StateHolder.__getitem__": (("self", "session_id"), False),
@@ -127,13 +129,15 @@ def _behaviour_problems(made: dict[str, Any]) -> list[str]:
     if not isinstance(getattr(books, "max_size", None), int):
         problems.append("Queue.pending_messages_per_session no longer has an int max_size")
     event = Event(None, made["BlockFunction"], None, None)
-    for attr in ("_id", "session_hash", "concurrency_id", "request", "alive"):
+    for attr in ("_id", "session_hash", "concurrency_id", "request", "alive", "enqueue_time"):
         if not hasattr(event, attr):
             problems.append(f"Event has no attribute {attr}")
     if not isinstance(getattr(EventQueue("probe", 1), "queue", None), list):
         problems.append("EventQueue.queue is no longer a list")
     if made["BlockFunction"].concurrency_id != default_group(_probe_handler):
         problems.append("a listener registered without concurrency_id is no longer in its function's own group")
+    if "self.get_events()" not in inspect.getsource(Queue.start_processing):
+        problems.append("Queue.start_processing no longer takes its next events through self.get_events()")
     if "self._queue = queueing.Queue(" not in inspect.getsource(Blocks.queue):
         problems.append("Blocks.queue() no longer keeps the queue it makes as the Blocks' _queue")
     fns = getattr(made["Blocks"], "fns", {}) if made["Blocks"] is not None else {"": None}

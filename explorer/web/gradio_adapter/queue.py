@@ -7,18 +7,20 @@
                                            long job, each event's inputs checked, fair order (by address, then
                                            by session within an address)
     cap_per_session(demo, cap, refusal)    at most ``cap`` of one session's events in the queue at once
+    drop_unread(demo, reading, grace_s, …)  an event nobody reads the answers of is dropped before it runs
     events_held(demo, session)             how many of a session's events are queued or running
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import OrderedDict
 from typing import Any, Callable, NamedTuple
 
 import gradio as gr
 
-from explorer.web.gradio_adapter.checks import LRUCache, Queue
+from explorer.web.gradio_adapter.checks import LRUCache, ProcessCompletedMessage, Queue
 
 
 def queue_of(demo: gr.Blocks) -> Queue:
@@ -203,6 +205,34 @@ def cap_per_session(demo: gr.Blocks, cap: int, refusal: str,
     """At most ``cap`` of one session's events in the queue at once (``cap_queue`` with only this rule)."""
     cap_queue(demo, QueueRules(cap, 10**9, frozenset(), lambda request: "", refusal, refusal, refusal,
                                "That event does not exist in this app.", on_join))
+
+
+def drop_unread(demo: gr.Blocks, reading: Callable[[str], bool], grace_s: float, sentence: str) -> None:
+    """Before the queue takes its next events, drop each waiting event that joined at least ``grace_s`` seconds
+    ago while no reader of its session's answers (Gradio's ``/queue/data`` stream) is open: nobody would see what
+    it computes. A page and Gradio's client open that stream as they join, and Gradio already drops the events
+    of a stream that closes; what is left is a script that joins and never reads, holding a place in the line
+    and then a worker. A reader that opens later is told why, in ``sentence``."""
+    queue = queue_of(demo)
+    take = queue.get_events
+
+    def take_read():
+        now = time.monotonic()
+        for line in list(queue.event_queue_per_concurrency_id.values()):
+            for event in [e for e in line.queue if now - e.enqueue_time >= grace_s and not reading(e.session_hash)]:
+                line.queue.remove(event)
+                queue.event_ids_to_events.pop(event._id, None)
+                queue.send_message(event, ProcessCompletedMessage(
+                    output={"error": sentence, "visible": True, "title": "Not run"}, title="Not run", success=False))
+                event.alive = False
+                ids = queue.pending_event_ids_session.get(event.session_hash)
+                if ids is not None:
+                    ids.discard(event._id)
+                    if not ids:
+                        queue.pending_event_ids_session.pop(event.session_hash, None)
+        return take()
+
+    queue.get_events = take_read
 
 
 def events_held(demo: gr.Blocks, session_hash: str) -> int:
