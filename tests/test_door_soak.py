@@ -1,7 +1,7 @@
 """A compressed soak of a stranger's abuse against ``python app.py`` (issue 42): fresh-session floods, fine-tunes,
-25 MB bodies and page requests naming new hosts from one address for three minutes, a visitor's question from
+25 MB bodies and page requests naming new hosts from one address for five minutes, a visitor's question from
 another address every ten seconds. Loopback only, every loop bounded in time; the benchmark runs the same
-clients for five minutes (``explorer.bench.door``) and holds the timings to the issue's targets.
+clients (``explorer.bench.door``) and holds the timings to the issue's targets (issues 42 and 43).
 
 The bounds here are behavioural and generous (slow tier); the targets (5 s, 30 ms) are benchmark rows.
 """
@@ -15,10 +15,10 @@ from explorer.bench.server import served_app
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 
 
-def test_memory_comes_back_and_a_visitor_is_answered_throughout_three_minutes_of_abuse():
+def test_memory_comes_back_and_a_visitor_is_answered_throughout_five_minutes_of_abuse():
     with served_app(door.SOAK_ENV) as server:
-        out = door.soak(server, seconds=180.0, settle_s=60.0)
-    assert out["answered"] == out["questions"] >= 15, out  # every question answered, none refused
+        out = door.soak(server, seconds=300.0, settle_s=60.0)
+    assert out["answered"] == out["questions"] >= 25, out  # every question answered, none refused
     # 0.13 s on an idle server; 1.9-12 s in a run at load average 8-9 on 2 shared cores (other work beside it)
     assert out["answer_seconds_max"] < 30.0, out
     assert out["rss_settled_above_start"] <= 200 * 2**20, out
