@@ -15,7 +15,8 @@ import torch
 from models.generate import generate
 from models.block import PROJECTIONS
 from models.quant import INT8_TARGETS, Int8Linear, quantize_int8
-from models.speed import decode_layout, fast_step, narrow, torch_step, why_not
+from models.speed import cpu, decode_layout, fast_step, narrow, torch_step, why_not
+from models.speed.cpu import weights_plan
 from tests.speed_pair import _Counted, _pair, _step_by_step, tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -158,6 +159,64 @@ def test_fast_step_on_int8_equals_the_modules(kernel, int8_model):
     assert (logits - ref_logits).abs().max() <= TOLERANCE * ref_logits.abs().max()
     assert torch.allclose(cache.k[0], ref_cache.k[0], atol=1e-5) and cache.length == ref_cache.length
     assert torch.equal(generate(q, prompt, 12, step=fast_step), generate(q, prompt, 12))
+
+
+# kernels/layers.c's one call for every block, on grouped-query (6 query heads, 2 key/value heads) and multi-head
+# attention, a head tied to the embedding and one of its own; d_model 120 (head dim 20) and d_ff 136 are off the
+# kernels' 16- and 32-wide loops, so their tails run too
+SHAPES = {"gqa tied": dict(n_kv_heads=2, tie_embeddings=True), "gqa untied": dict(n_kv_heads=2, tie_embeddings=False),
+          "mha tied": dict(n_kv_heads=6, tie_embeddings=True), "mha untied": dict(n_kv_heads=6, tie_embeddings=False)}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_the_c_layers_equal_the_modules(kernel, shape, monkeypatch):
+    plain, _ = _pair(tiny(d_model=120, d_ff=136, **SHAPES[shape]), seed=5)
+    q = quantize_int8(plain, INT8_TARGETS)[0]
+    assert weights_plan(q).int8 is not None  # the C step is the one that runs here, not _cpu_step's numpy
+    calls = []
+    monkeypatch.setattr(cpu, "int8_layers_at", lambda *a: calls.append(a) or narrow.int8_layers_at(*a))
+    prompt = torch.tensor([[1, 5, 9, 2, 7, 7, 3]])
+    tokens, logits, cache = _step_by_step(q, prompt, 16, step=fast_step)
+    ref_tokens, ref_logits, ref_cache = _step_by_step(q, prompt, 16)
+    assert len(calls) == 16 and torch.equal(tokens, ref_tokens)
+    assert (logits - ref_logits).abs().max() <= TOLERANCE * ref_logits.abs().max()
+    assert cache.length == ref_cache.length
+    for got, want in zip(cache.k + cache.v, ref_cache.k + ref_cache.v):  # every layer's keys and values
+        assert (got - want).abs().max() <= TOLERANCE * want.abs().max()
+
+
+def test_without_the_c_layers_the_numpy_step_runs(kernel, int8_model, monkeypatch):
+    """Where kernels/layers.c cannot run (``_Plan.int8`` None) the int8 step is _cpu_step's numpy between products."""
+    _, q = int8_model
+    q = copy.deepcopy(q)  # a model of its own: its plan is made here, with the table left out
+    monkeypatch.setattr(cpu, "_int8_table", lambda *a: None)
+    monkeypatch.setattr(cpu, "int8_layers_at", None)  # would fail if called
+    prompt = torch.tensor([[4, 8, 1]])
+    tokens, logits, _ = _step_by_step(q, prompt, 6, step=fast_step)
+    ref_tokens, ref_logits, _ = _step_by_step(q, prompt, 6)
+    assert torch.equal(tokens, ref_tokens)
+    assert (logits - ref_logits).abs().max() <= TOLERANCE * ref_logits.abs().max()
+
+
+def test_a_cache_the_c_layers_cannot_address_goes_to_numpy(kernel, int8_model, monkeypatch):
+    """kernels/layers.c writes by address: a strided cache, or a position past its end, is left to numpy's step."""
+    _, q = int8_model
+    plan = weights_plan(q)
+    calls = []
+    monkeypatch.setattr(cpu, "int8_layers_at", lambda *a: calls.append(a) or narrow.int8_layers_at(*a))
+    strided = q.new_cache(1, 8)  # the same shape, each head's positions apart in memory
+    strided.k, strided.v = ([t.transpose(2, 3).contiguous().transpose(2, 3) for t in ts]
+                            for ts in (strided.k, strided.v))
+    cache = q.new_cache(1, 8)
+    with torch.inference_mode():
+        for pos, token in enumerate([3, 1, 4, 1]):
+            got = cpu.run_cpu_step(plan, token, cache, pos, cpu.INT8_PRODUCTS)
+            want = cpu.run_cpu_step(plan, token, strided, pos, cpu.INT8_PRODUCTS)
+            assert (got - want).abs().max() <= TOLERANCE * want.abs().max()
+        assert len(calls) == 4  # the contiguous cache's steps only
+        with pytest.raises(IndexError):
+            cpu.run_cpu_step(plan, 0, cache, 8, cpu.INT8_PRODUCTS)
+    assert len(calls) == 4
 
 
 def test_int8_steps_aside_for_a_batch_and_the_torch_step(kernel, int8_model):

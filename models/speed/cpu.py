@@ -24,7 +24,7 @@ from torch import nn
 from ..kv_cache import KVCache
 from ..rope import rope_matrix
 from .layout import DecodeLayout, decode_layout, layout_current
-from .narrow import Int8Weight, gemv_int8_at
+from .narrow import Int8Weight, gemv_int8_at, int8_layers_at, unavailable
 
 # Which library computes the CPU step's one-token matrix products: "auto" (measured once per model shape and thread
 # count, see cpu_products), "torch" or "numpy". EXPLORER_DECODE_BLAS sets it for the process.
@@ -54,6 +54,9 @@ class _Plan(NamedTuple):
     sin: torch.Tensor
     heads: tuple[int, int, int]  # H, Hkv, D
     layout: DecodeLayout  # what the matrices were made from, and when
+    # an int8 model's blocks as kernels/layers.c reads them: (layers, 10) int64 addresses, (layers, 2) float64 eps;
+    # None where that C step cannot run (fp32 weights, no kernel): then _cpu_step runs
+    int8: tuple[np.ndarray, np.ndarray] | None
 
 
 def weights_plan(model: nn.Module) -> _Plan | None:
@@ -70,7 +73,20 @@ def weights_plan(model: nn.Module) -> _Plan | None:
     c = model.config
     return _Plan(layers, model.norm.weight.detach().numpy(), model.norm.eps, layout.lm_head,
                  model.embed_tokens.weight.detach().numpy(), model.rope_cos, model.rope_sin,
-                 (c.n_heads, c.n_kv_heads, c.head_dim), layout)
+                 (c.n_heads, c.n_kv_heads, c.head_dim), layout, _int8_table(layers, model.rope_cos, model.rope_sin))
+
+
+def _int8_table(layers: list[_Layer], cos: torch.Tensor, sin: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
+    """``_Plan.int8``: each block's norms and int8 matrices by address, in kernels/layers.c's order."""
+    tables_fit = all(t.dtype == torch.float32 and t.is_contiguous() for t in (cos, sin))
+    if not isinstance(layers[0].qkv, Int8Weight) or unavailable() is not None or not tables_fit:
+        return None
+    rows = [[layer.norm1.ctypes.data, layer.qkv.q.data_ptr(), layer.qkv.scale.data_ptr(), layer.o.q.data_ptr(),
+             layer.o.scale.data_ptr(), layer.norm2.ctypes.data, layer.gate_up.q.data_ptr(),
+             layer.gate_up.scale.data_ptr(), layer.down.q.data_ptr(), layer.down.scale.data_ptr()] for layer in layers]
+    if any(not (lay.norm1.flags.c_contiguous and lay.norm2.flags.c_contiguous) for lay in layers):
+        return None
+    return np.array(rows, dtype=np.int64), np.array([[lay.eps1, lay.eps2] for lay in layers], dtype=np.float64)
 
 
 def plan_current(plan: _Plan) -> bool:
@@ -158,11 +174,18 @@ class KVArrays(NamedTuple):
     k: tuple[torch.Tensor, ...]
     v: tuple[torch.Tensor, ...]
     arrays: list[tuple[np.ndarray, np.ndarray]]
+    addresses: np.ndarray  # (layers, 3) int64: keys, values, S_max, as kernels/layers.c reads them
+    # (layers, Hkv, S_max, D) where every array is contiguous and of one shape: the bounds kernels/layers.c writes
+    # within (numpy checks its own); None (a ring layer's shorter cache, a strided array): _cpu_step runs instead
+    shape: tuple[int, int, int, int] | None
 
     @staticmethod
     def make(cache: KVCache) -> "KVArrays":
         arrays = [(k.numpy()[0], v.numpy()[0]) for k, v in zip(cache.k, cache.v)]
-        return KVArrays(tuple(cache.k), tuple(cache.v), arrays)
+        addresses = np.array([[k.ctypes.data, v.ctypes.data, k.shape[1]] for k, v in arrays], dtype=np.int64)
+        fit = all(a.flags.c_contiguous and a.ndim == 3 and a.shape == arrays[0][0].shape for kv in arrays for a in kv)
+        shape = (len(arrays), *arrays[0][0].shape) if fit else None
+        return KVArrays(tuple(cache.k), tuple(cache.v), arrays, addresses, shape)
 
     def of(self, cache: KVCache) -> bool:
         return all(map(operator.is_, cache.k, self.k)) and all(map(operator.is_, cache.v, self.v))
@@ -216,12 +239,36 @@ def _cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, kv: KVArrays
     return logits.t[None]  # (1, V)
 
 
+def _int8_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, kv: KVArrays) -> torch.Tensor:
+    """``_cpu_step`` for an int8 model with every block in one C call (kernels/layers.c): the ~25 numpy calls a
+    layer between its products took a sixth of the step on a quiet 2-core AMD EPYC and more on a busy one
+    (bench/notes/int8.md). The final norm and the LM head stay here: one product, through the same kernel (or
+    torch, for an fp32 head)."""
+    weights, eps = plan.int8
+    H, Hkv, D = plan.heads
+    C, F = plan.norm.shape[0], plan.layers[0].down.shape[1]
+    x, h = Vec.empty(C), Vec.empty(C)
+    x.a[:] = plan.embed[token_id]
+    scratch = np.empty(C + (H + 2 * Hkv) * D + H * D + 3 * F + pos + 1, dtype=np.float32)
+    row = pos * D * plan.cos.element_size()  # this position's row of the RoPE tables
+    int8_layers_at(x.p, weights.ctypes.data, kv.addresses.ctypes.data, eps.ctypes.data, len(plan.layers), pos,
+                   plan.cos.data_ptr() + row, plan.sin.data_ptr() + row, (C, H, Hkv, D, F), scratch.ctypes.data)
+    cache.length = pos + 1
+    logits = Vec.empty(plan.lm_head.shape[0])
+    _normed_mv(_int8_mv, plan.lm_head, logits, x, plan.norm, plan.eps, h)
+    return logits.t[None]  # (1, V)
+
+
 def run_cpu_step(plan: _Plan, token_id: int, cache: KVCache, pos: int, products: Products,
                  kv: KVArrays | None = None) -> torch.Tensor:
-    """``_cpu_step`` (``kv``: ``cache``'s arrays, made here when not given); with numpy's products, torch on one
-    intra-op thread meanwhile (put back afterwards): OpenBLAS brings its own threads, and torch's spinning beside
-    them would take the cores they need."""
+    """``_cpu_step`` (``kv``: ``cache``'s arrays, made here when not given), or ``_int8_step`` for an int8 model
+    where the C step runs; with numpy's products, torch on one intra-op thread meanwhile (put back afterwards):
+    OpenBLAS brings its own threads, and torch's spinning beside them would take the cores they need."""
     kv = KVArrays.make(cache) if kv is None else kv
+    if products is INT8_PRODUCTS and plan.int8 is not None and kv.shape is not None:
+        layers, Hkv, s_max, D = kv.shape
+        if (layers, Hkv, D) == (len(plan.layers), *plan.heads[1:]) and pos < s_max:
+            return _int8_step(plan, token_id, cache, pos, kv)
     if products is not NUMPY_PRODUCTS:
         return _cpu_step(plan, token_id, cache, pos, kv, products)
     threads = torch.get_num_threads()

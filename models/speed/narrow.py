@@ -9,6 +9,8 @@ computes what the readable reference computes, ``x @ (scale * Q).T`` in fp32, up
 A large product's rows are shared between the calling thread and the kernel's own helper threads (torch's thread
 count less one), which the caller never waits for unless one is holding rows: on a busy machine a descheduled
 helper costs nothing (bench/notes/int8.md). The result does not depend on the number of threads.
+The same library holds kernels/layers.c: an int8 model's blocks for one token in one call around those products
+(``int8_layers_at``): the ~25 numpy calls a layer between them took a sixth of the step or more (bench/notes/int8.md).
 
 Where there is no compiler, or ``EXPLORER_NARROW_KERNELS=off``, ``unavailable()`` says why and the fast step steps
 aside for int8 (the modules run, as before).
@@ -29,8 +31,10 @@ from typing import NamedTuple
 
 import torch
 
-SOURCE = Path(__file__).with_name("kernels") / "gemv.c"
+# gemv.c: the product; layers.c: an int8 model's blocks for one token in one call, around gemv.c's products
+SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("gemv.c", "layers.c"))
 FLAGS = ("-O3", "-pthread", "-shared", "-fPIC")
+LIBS = ("-lm",)  # expf and sqrt in layers.c
 # "auto": build the kernel where a C compiler is found; "off": never (int8 then decodes through the modules).
 SWITCH = os.environ.get("EXPLORER_NARROW_KERNELS", "auto").strip().lower() or "auto"
 
@@ -68,16 +72,16 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         return None, "no C compiler on this machine to build the int8 kernel"
-    source = SOURCE.read_bytes()
-    tag = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
+    source = b"".join(path.read_bytes() for path in SOURCES)
+    tag = hashlib.sha256(source + " ".join((compiler, *FLAGS, *LIBS)).encode()).hexdigest()[:16]
     target = _cache_dir() / f"gemv-{tag}.so"
     if not target.exists():
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
                 built = Path(tmp) / "gemv.so"
-                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], check=True, capture_output=True,
-                               timeout=120)
+                subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(built), *LIBS], check=True,
+                               capture_output=True, timeout=120)
                 os.replace(built, target)  # atomic: two processes building at once both end with a whole file
         except (OSError, subprocess.SubprocessError) as e:
             return None, f"the int8 kernel did not build ({type(e).__name__})"
@@ -87,6 +91,9 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         return None, f"the int8 kernel did not load ({e})"
     lib.gemv_i8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
     lib.gemv_i8.restype = None
+    lib.int8_layers.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 2 + \
+        [ctypes.c_int64] * 5 + [ctypes.c_void_p, ctypes.c_int]
+    lib.int8_layers.restype = None
     lib.narrow_simd.restype = ctypes.c_int
     lib.narrow_helped.restype = ctypes.c_int64
     return lib, None
@@ -134,6 +141,14 @@ def gemv_int8_at(w: Int8Weight, x_at: int, out_at: int, alpha: float, accumulate
     q = w.q
     _library()[0].gemv_i8(x_at, q.data_ptr(), w.scale.data_ptr(), out_at, q.shape[0], q.shape[1], alpha, accumulate,
                           torch.get_num_threads())
+
+
+def int8_layers_at(x_at: int, weights_at: int, cache_at: int, eps_at: int, layers: int, pos: int, cos_at: int,
+                   sin_at: int, sizes: tuple[int, int, int, int, int], scratch_at: int) -> None:
+    """An int8 model's ``layers`` blocks for one token at ``pos`` (kernels/layers.c, addresses of the fast step's
+    own arrays; ``sizes`` C, H, Hkv, D, F): the residual stream ``x`` (C,) updated in place, the cache written."""
+    _library()[0].int8_layers(x_at, weights_at, cache_at, eps_at, layers, pos, cos_at, sin_at, *sizes, scratch_at,
+                              torch.get_num_threads())
 
 
 def _check(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:

@@ -290,7 +290,7 @@ def decode_blas(model: nn.Module) -> str:
         return f"torch {torch.__version__}"
     if cpu_products(model) is INT8_PRODUCTS:
         kind = "AVX2" if narrow.simd() else "portable C"
-        return f"int8 kernel ({kind}, models/speed/kernels/gemv.c) + torch {torch.__version__}"
+        return f"int8 kernel ({kind}, models/speed/kernels/gemv.c, layers.c) + torch {torch.__version__}"
     if cpu_products(model) is TORCH_PRODUCTS:
         return f"torch {torch.__version__}" + (" (MKL)" if torch.backends.mkl.is_available() else "")
     blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
