@@ -1,10 +1,9 @@
 /* An int8 decoder's blocks for one token, in one call: what models/speed/cpu.py's _cpu_step does per layer with
  * ~25 numpy calls between its 4 products (RMSNorm, the qkv product, RoPE of q and k, the cache write, one-query
  * grouped-query attention, the o product into x, RMSNorm, the gate/up product, SiLU * up, the down product into x),
- * so that a step pays one call from Python instead of ~30 per layer (a step of the SmolLM2-135M shape on a 2-core
- * AMD EPYC: 9.5 -> 8.0 ms at load 0.4, 18.3 -> 11.5 at load 2-6; bench/notes/int8.md). The products are gemv.c's
- * gemv_i8 (its helper threads share the large ones); the rest runs on the calling thread in float32, the arithmetic
- * of the numpy step up to the order of the additions.
+ * so that a step pays one call from Python instead of ~30 per layer (measured: bench/notes/int8.md). The products
+ * are gemv.c's gemv_i8 (its helper threads share the large ones); the rest runs on the calling thread in float32,
+ * the arithmetic of the numpy step up to the order of the additions.
  * Built with gemv.c into one library by models/speed/narrow.py.
  *
  * Notation: C model dim, H query heads, Hkv key/value heads, g = H / Hkv, D head dim, F feed-forward dim,
