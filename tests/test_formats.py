@@ -158,6 +158,19 @@ def test_transformers_decodes_through_the_end_token_as_ours_does(prompt, tmp_pat
     assert abs(against["held_out_loss"] - fm.held_out_loss(m, ours)) < 1e-5
 
 
+def test_transformers_stepped_speed_times_what_generate_decodes_and_its_budget_cuts_runs(prompt, tmp_path):
+    """transformers timed as ours is (``stepped_speed``): the tokens its generate decodes; a spent budget ends the
+    one run at ``min_tokens``."""
+    m = tiny()
+    hf = fm.transformers_copy(m, tmp_path)
+    r = fm.transformers_stepped_speed(hf, prompt, 10, repeats=2)
+    assert torch.equal(r["tokens"], generate(m, prompt, 10))
+    assert r["new_tokens"] == 10 and r["repeats"] == 2 and r["tokens_per_s"] == 1.0 / r["step_seconds"] > 0
+    r = fm.transformers_stepped_speed(hf, prompt, 10, repeats=3, budget_s=0.0, min_tokens=4)
+    assert r["new_tokens"] == 4 and r["repeats"] == 1
+    assert torch.equal(r["tokens"], generate(m, prompt, 4))
+
+
 @pytest.mark.slow
 def test_compare_formats_reports_each_format(model, prompt):
     models = {f: fm.convert(model, f) for f in fm.FORMATS}

@@ -84,14 +84,18 @@ def bench_formats_view(model: Decoder, log) -> dict[str, Any]:
             "tokens_per_s": {k: v["tokens_per_s"] for k, v in numbers["formats"].items()}}
 
 
+#: The held-out text's first tokens int8's next-token choices are compared at (the Weight formats view reads fewer).
+AGREEMENT_TOKENS = 256
+
+
 @torch.inference_mode()
 def bench_int8_agreement(model: Decoder, tokenizer) -> dict[str, Any]:
     """int8 against fp32 on a trained model (``model``, the shipped one: random weights make greedy choices
     fragile): the next-token choice (argmax) at every position of the held-out text, each model reading the same
     text, and a 64-token greedy continuation of its first 16 tokens decoded one token at a time by the fast step."""
-    from explorer.measure.weight_formats import HELD_OUT_TOKENS, held_out_ids
+    from explorer.measure.weight_formats import held_out_ids
 
-    ids = torch.tensor([held_out_ids(tokenizer, min(HELD_OUT_TOKENS, model.config.max_seq_len))])
+    ids = torch.tensor([held_out_ids(tokenizer, min(AGREEMENT_TOKENS, model.config.max_seq_len))])
     int8 = fm.convert(model, "int8")
     same = (model(ids).argmax(-1) == int8(ids).argmax(-1)).float()  # (1, T)
     prompt = ids[:, :16]

@@ -377,6 +377,58 @@ def transformers_copy(model: nn.Module, folder) -> nn.Module | None:
     return hf.to(model.embed_tokens.weight.device).eval()
 
 
+def transformers_stepped_speed(hf, prompt: torch.Tensor, n_tokens: int, *, repeats: int = 3,
+                               budget_s: float | None = None, min_tokens: int = 8) -> dict[str, Any]:
+    """``stepped_speed`` for transformers' greedy ``generate``: each new token's time taken where ``generate``
+    hands it to its streamer, so both decoders are timed the same way, inside one run, without 1-token runs to
+    cancel the prefill; the budget ends a run through a stopping criterion. Returns ``stepped_speed``'s keys."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    if n_tokens < 2 or min_tokens < 2:
+        raise ValueError("measure at least 2 new tokens.")
+    mask = torch.ones_like(prompt)
+    hf.generation_config.eos_token_id = None  # as transformers_generate_fn: decode straight through </s>
+    device = prompt.device
+    started = time.perf_counter()
+    times: list[float] = []
+
+    class Clock:  # generate's streamer: put() gets the prompt, then each new token once it is chosen
+        def put(self, value) -> None:
+            dev.synchronize(device)
+            times.append(time.perf_counter())
+
+        def end(self) -> None:
+            pass
+
+    class Budget(StoppingCriteria):  # asked once a token is chosen, before the streamer is handed it
+        def __call__(self, input_ids, scores, **kwargs):
+            done = budget_s is not None and input_ids.shape[1] - prompt.shape[1] >= min_tokens and \
+                time.perf_counter() - started > budget_s
+            return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+    def run(n: int, clock=None, stop=None) -> torch.Tensor:
+        with torch.inference_mode():
+            return hf.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=n, pad_token_id=0,
+                               streamer=clock, stopping_criteria=stop)
+
+    run(2)  # warm-up
+    started = time.perf_counter()
+    spans, tokens = [], None
+    for r in range(repeats):
+        if budget_s is not None and r > 0 and time.perf_counter() - started > budget_s:
+            break
+        times.clear()
+        out = run(n_tokens if tokens is None else tokens.shape[1] - prompt.shape[1], Clock(),
+                  StoppingCriteriaList([Budget()]))
+        new = times[1:]  # times[0]: the prompt's put, before any step
+        spans.append((new[-1] - new[0]) / (len(new) - 1))
+        if tokens is None:
+            tokens = out
+    step_s = max(statistics.median(spans), 1e-9)
+    return {"tokens_per_s": 1.0 / step_s, "step_seconds": step_s, "tokens": tokens,
+            "new_tokens": tokens.shape[1] - prompt.shape[1], "repeats": len(spans)}
+
+
 def transformers_generate_fn(hf, prompt: torch.Tensor):
     """``fn(n)``: transformers' greedy generate of exactly n new tokens after ``prompt`` (1, T)."""
     mask = torch.ones_like(prompt)
