@@ -12,6 +12,7 @@ Head output ``z`` is a head's D values per position before ``o_proj`` (``blocks.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -250,27 +251,46 @@ def patched_metrics(model: nn.Module, target, source, site: str, answer) -> torc
     return torch.stack([row for _, row in _patched_rows(model, target, source, site, answer)])
 
 
-def _patched_rows(model: nn.Module, target, source, site: str, answer):
-    """``patched_metrics`` a layer at a time: yields (layer, its row (T,) or (H,))."""
+def _patched_rows(model: nn.Module, target, source, site: str, answer, runs: "_Runs | None" = None):
+    """``patched_metrics`` a layer at a time: yields (layer, its row (T,) or (H,)). ``runs``: the two unchanged
+    runs when the caller has them (``_unchanged_runs``)."""
     check_decoder(model)
     if site not in SITES:
         raise ValueError(f"site must be one of {SITES}, got {site!r}.")
     answer = check_answer(model, answer)
     target, source = check_pair(model, target, source)
-    _, src = _resid_pre(model, source, ("attn.hook_z",) if site == "head" else ())
+    runs = _unchanged_runs(model, target, source, site == "head") if runs is None else runs
     if site == "resid_pre":
-        return _patch_resid_pre(model, target, src, answer)
-    return _patch_heads(model, target, source, src, answer)
+        return _patch_resid_pre(model, target, runs, answer)
+    return _patch_heads(model, target, source, runs, answer)
 
 
-def _patch_resid_pre(model: nn.Module, target: torch.Tensor, src, answer):
+class _Runs(NamedTuple):
+    """The unchanged runs patching starts from: the source's activations (``src``), the target's (``tgt``), the
+    target's logits (1, T, V) and KV cache (``kept``: every position of every layer), the source's logits."""
+    src: dict
+    tgt: dict
+    logits: torch.Tensor
+    kept: KVCache
+    source_logits: torch.Tensor
+
+
+def _unchanged_runs(model: nn.Module, target: torch.Tensor, source: torch.Tensor, heads: bool) -> _Runs:
+    """One forward of each prompt: the source's resid_pre (and, with ``heads``, every head's z), the target's
+    resid_pre, logits and KV cache. Both sites of a patching experiment start from the same two runs."""
+    source_logits, src = _resid_pre(model, source, ("attn.hook_z",) if heads else ())
+    kept = _full_cache(model, 1, target.shape[1])
+    logits, tgt = _resid_pre(model, target, cache=kept)
+    return _Runs(src, tgt, logits, kept, source_logits)
+
+
+def _patch_resid_pre(model: nn.Module, target: torch.Tensor, runs: _Runs, answer):
     """Yields (layer, (T,)), a group of layers at a time. A patch at position p leaves every position before p as
     it was (attention looks back only), so patches at positions >= q run positions q.. alone, reading the earlier
     keys and values from the unchanged run's KV cache; the patches of a group of layers run as one staircase."""
     L, T = len(model.blocks), target.shape[1]
-    kept = _full_cache(model, 1, T)
-    logits, tgt = _resid_pre(model, target, cache=kept)
-    unchanged = logit_diff(logits, answer)[0]
+    src, tgt, kept = runs.src, runs.tgt, runs.kept
+    unchanged = logit_diff(runs.logits, answer)[0]
     step = max(1, -(-T // 6))  # positions per staircase: rows of one batch compute positions q.. whatever their p
     out = torch.full((L, T), float(unchanged), device=target.device)
     todo = []
@@ -305,7 +325,7 @@ def _full_cache(model: nn.Module, batch: int, T: int) -> KVCache:
     return KVCache(c.n_layers, batch, c.n_kv_heads, T, c.head_dim, dtype=p.dtype, device=p.device)
 
 
-def _patch_heads(model: nn.Module, target: torch.Tensor, source: torch.Tensor, src, answer):
+def _patch_heads(model: nn.Module, target: torch.Tensor, source: torch.Tensor, runs: _Runs, answer):
     """Yields (layer, (H,)), a group of layers at a time: row (l, h) starts at block l from the unchanged run's
     residual stream, at the first position where the two prompts differ (before it both runs are the same, so a
     head's output there is the same too), the earlier keys and values read from the unchanged run's KV cache."""
@@ -313,8 +333,7 @@ def _patch_heads(model: nn.Module, target: torch.Tensor, source: torch.Tensor, s
     L, H, T = len(model.blocks), c.n_heads, target.shape[1]
     differ = torch.nonzero(target[0] != source[0]).flatten()
     q = min(int(differ[0]), T - 1) if len(differ) else T - 1
-    kept = _full_cache(model, 1, T)
-    _, tgt = _resid_pre(model, target, cache=kept)
+    src, tgt, kept = runs.src, runs.tgt, runs.kept
     heads = torch.arange(H)
     for a, b in _layer_groups(L, H * (T - q)):
         joins = {}
@@ -363,24 +382,29 @@ def iter_patching_experiment(model: nn.Module, clean, corrupt, answer):
     check_decoder(model)
     answer = check_answer(model, answer)
     clean, corrupt = check_pair(model, clean, corrupt)
-    m_clean, m_corrupt = _answer_gap(model, clean, corrupt, answer)
+    runs = _unchanged_runs(model, corrupt, clean, heads=True)  # the corrupted run patched from the clean one
+    m_clean, m_corrupt = _answer_gap(model, clean, corrupt, answer, runs)
     L, H, T = len(model.blocks), model.config.n_heads, clean.shape[1]
     nan = float("nan")
     out = {"resid_pre": torch.full((L, T), nan), "head": torch.full((L, H), nan), "clean": m_clean,
            "corrupt": m_corrupt}
     done = 0
     for site in ("resid_pre", "head"):
-        for layer, row in _patched_rows(model, corrupt, clean, site, answer):
+        for layer, row in _patched_rows(model, corrupt, clean, site, answer, runs):
             out[site][layer] = ((row - m_corrupt) / (m_clean - m_corrupt)).to(out[site].device)
             done += 1
             yield done, 2 * L, out
 
 
-def _answer_gap(model: nn.Module, clean: torch.Tensor, corrupt: torch.Tensor, answer) -> tuple[float, float]:
+def _answer_gap(model: nn.Module, clean: torch.Tensor, corrupt: torch.Tensor, answer,
+                runs: _Runs | None = None) -> tuple[float, float]:
     """logit(good) - logit(bad) at the last position of the clean and the corrupted run; a sentence when they
-    are equal (no gap for a patch to recover)."""
+    are equal (no gap for a patch to recover). ``runs``: both runs already made (the corrupted one patched from the
+    clean one: their logits are read)."""
     with torch.inference_mode():
-        ends = logit_diff(torch.cat([_resid_pre(model, t)[0] for t in (clean, corrupt)]), answer)
+        both = [_resid_pre(model, t)[0] for t in (clean, corrupt)] if runs is None else [runs.source_logits,
+                                                                                          runs.logits]
+        ends = logit_diff(torch.cat(both), answer)
     m_clean, m_corrupt = float(ends[0]), float(ends[1])
     if abs(m_clean - m_corrupt) < 1e-6 * max(1.0, abs(m_clean)):
         raise ValueError(f"the clean and corrupted prompts give the same logit difference ({m_clean:.4g}): nothing is "
