@@ -222,25 +222,35 @@ def stepped_speed(model: nn.Module, prompt: torch.Tensor, n_tokens: int, *, step
         raise ValueError("measure at least 2 new tokens.")
     device = prompt.device
     generate(model, prompt, 2, step=step, use_cache=use_cache)  # warm-up
-    started = time.perf_counter()
-    spans, tokens = [], None
-    for r in range(repeats):
-        if budget_s is not None and r > 0 and time.perf_counter() - started > budget_s:
-            break
+
+    def run(limit: int, started: float) -> tuple[list[float], torch.Tensor]:
         new, times = [], []
-        limit = n_tokens if tokens is None else tokens.shape[1] - prompt.shape[1]
         for s in generate_steps(model, prompt, limit, step=step, use_cache=use_cache):
             dev.synchronize(device)
             times.append(time.perf_counter())
             new.append(s.token)
             if budget_s is not None and len(new) >= min_tokens and times[-1] - started > budget_s:
                 break
+        return times, torch.cat([prompt, torch.stack(new, dim=1)], dim=1)  # (1, T + k)
+    return _timed_runs(run, prompt.shape[1], n_tokens, repeats, budget_s)
+
+
+def _timed_runs(run, prompt_len: int, n_tokens: int, repeats: int, budget_s: float | None) -> dict[str, Any]:
+    """The runs of ``stepped_speed`` and ``transformers_stepped_speed``: ``run(limit, started)`` decodes up to
+    ``limit`` new tokens (stopping itself past ``budget_s`` from ``started``) and returns each new token's time and
+    its output (1, T + k); a later run decodes as many as the first, and none starts past the budget."""
+    started = time.perf_counter()
+    spans, tokens = [], None
+    for r in range(repeats):
+        if budget_s is not None and r > 0 and time.perf_counter() - started > budget_s:
+            break
+        times, out = run(n_tokens if tokens is None else tokens.shape[1] - prompt_len, started)
         spans.append((times[-1] - times[0]) / (len(times) - 1))
         if tokens is None:
-            tokens = torch.cat([prompt, torch.stack(new, dim=1)], dim=1)  # (1, T + k)
+            tokens = out
     step_s = max(statistics.median(spans), 1e-9)
     return {"tokens_per_s": 1.0 / step_s, "step_seconds": step_s, "tokens": tokens,
-            "new_tokens": tokens.shape[1] - prompt.shape[1], "repeats": len(spans)}
+            "new_tokens": tokens.shape[1] - prompt_len, "repeats": len(spans)}
 
 
 @torch.inference_mode()
@@ -386,57 +396,42 @@ def transformers_stepped_speed(hf, prompt: torch.Tensor, n_tokens: int, *, repea
 
     if n_tokens < 2 or min_tokens < 2:
         raise ValueError("measure at least 2 new tokens.")
-    mask = torch.ones_like(prompt)
-    hf.generation_config.eos_token_id = None  # as transformers_generate_fn: decode straight through </s>
     device = prompt.device
-    started = time.perf_counter()
-    times: list[float] = []
+    generate_n = transformers_generate_fn(hf, prompt)
+    generate_n(2)  # warm-up
 
-    class Clock:  # generate's streamer: put() gets the prompt, then each new token once it is chosen
-        def put(self, value) -> None:
-            dev.synchronize(device)
-            times.append(time.perf_counter())
+    def run(limit: int, started: float) -> tuple[list[float], torch.Tensor]:
+        times: list[float] = []
 
-        def end(self) -> None:
-            pass
+        class Clock:  # generate's streamer: put() gets the prompt, then each new token once it is chosen
+            def put(self, value) -> None:
+                dev.synchronize(device)
+                times.append(time.perf_counter())
 
-    class Budget(StoppingCriteria):  # asked once a token is chosen, before the streamer is handed it
-        def __call__(self, input_ids, scores, **kwargs):
-            done = budget_s is not None and input_ids.shape[1] - prompt.shape[1] >= min_tokens and \
-                time.perf_counter() - started > budget_s
-            return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+            def end(self) -> None:
+                pass
 
-    def run(n: int, clock=None, stop=None) -> torch.Tensor:
-        with torch.inference_mode():
-            return hf.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=n, pad_token_id=0,
-                               streamer=clock, stopping_criteria=stop)
+        class Budget(StoppingCriteria):  # asked once a token is chosen, before the streamer is handed it
+            def __call__(self, input_ids, scores, **kwargs):
+                done = budget_s is not None and input_ids.shape[1] - prompt.shape[1] >= min_tokens and \
+                    time.perf_counter() - started > budget_s
+                return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
-    run(2)  # warm-up
-    started = time.perf_counter()
-    spans, tokens = [], None
-    for r in range(repeats):
-        if budget_s is not None and r > 0 and time.perf_counter() - started > budget_s:
-            break
-        times.clear()
-        out = run(n_tokens if tokens is None else tokens.shape[1] - prompt.shape[1], Clock(),
-                  StoppingCriteriaList([Budget()]))
-        new = times[1:]  # times[0]: the prompt's put, before any step
-        spans.append((new[-1] - new[0]) / (len(new) - 1))
-        if tokens is None:
-            tokens = out
-    step_s = max(statistics.median(spans), 1e-9)
-    return {"tokens_per_s": 1.0 / step_s, "step_seconds": step_s, "tokens": tokens,
-            "new_tokens": tokens.shape[1] - prompt.shape[1], "repeats": len(spans)}
+        out = generate_n(limit, streamer=Clock(), stopping_criteria=StoppingCriteriaList([Budget()]))
+        return times[1:], out  # times[0]: the prompt's put, before any step
+    return _timed_runs(run, prompt.shape[1], n_tokens, repeats, budget_s)
 
 
 def transformers_generate_fn(hf, prompt: torch.Tensor):
-    """``fn(n)``: transformers' greedy generate of exactly n new tokens after ``prompt`` (1, T)."""
+    """``fn(n, **kwargs)``: transformers' greedy generate of exactly n new tokens after ``prompt`` (1, T) (fewer
+    where a ``stopping_criteria`` in ``kwargs`` ends it; ``kwargs`` go to ``generate``)."""
     mask = torch.ones_like(prompt)
     # No end-of-text token: ours decodes straight through it, and min_new_tokens would instead forbid it
     # (its logit set to -inf), so an answer whose greedy token is </s> diverged at once ("agreement 0 / 64").
     hf.generation_config.eos_token_id = None
 
-    def fn(n: int):
+    def fn(n: int, **kwargs):
         with torch.inference_mode():
-            return hf.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=n, pad_token_id=0)
+            return hf.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=n, pad_token_id=0,
+                               **kwargs)
     return fn

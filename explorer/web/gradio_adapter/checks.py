@@ -31,7 +31,8 @@ except ImportError as exc:  # a module moved: say which version this was written
                        f"tested with {TESTED_GRADIO}: install gradio=={TESTED_GRADIO} or update the adapter.") from exc
 
 __all__ = ["BlockFunction", "Blocks", "Event", "EventQueue", "LRUCache", "PlotData", "ProcessCompletedMessage",
-           "Queue", "SessionState", "StateHolder", "TESTED_GRADIO", "check_gradio", "default_group", "get_root_url", "shape_problems"]
+           "Queue", "SessionState", "StateHolder", "TESTED_GRADIO", "check_gradio", "default_group", "get_root_url",
+           "shape_problems"]
 
 #: The classes whose methods and attributes are used here.
 CLASSES = {"Blocks": Blocks, "Queue": Queue, "BlockFunction": BlockFunction, "StateHolder": StateHolder,
