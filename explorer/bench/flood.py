@@ -254,11 +254,13 @@ def class_beside_long_floods(url: str, *, addresses: int = 4, joins: int = 300, 
             **{f"class_{k}": None if q[k] is None else round(q[k], 2) for k in ("p50", "p95")}}
 
 
-def cancel_and_watch(server, http, session: str, fn: int, event_id: str, watch_s: float) -> dict[str, Any]:
+def cancel_and_watch(server, http, session: str, fn: int, event_id: str, watch_s: float,
+                     idle: float = 0.0) -> dict[str, Any]:
     """Stop as the button sends it (Gradio's /cancel) and the server's CPU seconds in each quarter second from the
-    moment it was sent: ``settled_after`` is when they first fell below a tenth of a core. Sent on a thread, since
-    Gradio answers the cancel only once the handler's current step has returned: timed from its answer, a step
-    that ran on after Stop would go unseen. ``cancel_answered_after``: when that answer came."""
+    moment it was sent: ``settled_after`` is when they first fell within a tenth of a core of ``idle`` (the server's
+    own rate before the work began: its heartbeats and sweeper are not the work). Sent on a thread, since Gradio
+    answers the cancel only once the handler's current step has returned: timed from its answer, a step that ran on
+    after Stop would go unseen. ``cancel_answered_after``: when that answer came."""
     answered: list[float] = []
     t0 = time.monotonic()
 
@@ -268,30 +270,36 @@ def cancel_and_watch(server, http, session: str, fn: int, event_id: str, watch_s
 
     sender = threading.Thread(target=send, daemon=True)
     windows, settled = [], None
-    last = server.cpu_seconds()
+    last, since = server.cpu_seconds(), time.monotonic()
     sender.start()
     while time.monotonic() - t0 < watch_s:
         time.sleep(0.25)
-        now = server.cpu_seconds()
-        windows.append(round((now - last) / 0.25, 2))
-        last = now
-        if settled is None and windows[-1] < 0.1:
-            settled = time.monotonic() - t0
+        now, at = server.cpu_seconds(), time.monotonic()
+        windows.append(round((now - last) / (at - since), 2))  # the window's real length: sleep overruns under load
+        last, since = now, at
+        if settled is None and windows[-1] < idle + 0.1:
+            settled = at - t0
     sender.join(60)
-    return {"cores_per_quarter_second_after": windows, "settled_after": settled,
+    return {"cores_per_quarter_second_after": windows, "settled_after": settled, "idle_cores": round(idle, 3),
             "cancel_answered_after": answered[0] if answered else None}
 
 
-def stop_frees_cpu(server, *, run_s: float = 3.0, after_s: float = 1.0, watch_s: float = 4.0,
-                   sweep: list | None = None) -> dict[str, Any]:
-    """A memory sweep (``sweep``, default ``SWEEP``) started, Stop pressed after ``run_s`` seconds (Gradio's
-    /cancel, as the button sends it); the server's CPU seconds in each quarter second from then on, and when they
-    fell below a tenth of a core (``cancel_and_watch``). ``after_s`` is not used (kept for callers)."""
+def idle_rate(server, seconds: float = 1.0) -> float:
+    """The server's CPU cores in use over ``seconds`` while nobody asks it anything."""
+    before, t = server.cpu_seconds(), time.monotonic()
+    time.sleep(seconds)
+    return (server.cpu_seconds() - before) / (time.monotonic() - t)
+
+
+def stop_frees_cpu(server, *, run_s: float = 3.0, watch_s: float = 4.0, sweep: list | None = None) -> dict[str, Any]:
+    """A memory sweep (``sweep``, default ``SWEEP``) started and Stop pressed after ``run_s`` seconds (Gradio's
+    /cancel, as the button sends it); then the server's CPU in quarter seconds (``cancel_and_watch``)."""
     import httpx
 
     plan = fetch_plan(server.url)
     fn = plan.fn_of("memory_compare")
     session = f"stopper-{uuid.uuid4().hex[:8]}"
+    idle = idle_rate(server)
     with httpx.Client(timeout=60) as http:
         r = http.post(server.url + API + "queue/join", json={"data": sweep or SWEEP, "fn_index": fn,
                                                             "session_hash": session, "event_data": None,
@@ -301,7 +309,7 @@ def stop_frees_cpu(server, *, run_s: float = 3.0, after_s: float = 1.0, watch_s:
         busy = server.cpu_seconds()
         time.sleep(0.5)
         busy_rate = (server.cpu_seconds() - busy) / 0.5
-        watched = cancel_and_watch(server, http, session, fn, event_id, watch_s)
+        watched = cancel_and_watch(server, http, session, fn, event_id, watch_s, idle)
     return {"cores_busy_before_stop": busy_rate, **watched}
 
 
@@ -354,6 +362,7 @@ def finetune_stop_frees_cpu(server, folder_name: str, *, run_s: float = 12.0, wa
                             time.monotonic() + timeout, follow=False)
         if load not in loaded.done:
             raise RuntimeError(f"loading {folder_name} failed: {loaded.refused + loaded.failed}")
+        idle = idle_rate(server)
         values = [8, 16, ["q_proj", "v_proj"], FT_TEXT, 200, None, 60, None]
         r = http.post(server.url + API + "queue/join", json={"data": values, "fn_index": ft, "session_hash": session,
                                                             "event_data": None, "trigger_id": None})
@@ -381,7 +390,7 @@ def finetune_stop_frees_cpu(server, folder_name: str, *, run_s: float = 12.0, wa
         busy = server.cpu_seconds()
         time.sleep(0.5)
         busy_rate = (server.cpu_seconds() - busy) / 0.5
-        watched = cancel_and_watch(server, http, session, ft, event_id, watch_s)
+        watched = cancel_and_watch(server, http, session, ft, event_id, watch_s, idle)
         said = run_events(http, server.url, session, plan, [stop], {stop: [None]}, time.monotonic() + 60,
                           follow=False, keep_outputs=True)
     status = (said.outputs.get(stop) or [None])[0]
