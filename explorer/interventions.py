@@ -23,7 +23,9 @@ from lens.loss import per_token_loss, token_losses  # noqa: F401 (per_token_loss
 
 HOWS = ("zero", "mean")
 SITES = ("resid_pre", "head")
-ROW_BYTES = 256 * 2**20  # the most one batch's logits may take; longer prompts run fewer rows at a time
+# The most one batch's logits may take (longer prompts run fewer rows at a time): under glibc's largest mmap
+# threshold (32 MiB), so a freed batch is reused from the heap, not mapped and page-faulted in again each time.
+ROW_BYTES = 24 * 2**20
 # The most row-positions one block runs at once (a block's activations take ~25 KB a row-position on the
 # SmolLM2-135M shape), and the fewest layer groups a sweep or patching reports progress in.
 STAIR_TOKENS = 4096

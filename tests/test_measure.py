@@ -335,7 +335,13 @@ def test_a_stop_ends_a_naive_measurement_between_two_operations(monkeypatch):
         return build_mask(*args, **kwargs)
 
     monkeypatch.setattr(attention_module, "build_mask", mask_then_stop)
-    monkeypatch.setattr(torch, "softmax", lambda *a, **k: softmaxes.append(1) or softmax(*a, **k))
+    me = threading.get_ident()  # only this thread's: an app another test started may run softmax meanwhile
+
+    def counted(*args, **kwargs):
+        if threading.get_ident() == me:
+            softmaxes.append(1)
+        return softmax(*args, **kwargs)
+    monkeypatch.setattr(torch, "softmax", counted)
     with stoppable(event), pytest.raises(Stopped):
         attention_memory(64, 2, 16, impls=["naive"], repeats=1)
     assert not softmaxes
