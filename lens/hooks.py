@@ -136,16 +136,35 @@ class ActivationCache(dict):
         return torch.stack([self[n] for n in names])
 
 
+def _named_point(model: nn.Module, name: str) -> HookPoint | None:
+    """The hook point ``name`` names (as ``_hook_points`` lists it), found by its path: a sweep registers a few
+    hooks per call, and listing every module of a 30-layer model each time cost more than the hooks."""
+    try:
+        point = model.get_submodule(name)
+    except AttributeError:
+        return None
+    if not isinstance(point, HookPoint):
+        return None
+    parent, _, leaf = name.rpartition(".")
+    if leaf in ("hook_rot_q", "hook_rot_k"):
+        owner = model.get_submodule(parent) if parent else model
+        if isinstance(owner, Attention) and not owner.use_rope:
+            return None
+    return point
+
+
 def _select(model: nn.Module, names) -> list[tuple[str, HookPoint]]:
-    points = _hook_points(model)
     if names is None:
-        return points
+        return _hook_points(model)
     if callable(names):
-        return [(n, m) for n, m in points if names(n)]
+        return [(n, m) for n, m in _hook_points(model) if names(n)]
     if isinstance(names, str):
         names = [names]
     wanted = list(names)
-    known = dict(points)
+    found = [(n, _named_point(model, n)) for n in dict.fromkeys(wanted)]
+    if all(point is not None for _, point in found):
+        return found
+    known = dict(_hook_points(model))
     unknown = [n for n in wanted if n not in known]
     if unknown:
         raise ValueError(f"{unknown[0]!r} is not a hook point of this model; hook_names(model) lists the "
