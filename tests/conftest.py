@@ -11,10 +11,12 @@ The tiers (markers in pytest.ini): ``python -m pytest -q -m "not slow" tests`` w
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -184,3 +186,32 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+#: A fast test still running after this many seconds has every thread's stack written down (it goes on running)
+#: and shown at the end of the run: a rare ~100 s stall of a served request in the fast tier is to be caught in the act.
+STALL_SECONDS = 60
+_STALLS: list[tuple[str, str]] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    if item.get_closest_marker("slow") is not None:
+        yield
+        return
+    with tempfile.TemporaryFile("w+") as dump:
+        faulthandler.dump_traceback_later(STALL_SECONDS, file=dump)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+            dump.seek(0)
+            stacks = dump.read()
+    if stacks:
+        _STALLS.append((item.nodeid, stacks))
+
+
+def pytest_terminal_summary(terminalreporter):
+    for nodeid, stacks in _STALLS:
+        terminalreporter.write_sep("=", f"{nodeid} ran past {STALL_SECONDS} s: every thread then")
+        terminalreporter.write_line(stacks[-20000:])
