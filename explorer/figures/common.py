@@ -386,4 +386,4 @@ def two_maps_phone(fig: go.Figure, title: str, labels: Sequence[str], right_labe
 
 FLAT_BAR = 70  # px a colour bar laid flat under a phone's figure takes, with its ticks and title
 FLAT_COLORBAR = dict(orientation="h", x=0.5, xanchor="center", len=1, thickness=10, yref="container", y=0,
-                     yanchor="bottom", ypad=8, xpad=0, title=dict(side="top"))
+                     yanchor="bottom", ypad=8, xpad=0, title=dict(side="bottom"))  # (on top, it lay on the bar)

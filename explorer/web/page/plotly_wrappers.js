@@ -98,7 +98,7 @@
     const title = bar.title && typeof bar.title === 'object' ? bar.title : {text: bar.title};
     const flat = Object.assign({}, bar, {orientation: 'h', x: 0.5, xanchor: 'center', len: 1, lenmode: 'fraction',
                                          thickness: 10, yref: 'container', y: 0, yanchor: 'bottom', ypad: 8, xpad: 0,
-                                         title: Object.assign({}, title, {side: 'top'})});
+                                         title: Object.assign({}, title, {side: 'bottom'})});  // on top: on the bar
     return data.map(t => t === maps[0] ? Object.assign({}, t, {colorbar: flat}) : t);
   };
   const FLAT_BAR = 70;  // px the flat colour bar, its ticks and title take under the figure
