@@ -11,9 +11,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
-from .common import (FONT, KEY_AXIS, PHONE_WIDTH, PROJECTOR_TEXT, QUALITATIVE, QUERY_AXIS, SEQUENTIAL,
-                     WEIGHT_COLORBAR, WEIGHT_RANGE, auto_height, base_layout, colorbar, head_label, heatmap_figure,
-                     kv_head_of, label_token_axes, text_px, thinned, tick_step, title_lines, top_title,
+from .common import (FLAT_BAR, FLAT_COLORBAR, FONT, KEY_AXIS, PHONE_WIDTH, PROJECTOR_TEXT, QUALITATIVE, QUERY_AXIS,
+                     SEQUENTIAL, WEIGHT_COLORBAR, WEIGHT_RANGE, auto_height, base_layout, colorbar, head_label,
+                     heatmap_figure, kv_head_of, label_token_axes, text_px, thinned, tick_step, title_lines, top_title,
                      wrap_title)
 
 SCORE_TITLES = {
@@ -299,7 +299,8 @@ def head_scores_figure(
     fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=1, colorbar=colorbar("score (0–1)")))
     fig.update_layout(_scores_layout(names, L, H, heads, layers, title, width, PROJECTOR_TEXT))
     narrow = _scores_layout(names, L, H, heads, layers, title, PHONE_WIDTH, FONT["size"], tallest=320)
-    narrow["margin"]["l"] = 70
+    narrow["margin"].update(l=70, r=10, b=narrow["margin"]["b"] + FLAT_BAR)
+    narrow.update(height=narrow["height"] + FLAT_BAR, coloraxis={"colorbar": FLAT_COLORBAR})  # beside: 156 px panels
     fig.update_layout(meta={"narrow": narrow})
     return fig
 

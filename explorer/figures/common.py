@@ -143,7 +143,8 @@ def heatmap_figure(
     narrow = {"title": top_title(phone), "margin": {"t": 36 + 24 * title_lines(phone), "l": 60}}
     narrow.update(token_axes_layout(x_labels, y_labels, width=PHONE_WIDTH, height=fig.layout.height or 450,
                                     top=narrow["margin"]["t"], font_px=FONT["size"]))
-    fig.update_layout(meta={"narrow": narrow})
+    # "top": the top margin meant (Gradio raises a titled figure's to 100 px for its label; the page puts it back)
+    fig.update_layout(meta={"narrow": narrow, "top": top})
     return fig
 
 
@@ -173,7 +174,8 @@ def phone_layout(fig: go.Figure, *, size: float = FONT["size"], left: float = 70
     phone = wrap_title(text, PHONE_WIDTH - 20)
     grown = 22 * (title_lines(phone) - title_lines(text)) + 14 * extra
     top = (fig.layout.margin.t if fig.layout.margin.t is not None else 100) + grown
-    layout = {"title": {"text": phone}, "margin": {"t": top, "l": left, "r": right}, "annotations": wrapped}
+    # (hung from the top: centred in the margin, a title of several lines ran down onto the subplot titles)
+    layout = {"title": top_title(phone), "margin": {"t": top, "l": left, "r": right}, "annotations": wrapped}
     if fig.layout.height:
         layout["height"] = fig.layout.height + grown
     return layout
@@ -348,6 +350,10 @@ def parameter_bars(parts: dict[str, int], *, title: str, total: int) -> go.Figur
     base_layout(fig, title, height=360)
     fig.update_xaxes(title_text="parameters (count)")
     fig.update_yaxes(title_text="component", autorange="reversed")
+    # a phone: taller and the right margin narrower, for a plot area of 200 px each way beside the long names
+    narrow = phone_layout(fig, right=10)
+    narrow["height"] += 60
+    fig.update_layout(meta={"narrow": narrow})
     return fig
 
 
@@ -371,4 +377,13 @@ def two_maps_phone(fig: go.Figure, title: str, labels: Sequence[str], right_labe
     notes = [a.to_plotly_json() for a in fig.layout.annotations]
     layout["annotations"] = [dict(a, x=0.5, y=layout[f"yaxis{s}"]["domain"][1], font=dict(size=13))
                              for a, s in zip(notes, ("", "2"))]
+    if fig.layout.coloraxis.colorbar.title.text:  # the shared colour bar laid flat under both: beside them, 120 px maps
+        layout["height"] += FLAT_BAR
+        layout["margin"]["b"] += FLAT_BAR
+        layout["coloraxis"] = {"colorbar": FLAT_COLORBAR}
     return layout
+
+
+FLAT_BAR = 70  # px a colour bar laid flat under a phone's figure takes, with its ticks and title
+FLAT_COLORBAR = dict(orientation="h", x=0.5, xanchor="center", len=1, thickness=10, yref="container", y=0,
+                     yanchor="bottom", ypad=8, xpad=0, title=dict(side="bottom"))  # (on top, it lay on the bar)

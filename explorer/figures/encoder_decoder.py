@@ -46,14 +46,14 @@ def side_by_side_maps(
     fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=zmin, cmax=zmax,
                                      colorbar=colorbar(colorbar_title)))
     wrapped = wrap_title(title, width - 20)
-    top = 60 + 24 * title_lines(wrapped)  # the title, then the maps' own titles
+    top = 52 + 24 * title_lines(wrapped)  # the title, then the maps' own titles (8 px fewer: a presented plot's)
     height = auto_height(max(len(labels), len(right_labels)), lo=420, hi=820)
     base_layout(fig, wrapped, height=height)
     fig.update_layout(margin=dict(t=top), title=top_title(wrapped))
     for suffix, lab in (("", labels), ("2", right_labels)):
         fig.update_layout(token_axes_layout(lab, lab, width=width, height=height, top=top, suffix=suffix,
                                             share=0.44))
-    fig.update_layout(meta={"narrow": two_maps_phone(fig, title, labels, right_labels)})
+    fig.update_layout(meta={"narrow": two_maps_phone(fig, title, labels, right_labels), "top": top})  # (common.py)
     return fig
 
 

@@ -14,6 +14,7 @@ from .common import (DIVERGING, FONT, PAGE_WIDTH, PHONE_WIDTH, PROJECTOR_TEXT, Q
                      token_ticks, top_title, wrap_title)
 
 
+LEGEND_WIDTH = 200  # px the loss figure's legend takes right of the plot, its 16 px names in projector mode
 LOSS_WIDTH = 720  # px the Experiments tab gives the loss per token at 1280 (its wider column of two)
 
 
@@ -33,20 +34,22 @@ def loss_per_token_figure(targets: Sequence[str], before: np.ndarray, after: np.
                       annotation_text="repeated part", annotation_position="top left")
     full = title + (f"<br><sup>{provenance}</sup>" if provenance else "")
     wrapped = wrap_title(full, width - 20)
-    top = 66 + 24 * title_lines(wrapped)  # the title, then the legend above the plot
+    # the title only: the legend stands right of the plot (above it, it cost a presented figure 26 px of plot)
+    top = 24 + 20 * title_lines(wrapped)
     below = min(220, 40 + max((text_px(t, PROJECTOR_TEXT) for t in x), default=0))  # the upright targets
     base_layout(fig, wrapped, height=int(top + 240 + below))
     # the targets upright, every k-th labelled that stands apart at projector size (hover names each)
     fig.update_xaxes(title_text="token being predicted", tickangle=-90,
-                     **token_ticks(x, width - 70 - 20, PROJECTOR_TEXT))
+                     **token_ticks(x, width - 70 - LEGEND_WIDTH, PROJECTOR_TEXT))
     fig.update_yaxes(title_text="loss (nats per token)", rangemode="tozero")
-    fig.update_layout(legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+    fig.update_layout(legend=dict(orientation="v", y=1, yanchor="top", x=1.02, xanchor="left"),
                       margin=dict(t=top), title=top_title(wrapped))
     phone = wrap_title(full, PHONE_WIDTH - 20)
     fig.update_layout(meta={"narrow": {
         "title": top_title(phone), "height": int(300 + below + 24 * title_lines(phone)),
-        "margin": {"t": 66 + 24 * title_lines(phone), "l": 60, "r": 10},
-        "xaxis": token_ticks(x, PHONE_WIDTH - 70, FONT["size"])}})
+        "margin": {"t": 66 + 24 * title_lines(phone), "l": 60, "r": 10},  # the legend above the plot there
+        "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"},
+        "xaxis": token_ticks(x, PHONE_WIDTH - 70, FONT["size"])}, "top": top})  # "top": see common.heatmap_figure
     return fig
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from .common import QUALITATIVE, base_layout, display_token, provenance_text
+from .common import PHONE_WIDTH, QUALITATIVE, base_layout, display_token, phone_layout, provenance_text, wrap_title
 
 CHOSEN = "#d62728"
 OTHER = "#1f77b4"
@@ -76,7 +76,11 @@ def next_token_figure(
                      autorange="reversed")
     if settings:
         fig.add_annotation(text=settings, xref="paper", yref="paper", x=0, y=1.0, yshift=6, xanchor="left",
-                           yanchor="bottom", showarrow=False, font=dict(size=10, color="#666"))
+                           yanchor="bottom", showarrow=False, font=dict(size=11, color="#666"))
+    # a phone: the settings line wrapped, and a taller plot so the long y axis title stays beside it
+    narrow = phone_layout(fig, size=11)
+    narrow["height"] = narrow.get("height", fig.layout.height) + 140
+    fig.update_layout(meta={"narrow": narrow})
     return fig
 
 
@@ -121,6 +125,13 @@ def _per_token_layout(fig: go.Figure, title: str, provenance: Mapping[str, str] 
     fig.update_layout(legend=dict(orientation="h", y=-0.25, x=0), margin=dict(t=80, b=110))
     fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(title_text=y_title, rangemode="tozero")
+    # a phone: taller (the plot was 75 px under the wrapped title), the x title on lines that fit and the legend
+    # hung below it (anchored at its bottom, the legend rose onto the axis title)
+    narrow = phone_layout(fig, left=60, right=10)
+    narrow["margin"]["b"] = 190
+    narrow.update(height=narrow["height"] + 230, legend={"y": -0.3, "yanchor": "top", "x": 0},
+                  xaxis={"title": {"text": wrap_title(x_title, PHONE_WIDTH - 90, size=12)}})
+    fig.update_layout(meta={"narrow": narrow})
     return fig
 
 
@@ -147,7 +158,7 @@ def cache_timing_figure(
                              name=f"with KV cache (total {w.sum():.1f} ms)", line=dict(color=QUALITATIVE[2]),
                              hovertemplate="token %{x}<br>%{y:.3f} ms<extra>with cache</extra>"))
     wo_name = (f"without cache (total {wo.sum():.1f} ms)" if every else
-               f"without cache, measured at {len(wo)} of {len(w)} tokens only ({wo.sum():.1f} ms there)")
+               f"without cache, measured at {len(wo)} of {len(w)}<br>tokens only ({wo.sum():.1f} ms there)")
     fig.add_trace(go.Scatter(x=wo_x, y=wo.tolist(), mode="lines+markers", name=wo_name,
                              line=dict(color=QUALITATIVE[3]),
                              hovertemplate="token %{x}<br>%{y:.3f} ms<extra>without cache</extra>"))

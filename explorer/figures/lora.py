@@ -5,6 +5,7 @@ Pure functions: numbers, lists and NumPy arrays in, plotly figures out. No torch
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -60,9 +61,13 @@ def parameter_figure(
                      f"<br><sup>counted on a copy of the adapted structure · formula r·(in + out) per projection · "
                      f"memory predicted ({dtype}; activations not included)</sup>", height=440)
     fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.18, x=0.55), margin=dict(t=90, b=90))
-    fig.update_yaxes(type="log", dtick=1, title_text="parameters", row=1, col=1)
+    # headroom over the tallest bar (log units): its count, written above it, stays under the subplot title
+    top = math.log10(max(1, *values))
+    fig.update_yaxes(type="log", dtick=1, title_text="parameters", row=1, col=1,
+                     range=[math.log10(max(1, min(values))) - 0.5, top + 0.6])
     fig.update_yaxes(title_text="MiB", rangemode="tozero", row=1, col=2)
-    fig.update_layout(meta={"narrow": stacked_phone(fig)})
+    # a phone: the legend from the left edge (from the middle it pushed the right margin out, the plots 165 px wide)
+    fig.update_layout(meta={"narrow": {**stacked_phone(fig), "legend": {"x": 0, "xanchor": "left"}}})
     return fig
 
 

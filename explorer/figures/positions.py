@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from .common import DIVERGING, QUALITATIVE, base_layout, colorbar
+from .common import DIVERGING, QUALITATIVE, base_layout, colorbar, phone_layout
 
 CYCLIC = "Twilight"
 
@@ -39,7 +39,8 @@ def rope_circle_figure(
     for n, i in enumerate(pairs):
         colour = QUALITATIVE[n % len(QUALITATIVE)]
         a = angles[: position + 1, i]
-        wl = f", one turn per {wavelengths[i]:,.1f} positions" if wavelengths is not None else ""
+        # (the turn on a line of its own: on one line a phone's legend ran past the figure's right edge)
+        wl = f",<br>one turn per {wavelengths[i]:,.1f} positions" if wavelengths is not None else ""
         name = f"pair {i} (dims {i}, {i + half}){wl}"
         fig.add_trace(go.Scatter(
             x=np.cos(a), y=np.sin(a), mode="lines+markers", line=dict(color=colour, width=1),
@@ -59,6 +60,10 @@ def rope_circle_figure(
     fig.update_yaxes(title_text="second dim of the pair (i + D/2)", range=[-1.25, 1.25], zeroline=True,
                      scaleanchor="x", scaleratio=1)
     fig.update_layout(legend=dict(orientation="h", y=-0.18, x=0))
+    # a phone: the title wrapped and the figure taller, the square circle 200 px beside a legend of two-line entries
+    narrow = phone_layout(fig)
+    narrow["height"] = narrow.get("height", 520) + 100
+    fig.update_layout(meta={"narrow": narrow})
     return fig
 
 

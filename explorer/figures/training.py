@@ -7,7 +7,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import QUALITATIVE, auto_height, base_layout, heatmap_figure, phone_layout, token_labels
+from .common import (QUALITATIVE, auto_height, base_layout, heatmap_figure, phone_layout, title_lines, token_labels,
+                     top_title)
 
 SCORES = (("previous_token", "previous-token", QUALITATIVE[0]), ("induction", "induction", QUALITATIVE[1]),
           ("first_token", "first-token (sink)", QUALITATIVE[2]))
@@ -56,8 +57,25 @@ def training_curves(c: dict, phase: dict, *, source: str) -> go.Figure:
     fig.update_xaxes(title_text="training step", row=2, col=1)
     base_layout(fig, f"The training run<br><sup>{source}</sup>", height=620)
     fig.update_layout(legend=dict(orientation="h", y=-0.12), hovermode="closest")
-    fig.update_layout(meta={"narrow": phone_layout(fig)})
+    fig.update_layout(meta={"narrow": _curves_phone(fig)})
     return fig
+
+
+def _curves_phone(fig: go.Figure) -> dict:
+    """``phone_layout`` with the title hung from the top over a margin that holds its lines (centred in a margin
+    sized for fewer, its source lines sat on the first subplot's title) and the phase note folded inside the plot
+    (on one line it ran past a phone's right edge)."""
+    narrow = phone_layout(fig)
+    lines = title_lines(narrow["title"]["text"])
+    narrow["title"] = top_title(narrow["title"]["text"])
+    narrow["margin"]["t"] = 56 + 18 * lines
+    narrow["height"] = fig.layout.height + narrow["margin"]["t"] - (fig.layout.margin.t or 60)
+    for a in narrow["annotations"]:
+        if a.get("xref") == "x2" and "phase change" in str(a.get("text")):
+            words = str(a["text"]).strip().split(", ")
+            a.update(text=",<br>".join(words).replace(": ", ":<br>", 1), x=1, xref="x2 domain", xanchor="right",
+                     y=0.5, yanchor="middle", align="right")
+    return narrow
 
 
 STEP_LINE = dict(color="#d62728", width=2, dash="dash")

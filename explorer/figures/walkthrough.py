@@ -93,12 +93,27 @@ def stacked_heatmaps(panels: Sequence[Panel], *, title: str, value_name: str = "
     if masked_text is not None:
         axes["plot_bgcolor"] = "#d9d9d9"
     fig.update_layout(axes)
-    narrow = phone_layout(fig)
+    narrow = _stacked_phone(fig, panels)
     for i, p in enumerate(panels):
         if p.columns is not None:
             narrow[f"xaxis{i + 1 if i else ''}"] = token_ticks(list(p.columns), PHONE_WIDTH - 180, FONT["size"])
     fig.update_layout(meta={"narrow": narrow})
     return fig
+
+
+def _stacked_phone(fig: go.Figure, panels: Sequence[Panel]) -> dict:
+    """``phone_layout`` with room for the panels on a 358 px page: thinner colour bars, row names such as "head 0
+    (KV 0)" on two lines and the figure taller, for a plot area of at least 200 px each way (it was 149×136)."""
+    narrow = phone_layout(fig, left=60, right=0)
+    for i, p in enumerate(panels):
+        suffix = i + 1 if i else ""
+        narrow[f"coloraxis{suffix}"] = {"colorbar": {"thickness": 8, "xpad": 4}}
+        if any(" (" in str(r) for r in p.rows) and len(p.rows) <= 16:
+            narrow[f"yaxis{suffix}"] = {"tickmode": "array", "tickvals": list(p.rows),
+                                        "ticktext": [str(r).replace(" (", "<br>(", 1) for r in p.rows]}
+    height = narrow.get("height", fig.layout.height)
+    narrow["height"] = height + max(0, 300 - (height - narrow["margin"]["t"] - 70))
+    return narrow
 
 
 def vectors_figure(vectors: Mapping[str, np.ndarray], *, title: str, shared: bool = False,
@@ -201,6 +216,7 @@ def top_tokens_figure(tokens: Sequence[str], ids: Sequence[int], values: Sequenc
 
 LENS_CHARS = 7  # characters of a token in a lens cell (hover has it whole): 16 px text fits a projector's cell
 LENS_TEXT = 12  # px of the cells' text; the page script draws it at 16 px in projector mode
+LENS_PHONE_CHARS = 5  # ... and on a phone's 358 px
 LENS_DEEP = 16  # rows past this: the last layer on top
 LENS_ROW_DEEP = 20  # px a row of a deep model's lens: the 16 px cell text still fits
 
@@ -246,7 +262,10 @@ def lens_figure(rows: Sequence[str], tokens: Sequence[Sequence[str]], ids: np.nd
     narrow = phone_layout(fig, left=70, right=4, scale_off=True)
     # a phone: no colour bar (the cells carry their numbers), the top tokens given all but the last column
     narrow.update(xaxis={"domain": [0, 0.8]}, xaxis2={"domain": [0.82, 1]}, coloraxis={"showscale": False})
-    fig.update_layout(meta={"narrow": narrow})
+    narrow["height"] = narrow.get("height", fig.layout.height) + 80  # its wrapped title left the rows 170 px
+    # a phone's cells are 45 px wide: tokens cut to 5 characters at 11 px there, or they run into each other
+    short = {"text": [[display_token(t, LENS_PHONE_CHARS) for t in row] for row in tokens], "textfont": {"size": 11}}
+    fig.update_layout(meta={"narrow": narrow, "narrow_traces": [short, {"textfont": {"size": 11}}]})
     return fig
 
 

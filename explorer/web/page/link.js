@@ -66,10 +66,14 @@
       const room = window.innerHeight - bar() - 16;
       let b = box(els);
       const excess = b.bottom - b.top - room;
-      if (excess > 0 && window.Plotly) {  // side by side or alone, each figure gives up the excess
+      // (a phone scrolls: its figures keep their height, squeezed into the window two stacked maps ran into each other)
+      if (excess > 0 && window.Plotly && window.innerWidth >= 640) {  // side by side or alone, each gives up the excess
         for (const gd of els.flatMap(el => [...el.querySelectorAll('.js-plotly-plot')])) {
-          const h = window.explorerHeight(gd);
-          if (h && h - excess >= 240) await window.explorerPlace(gd, Math.floor(h - excess));
+          // never shorter than keeps its plot area readable (a phone's two maps fell to 65 px each): the figure
+          // then runs past the window's bottom, its top in view
+          const h = window.explorerHeight(gd), least = window.explorerLeast ? window.explorerLeast(gd) : 240;
+          const want = Math.floor(Math.max(h - excess, least, 240));
+          if (h && want < h - 2) await window.explorerPlace(gd, want);
         }
         b = box(els);
       }

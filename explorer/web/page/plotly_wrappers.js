@@ -87,6 +87,26 @@
     const narrow = layout.meta && layout.meta.narrow;
     return narrow ? merged(layout, narrow) : wrapTitle(layout);
   };
+  // ... and a figure with one colour bar beside its map (a heatmap's) gets it laid flat under the figure: upright
+  // beside the map it took a quarter of a phone's width, leaving the map 120-160 px wide
+  const narrowBar = (data, layout) => {
+    if (window.innerWidth >= 640 || !Array.isArray(data)) return data;
+    if (Object.keys(layout).some(k => /^coloraxis/.test(k))) return data;
+    const maps = data.filter(t => /^(heatmap|contour)/.test(t.type || '') && !t.coloraxis && t.showscale !== false);
+    if (maps.length !== 1) return data;
+    const bar = maps[0].colorbar || {};
+    const title = bar.title && typeof bar.title === 'object' ? bar.title : {text: bar.title};
+    const flat = Object.assign({}, bar, {orientation: 'h', x: 0.5, xanchor: 'center', len: 1, lenmode: 'fraction',
+                                         thickness: 10, yref: 'container', y: 0, yanchor: 'bottom', ypad: 8, xpad: 0,
+                                         title: Object.assign({}, title, {side: 'bottom'})});  // on top: on the bar
+    return data.map(t => t === maps[0] ? Object.assign({}, t, {colorbar: flat}) : t);
+  };
+  const FLAT_BAR = 70;  // px the flat colour bar, its ticks and title take under the figure
+  const narrowBarLayout = (layout) => {
+    const m = layout.margin || {}, b = m.b === undefined ? 80 : m.b, r = m.r === undefined ? 80 : m.r;
+    return Object.assign({}, layout, {height: (layout.height || 450) + FLAT_BAR,
+                                      margin: Object.assign({}, m, {b: b + FLAT_BAR, r: Math.min(r, 12)})});
+  };
   // Token axes label every token that fits: every k-th category so that labels stand 1.2 font heights apart at
   // the size the figure is drawn (a phone's width, a projector's fitted height, its 16 px), re-thinned on resize
   const thin = () => document.querySelectorAll('.js-plotly-plot').forEach(el => {
@@ -107,6 +127,14 @@
     });
     if (Object.keys(update).length) window.Plotly.relayout(el, update);
   });
+  // the part of the space inside the margins that the subplots take up and down (their domains leave gaps): the
+  // plot area that MIN_PLOT is about is theirs, not the margins' inside
+  const plotShare = (el) => {
+    const boxes = [...el.querySelectorAll('.draglayer .nsewdrag')].map(d => d.getBoundingClientRect())
+      .filter(b => b.height > 0);
+    const h = boxes.length ? Math.max(...boxes.map(b => b.bottom)) - Math.min(...boxes.map(b => b.top)) : 0;
+    return h > 0 && el._fullLayout._size.h > 0 ? Math.min(1, Math.max(0.2, h / el._fullLayout._size.h)) : 1;
+  };
   // projector mode: the visible tab's main (first) figure made short enough to end inside the window
   const fit = () => {
     // (a presented figure is sized by present.js)
@@ -119,10 +147,12 @@
       // back up to the height it was sent with as far as the room allows: a figure first drawn while the header
       // above it was still wrapping got a room that later grew (the memory lab's plot area had shrunk to nothing)
       const sent = (el.explorerSource && el.explorerSource[1] && el.explorerSource[1].height) || el._fullLayout.height;
-      // never so short that the plot area falls under MIN_PLOT: past the window's bottom instead
-      const least = el._fullLayout.height - el._fullLayout._size.h + MIN_PLOT;
-      const want = Math.max(Math.min(sent, room), Math.min(least, sent));
-      if (room >= 240 && Math.abs(el._fullLayout.height - want) > 2) window.Plotly.relayout(el, {height: want});
+      // never so short that the plot area falls under MIN_PLOT, even if it was sent shorter: past the window's
+      // bottom instead (a figure laid out for a desk had 96-250 px of plot under projector mode's larger text)
+      const least = el._fullLayout.height - el._fullLayout._size.h + Math.ceil(MIN_PLOT / plotShare(el)) + 2;
+      // (a figure low on the page, with little room under it, keeps its height but still grows to the least)
+      const want = room >= 240 ? Math.max(Math.min(sent, room), least) : Math.max(el._fullLayout.height, least);
+      if (Math.abs(el._fullLayout.height - want) > 2) window.Plotly.relayout(el, {height: want});
     });
   };
   // One figure saved as PNG or SVG: laid out as on screen, scaled to fill a 1920×1080 slide (text grows with it),
@@ -165,7 +195,22 @@
     const react = P.react;
     P.react = function (el, data, layout, config) {
       if (el && !this.explorerRestyle) el.explorerSource = [data, layout];  // as sent: projector mode off again
+      // Gradio raises a titled figure's top margin to 100 px for a label floated over it; page.css puts the label
+      // above the figure instead, so a figure that says what it meant (meta.top) gets those px back for its plot
+      const meant = layout && layout.meta && layout.meta.top, m = (layout && layout.margin) || {};
+      if (meant !== undefined && meant < 100 && m.t === 100) {
+        layout = Object.assign({}, layout, {margin: Object.assign({}, m, {t: meant})});
+      }
       if (layout) layout = narrowLayout(layout);
+      // ... and the traces' own phone changes (layout.meta.narrow_traces: one patch a trace, such as shorter cell text)
+      const patches = layout && window.innerWidth < 640 && layout.meta && layout.meta.narrow_traces;
+      if (Array.isArray(patches) && Array.isArray(data)) {
+        data = data.map((t, i) => patches[i] ? merged(t, patches[i]) : t);
+      }
+      if (layout && data) {
+        const flat = narrowBar(data, layout);
+        if (flat !== data) [data, layout] = [flat, narrowBarLayout(layout)];
+      }
       if (document.body.classList.contains('projector') && layout) [data, layout] = projectorSizes(data, layout);
       const panel = document.body.classList.contains('projector') && el && el.closest && el.closest('[id^="tab-"]');
       const presented = window.explorerPresentedHeight && window.explorerPresentedHeight(el);
@@ -217,6 +262,11 @@
   window.explorerSaveTab = saveTab;
   window.explorerDrawn = (gd) => !!gd._fullLayout;
   window.explorerHeight = (gd) => gd._fullLayout && gd._fullLayout.height;
+  // the least height that keeps a figure's plot area at the audit's rule: 300 px in projector mode, 200 on a phone
+  window.explorerLeast = (gd) => {
+    const L = gd._fullLayout, least = document.body.classList.contains('projector') ? MIN_PLOT : 210;
+    return L ? L.height - L._size.h + Math.ceil(least / plotShare(gd)) + 2 : 240;
+  };
   window.explorerPlace = (gd, h) => {
     if (document.body.classList.contains('deck')) gd.explorerPlaced = h;
     return window.Plotly.relayout(gd, {height: h});
