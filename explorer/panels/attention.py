@@ -313,7 +313,7 @@ def build_attention(demo: gr.Blocks, state: gr.State) -> None:
             pick = gr.Dropdown(label="Jump to a head by its score", choices=[], value=None)
             scores = gr.Plot(label="Head scores", elem_id="attention-scores")
         with gr.Column(scale=2):
-            gqa = gr.Plot(label="Grouped-query attention: which query heads share a KV head")
+            gqa = gr.Plot(label="Grouped-query attention: which query heads share a KV head", elem_id="attention-gqa")
             gqa_md = gr.Markdown()
 
     vote.ask_section(demo, "attention", vote.attention_question, [prompt, layer, head, state],

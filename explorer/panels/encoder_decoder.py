@@ -202,8 +202,8 @@ def build_encoder_decoder(demo: gr.Blocks, state: gr.State) -> None:
     blank_md = gr.Markdown()
     blank_table = gr.Dataframe(label="Top-10 guesses (probabilities)", headers=TABLE_HEADERS, interactive=False)
     md = gr.Markdown()
-    norms = gr.Plot(label="RMSNorm vs LayerNorm")
-    acts = gr.Plot(label="SwiGLU vs GELU")
+    norms = gr.Plot(label="RMSNorm vs LayerNorm", elem_id="encoder-decoder-norms")
+    acts = gr.Plot(label="SwiGLU vs GELU", elem_id="encoder-decoder-acts")
     inputs = [prompt, layer, head, token, state]
     outputs = [masks, attn, norms, acts, md, layer, head, blank]
     blank_io = ([prompt, blank, state], [blank_fig, blank_table, blank_md])

@@ -408,8 +408,8 @@ def build_experiments(demo: gr.Blocks, state: gr.State) -> None:
                 patch_stop = gr.Button("Stop", variant="stop", min_width=80)
             patch_md = gr.Markdown()
         with gr.Column(scale=3):
-            resid = gr.Plot(label="Residual stream patched in")
-    head_fig = gr.Plot(label="One head's output patched in")
+            resid = gr.Plot(label="Residual stream patched in", elem_id="experiments-resid")
+    head_fig = gr.Plot(label="One head's output patched in", elem_id="experiments-head")
     gr.Markdown("#### The induction circuit, tested")
     with gr.Row():
         circuit_btn = gr.Button("Knock out its two heads", scale=0, min_width=260)

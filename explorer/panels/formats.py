@@ -299,7 +299,7 @@ def build_formats(demo: gr.Blocks, state: gr.State) -> None:
                          interactive=False)
     with gr.Row():
         with gr.Column(scale=3):
-            roofline = gr.Plot(label="Decoding speed against bytes per token")
+            roofline = gr.Plot(label="Decoding speed against bytes per token", elem_id="formats-roofline")
         with gr.Column(scale=2):
             top = gr.Dataframe(headers=["rank", *fm.FORMATS], label="Next token: top-10 under each format",
                                interactive=False)

@@ -392,7 +392,7 @@ def build_generation(demo: gr.Blocks, state: gr.State) -> None:
             kv_btn = gr.Button("Compute", variant="primary")
             kv_md = gr.Markdown()
         with gr.Column(scale=3):
-            kv_plot = gr.Plot(label="KV cache size vs sequence length")
+            kv_plot = gr.Plot(label="KV cache size vs sequence length", elem_id="generation-kv")
     kv_table = gr.Dataframe(headers=KV_HEADERS, label="All configurations at this length", interactive=False)
 
     gen_inputs = [prompt, max_new, temperature, top_k, top_p, seed, state, chat, decode]

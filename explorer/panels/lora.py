@@ -374,7 +374,7 @@ def build_lora(demo: gr.Blocks, state: gr.State) -> None:
                 stop = gr.Button("Stop", variant="stop", min_width=80)
             ft_md = gr.Markdown()
         with gr.Column(scale=3):
-            loss_plot = gr.Plot(label="Training loss")
+            loss_plot = gr.Plot(label="Training loss", elem_id="lora-loss")
 
     gr.Markdown(CMP_INTRO)
     with gr.Row():

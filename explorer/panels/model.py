@@ -134,7 +134,7 @@ def build_model(demo: gr.Blocks, state: gr.State) -> None:
                 gr.Markdown("Local checkpoints under the allowed root: " + ", ".join(f"`{checkpoints.shown_name(f)}`" for f in found))
             status = gr.Markdown()
         with gr.Column(scale=3):
-            bars = gr.Plot(label="Parameters by component")
+            bars = gr.Plot(label="Parameters by component", elem_id="model-params")
     differs = gr.Dataframe(headers=DIFFERS_HEADERS, label="How this model differs from Llama", interactive=False,
                            wrap=True)
     config = gr.Dataframe(headers=["setting", "value"], label="Config", interactive=False)

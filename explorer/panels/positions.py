@@ -215,7 +215,7 @@ def build_positions(demo: gr.Blocks, state: gr.State) -> None:
     md = gr.Markdown(elem_id="positions-theta-text")
     compare = gr.Plot(label="The same head with the trained θ and the chosen θ", elem_id="positions-theta")
     with gr.Row():
-        angles = gr.Plot(label="Decoder: RoPE angle of every pair at every position")
+        angles = gr.Plot(label="Decoder: RoPE angle of every pair at every position", elem_id="positions-angles")
         sinus = gr.Plot(label="Encoder: sinusoidal position table")
     with gr.Row():
         distance = gr.Plot(label="Score against relative distance")
