@@ -292,9 +292,8 @@ def test_machine_info_has_provenance():
 
 
 def test_timed_sweep_stops_before_a_length_predicted_to_pass_the_time_limit(monkeypatch):
-    import time
-
     import threading
+    import time
 
     ran, me, real = [], threading.get_ident(), measure.run.attention_sweep
 

@@ -284,8 +284,8 @@ def cancel_and_watch(server, http, session: str, fn: int, event_id: str, watch_s
             "cancel_answered_after": answered[0] if answered else None}
 
 
-def idle_rate(server, seconds: float = 1.0) -> float:
-    """The server's CPU cores in use over ``seconds`` while nobody asks it anything."""
+def cores_in_use(server, seconds: float = 1.0) -> float:
+    """The server's CPU cores in use over the next ``seconds`` (idle, or busy with a job)."""
     before, t = server.cpu_seconds(), time.monotonic()
     time.sleep(seconds)
     return (server.cpu_seconds() - before) / (time.monotonic() - t)
@@ -299,16 +299,14 @@ def stop_frees_cpu(server, *, run_s: float = 3.0, watch_s: float = 4.0, sweep: l
     plan = fetch_plan(server.url)
     fn = plan.fn_of("memory_compare")
     session = f"stopper-{uuid.uuid4().hex[:8]}"
-    idle = idle_rate(server)
+    idle = cores_in_use(server)
     with httpx.Client(timeout=60) as http:
         r = http.post(server.url + API + "queue/join", json={"data": sweep or SWEEP, "fn_index": fn,
                                                             "session_hash": session, "event_data": None,
                                                             "trigger_id": None})
         event_id = r.json()["event_id"]
         time.sleep(run_s)
-        busy = server.cpu_seconds()
-        time.sleep(0.5)
-        busy_rate = (server.cpu_seconds() - busy) / 0.5
+        busy_rate = cores_in_use(server, 0.5)
         watched = cancel_and_watch(server, http, session, fn, event_id, watch_s, idle)
     return {"cores_busy_before_stop": busy_rate, **watched}
 
@@ -362,7 +360,7 @@ def finetune_stop_frees_cpu(server, folder_name: str, *, run_s: float = 12.0, wa
                             time.monotonic() + timeout, follow=False)
         if load not in loaded.done:
             raise RuntimeError(f"loading {folder_name} failed: {loaded.refused + loaded.failed}")
-        idle = idle_rate(server)
+        idle = cores_in_use(server)
         values = [8, 16, ["q_proj", "v_proj"], FT_TEXT, 200, None, 60, None]
         r = http.post(server.url + API + "queue/join", json={"data": values, "fn_index": ft, "session_hash": session,
                                                             "event_data": None, "trigger_id": None})
@@ -387,9 +385,7 @@ def finetune_stop_frees_cpu(server, folder_name: str, *, run_s: float = 12.0, wa
             if ended.is_set() or time.monotonic() - t0 > timeout:
                 raise RuntimeError(f"the fine-tune showed no step: {server.log_tail()}")
         time.sleep(run_s)
-        busy = server.cpu_seconds()
-        time.sleep(0.5)
-        busy_rate = (server.cpu_seconds() - busy) / 0.5
+        busy_rate = cores_in_use(server, 0.5)
         watched = cancel_and_watch(server, http, session, ft, event_id, watch_s, idle)
         said = run_events(http, server.url, session, plan, [stop], {stop: [None]}, time.monotonic() + 60,
                           follow=False, keep_outputs=True)
