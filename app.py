@@ -142,6 +142,9 @@ def build_demo(openings_later: bool = False) -> gr.Blocks:
         connect_header(demo, tabs, picker, card)  # "knock out at this step" loads a snapshot, opens Experiments
         load.click(None, [picker], None, js=page.script("model_load_start.js"), api_name="model_loading", api_visibility="private")
         links.wire(demo, tabs, notice, state, page_model)
+        # the header names the model a link or a deck step loaded, not the "default" the page was built with
+        page_model.change(None, [page_model], [picker], js="(m) => m", api_name="picker_shows_model",
+                          api_visibility="private")
         inputs, js = links.copy_link_js(demo, page_model)
         copy.click(None, inputs, [link], js=js, api_name="copy_link", api_visibility="private")
         demo.load(None, None, [projector], js=page.script("page_load.js"), api_name="projector_from_link",

@@ -154,6 +154,7 @@ def test_links_carry_the_model_and_projector_and_test_this_head_stays_in_the_tab
     page.keyboard.press("Escape")  # projector mode presents the linked figure alone: Esc brings the page back
     page.wait_for_timeout(500)
     assert page.locator("#page-model textarea, #page-model input").first.input_value() == "tiny-local"
+    assert page.locator("#header-model input").first.input_value() == "tiny-local"  # the header names it too
     assert "tiny-local (local)" in page.locator("#attention-head-sentence").inner_text() or \
         "tiny-local" in page.locator("#tab-attention").inner_text()
     page.locator("#copy-link").click()
