@@ -42,6 +42,15 @@ def test_special_tokens_are_marked_in_token_strings_and_decoded_text():
     assert text.decode_marked(tok, [hello, end]) == tok.decode([hello]) + "⟨<|im_end|>⟩"
 
 
+def test_an_id_past_the_tokenizers_vocabulary_reads_as_its_id_not_none():
+    """A model's embedding may have more rows than its tokenizer has tokens (padded vocabularies; a random model at
+    SmolLM2's 49,152 rows with a smaller tokenizer): such an id is named, not shown as "None" or dropped."""
+    tok = chat_tokenizer()
+    hello, past = tok.convert_tokens_to_ids("hello"), len(tok) + 40
+    assert text.token_strings(tok, [hello, past]) == ["hello", f"⟨id {past}⟩"]
+    assert text.decode_marked(tok, [hello, past, hello]) == "hello" + f"⟨id {past}⟩" + "hello"
+
+
 def test_stop_tokens_come_from_config_generation_config_and_end_of_turn():
     tok = chat_tokenizer()
     end = tok.convert_tokens_to_ids("<|im_end|>")
