@@ -40,6 +40,9 @@
     return block && block.id && !/^component-/.test(block.id) ? block.id : 'figure ' + (i + 1);
   };
   const titleOf = (gd) => { const t = gd.querySelector('.gtitle'); return t ? t.textContent.trim().replace(/\s+/g, ' ').slice(0, 60) : ''; };
+  // a text's smallest glyphs: Plotly draws <sup>, <sub> and <span style="font-size"> as tspans of their own size
+  const sizeOf = (t) => Math.min(parseFloat(getComputedStyle(t).fontSize),
+    ...[...t.querySelectorAll('tspan')].filter(s => s.textContent.trim()).map(s => parseFloat(getComputedStyle(s).fontSize)));
   const W = window.innerWidth, H = window.innerHeight;
   // (a lesson's focus names several elements: the first that holds a figure is the main one)
   const mainBlock = opts.main ? [...document.querySelectorAll(opts.main)].find(e => e.matches('.js-plotly-plot') ||
@@ -54,7 +57,7 @@
     const name = nameOf(gd, all.indexOf(gd)), fig = box(gd), isMain = gd === mainPlot;
     const texts = [...gd.querySelectorAll('svg text')].filter(t => !t.closest('.hoverlayer') && t.textContent.trim() && shown(t))
       .map(t => ({el: t, box: box(t), kind: kind(t), slanted: kind(t) === 'tick' && slanted(t), text: t.textContent.trim().slice(0, 40),
-                  px: parseFloat(getComputedStyle(t).fontSize)}));
+                  px: sizeOf(t)}));
     const subplots = [...gd.querySelectorAll('.draglayer .nsewdrag')].map(box).filter(b => b.r > b.l && b.b > b.t);
     const area = subplots.length ? {w: Math.max(...subplots.map(b => b.r)) - Math.min(...subplots.map(b => b.l)),
                                      h: Math.max(...subplots.map(b => b.b)) - Math.min(...subplots.map(b => b.t))} : null;

@@ -33,9 +33,11 @@ FONT = dict(family="Inter, system-ui, sans-serif", size=12)
 # The sizes a figure lays itself out for (its labels at the largest size drawn: projector mode's 16 px ticks)
 PROJECTOR_TEXT = 16
 TITLE_TEXT = 1.4 * FONT["size"]  # Plotly's title size for the figure's font
+PROJECTOR_SUBTITLE = 14  # px: projector mode draws a title's <sup> subtitle at the title's size (the page script)
 CHAR_EM = 0.6  # a label character's mean width in font heights (Plotly's sans-serif, lower case and digits)
 PAGE_WIDTH = 1240  # px a full-width figure gets in a 1280 px window (the page's gutters off)
 PHONE_WIDTH = 358  # px a figure gets on a 390 px phone
+MODEL_COLUMN = 720  # px: the Model tab's figure column in a 1280 px window (the layout audit's measure)
 
 
 def display_token(s: str, limit: int = 16) -> str:
@@ -139,7 +141,7 @@ def heatmap_figure(
     fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(title_text=y_title, autorange="reversed")
     label_token_axes(fig, x_labels, y_labels, width=width, height=fig.layout.height or 450, top=top)
-    phone = wrap_title(title, PHONE_WIDTH - 20)
+    phone = wrap_title(title, PHONE_WIDTH - 20, size=TITLE_TEXT)
     narrow = {"title": top_title(phone), "margin": {"t": 36 + 24 * title_lines(phone), "l": 60}}
     narrow.update(token_axes_layout(x_labels, y_labels, width=PHONE_WIDTH, height=fig.layout.height or 450,
                                     top=narrow["margin"]["t"], font_px=FONT["size"]))
@@ -171,7 +173,7 @@ def phone_layout(fig: go.Figure, *, size: float = FONT["size"], left: float = 70
         extra = max(extra, len(lines) - 1) if a.get("y", 1) >= 0.98 else extra
         wrapped.append(dict(a, text="<br>".join(lines), font=dict(a.get("font") or {}, size=size)))
     text = fig.layout.title.text or ""
-    phone = wrap_title(text, PHONE_WIDTH - 20)
+    phone = wrap_title(text, PHONE_WIDTH - 20, size=TITLE_TEXT)
     grown = 22 * (title_lines(phone) - title_lines(text)) + 14 * extra
     top = (fig.layout.margin.t if fig.layout.margin.t is not None else 100) + grown
     # (hung from the top: centred in the margin, a title of several lines ran down onto the subplot titles)
@@ -247,12 +249,12 @@ def text_px(text: str, size: float) -> float:
 
 def wrap_title(title: str, width_px: float, size: float = TITLE_TEXT, sep: str = " · ") -> str:
     """``title`` with each line that would run past ``width_px`` broken after its ``sep`` (then between words): each
-    break stands for one space, so ``unwrapped(wrap_title(t)) == unwrapped(t)``. A subtitle in ``<sup>`` (drawn at
-    0.7 of the size) is broken the same way inside its tag."""
+    break stands for one space, so ``unwrapped(wrap_title(t)) == unwrapped(t)``. A subtitle in ``<sup>`` is broken the
+    same way inside its tag, for the larger of its sizes: 0.7 of the title's on a desk, 14 px in projector mode."""
     out = []
     for line in title.split("<br>"):
         sup = line.startswith("<sup>") and line.endswith("</sup>")
-        body, scale = (line[5:-6], 0.7) if sup else (line, 1.0)
+        body, scale = (line[5:-6], max(0.7, PROJECTOR_SUBTITLE / size)) if sup else (line, 1.0)
         parts: list[str] = []
         for part in body.split(sep):
             if parts and text_px(parts[-1] + sep + part, size * scale) <= width_px:
@@ -347,7 +349,11 @@ def parameter_bars(parts: dict[str, int], *, title: str, total: int) -> go.Figur
         text=[f"{v:,} ({100 * v / max(total, 1):.1f}%)" for v in values], textposition="auto",
         hovertemplate="%{y}<br>%{x:,} parameters<extra></extra>",
     ))
-    base_layout(fig, title, height=360)
+    # broken for the Model tab's 720 px column; 26 px of height and margin a title line
+    title = wrap_title(title, MODEL_COLUMN - 20)
+    more = 26 * (title_lines(title) - 1)
+    base_layout(fig, title, height=360 + more)
+    fig.update_layout(margin=dict(t=60 + more), title=top_title(title))
     fig.update_xaxes(title_text="parameters (count)")
     fig.update_yaxes(title_text="component", autorange="reversed")
     # a phone: taller and the right margin narrower, for a plot area of 200 px each way beside the long names
@@ -360,7 +366,7 @@ def parameter_bars(parts: dict[str, int], *, title: str, total: int) -> go.Figur
 def two_maps_phone(fig: go.Figure, title: str, labels: Sequence[str], right_labels: Sequence[str]) -> dict:
     """The two maps' layout for a phone (merged in under 640 px by the page): one above the other, each the
     page's width, the tokens thinned for it and the title on lines that fit."""
-    phone = wrap_title(title, PHONE_WIDTH - 20)
+    phone = wrap_title(title, PHONE_WIDTH - 20, size=TITLE_TEXT)
     top = 60 + 24 * title_lines(phone)
     side, below, font = 300, 150, FONT["size"]  # px: each map, the upright key labels and the next map's title
     height = top + 2 * side + 2 * below

@@ -12,10 +12,12 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import (KEY_AXIS, PAGE_WIDTH, QUALITATIVE, QUERY_AXIS, base_layout, heatmap_trace, stacked_phone,
-                     provenance_text, token_axes_layout, two_maps_phone, wrap_title)
+from .common import (KEY_AXIS, PAGE_WIDTH, QUALITATIVE, QUERY_AXIS, base_layout, heatmap_trace,
+                     provenance_text, stacked_phone, title_lines, token_axes_layout, top_title, two_maps_phone,
+                     wrap_title)
 
 MIB = 1024 ** 2
+LORA_COLUMN = 900  # px: the LoRA tab's figure column in a 1280 px window (the layout audit's measure)
 
 
 def parameter_figure(
@@ -56,11 +58,16 @@ def parameter_figure(
             hovertemplate=f"{part}<br>%{{x}}: %{{y:,.3f}} MiB<extra></extra>",
         ), row=1, col=2)
     share = counted["trainable"] / max(1, counted["trainable"] + counted["frozen"])
-    base_layout(fig, f"LoRA rank {rank}, alpha {alpha:g} on {', '.join(targets)} · "
-                     f"{counted['trainable']:,} trainable ({share:.2%}) of {counted['trainable'] + counted['frozen']:,}"
-                     f"<br><sup>counted on a copy of the adapted structure · formula r·(in + out) per projection · "
-                     f"memory predicted ({dtype}; activations not included)</sup>", height=440)
-    fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.18, x=0.55), margin=dict(t=90, b=90))
+    # broken for the LoRA tab's 900 px column; each line past the two planned gets its own 24 px of margin
+    total = counted["trainable"] + counted["frozen"]
+    title = wrap_title(f"LoRA rank {rank}, alpha {alpha:g} on {', '.join(targets)} · "
+                       f"{counted['trainable']:,} trainable ({share:.2%}) of {total:,}<br><sup>counted on a copy of "
+                       f"the adapted structure · formula r·(in + out) per projection · "
+                       f"memory predicted ({dtype}; activations not included)</sup>", LORA_COLUMN - 20)
+    more = 24 * (title_lines(title) - 2)
+    base_layout(fig, title, height=440 + more)
+    fig.update_layout(title=top_title(title))  # hung from the top: centred, it ran onto the plots
+    fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.18, x=0.55), margin=dict(t=90 + more, b=90))
     # headroom over the tallest bar (log units): its count, written above it, stays under the subplot title
     top = math.log10(max(1, *values))
     fig.update_yaxes(type="log", dtick=1, title_text="parameters", row=1, col=1,

@@ -16,6 +16,7 @@
   // margins and tick spacing for the text as drawn (CSS-enlarged text overlapped the titles Plotly had placed)
   const BIG = 16;
   const SMALLEST = 14;
+  const PHONE_SMALLEST = 11;  // px: a phone is held at reading distance (the layout audit's rule)
   const MIN_PLOT = 300;  // px: projector mode's main figure keeps a plot area this tall rather than fit the window
   const atLeast = (f, size) => Object.assign({}, f || {}, {size: Math.max(size, (f && f.size) || 0)});
   const bigger = (f) => atLeast(f, BIG);
@@ -24,6 +25,10 @@
     const titled = title.text ? {title: Object.assign({}, title, {font: atLeast(title.font, SMALLEST)})} : {};
     return Object.assign({}, o, {colorbar: Object.assign({}, bar, {tickfont: bigger(bar.tickfont)}, titled)});
   };
+  // Plotly draws a <sup> subtitle at 0.7 of its title's size (9.8 px under a 14 px title): projector mode draws it at
+  // the title's 14 px, set apart by its colour (figures/common.wrap_title breaks its lines for that size)
+  const fullSizeSubtitle = (text) => typeof text !== 'string' ? text :
+    text.replace(/<sup>/g, `<span style="font-size:${SMALLEST}px;color:#5a6270">`).replace(/<\/sup>/g, '</span>');
   const projectorSizes = (data, layout) => {
     const L = Object.assign({}, layout);
     ['xaxis', 'yaxis', ...Object.keys(L).filter(k => /^[xy]axis\d+$/.test(k))].forEach(k => {
@@ -36,7 +41,9 @@
     // every other text at least 14 px: titles, axis titles, legends, annotations (subplot titles), colour bar titles
     L.font = atLeast(L.font, SMALLEST);
     if (L.legend) L.legend = Object.assign({}, L.legend, {font: atLeast(L.legend.font, SMALLEST)});
-    if (L.title && typeof L.title === 'object') L.title = Object.assign({}, L.title, {font: atLeast(L.title.font, SMALLEST)});
+    if (L.title && typeof L.title === 'object') {
+      L.title = Object.assign({}, L.title, {font: atLeast(L.title.font, SMALLEST), text: fullSizeSubtitle(L.title.text)});
+    }
     if (Array.isArray(L.annotations)) L.annotations = L.annotations.map(a => Object.assign({}, a, {font: atLeast(a.font, SMALLEST)}));
     Object.keys(L).filter(k => /^[xy]axis\d*$/.test(k) && L[k].title && typeof L[k].title === 'object').forEach(k => {
       L[k] = Object.assign({}, L[k], {title: Object.assign({}, L[k].title, {font: atLeast(L[k].title.font, SMALLEST)})});
@@ -85,7 +92,10 @@
   const narrowLayout = (layout) => {
     if (window.innerWidth >= 640) return layout;
     const narrow = layout.meta && layout.meta.narrow;
-    return narrow ? merged(layout, narrow) : wrapTitle(layout);
+    const out = narrow ? merged(layout, narrow) : wrapTitle(layout), t = out.title;
+    if (!t || typeof t !== 'object' || !/<sup>/.test(t.text || '')) return out;
+    // a phone draws a <sup> subtitle at 0.7 of its title's size: the title is set so that the subtitle keeps 11 px
+    return Object.assign({}, out, {title: Object.assign({}, t, {font: atLeast(t.font, Math.ceil(PHONE_SMALLEST / 0.7))})});
   };
   // ... and a figure with one colour bar beside its map (a heatmap's) gets it laid flat under the figure: upright
   // beside the map it took a quarter of a phone's width, leaving the map 120-160 px wide
