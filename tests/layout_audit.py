@@ -16,7 +16,7 @@ A failure is named ``model viewport view figure check`` (``key``); tests/test_la
 against tests/layout_known.txt, the list of views still failing, which can only shrink.
 
     python -m tests.layout_audit --serve shipped --out artifacts/layout     # starts python app.py itself
-    python -m tests.layout_audit --serve smol --out artifacts/layout-smol   # at SmolLM2-135M's shape, random weights
+    python -m tests.layout_audit --serve smol --out artifacts/layout-smol   # links carrying a SmolLM2-135M shape
     python -m tests.layout_audit --url http://127.0.0.1:7860/ --out DIR     # a server already running
 
 writes DIR/report.md, DIR/report.json and one screenshot per view and viewport (the README's screenshots can be
@@ -97,10 +97,21 @@ def _open_base(page, url: str, viewport: Viewport) -> None:
     _settle(page)
 
 
-def audit_view(page, url: str, view: View, viewport: Viewport, *, fresh: bool) -> dict:
+def audit_view(page, url: str, view: View, viewport: Viewport, *, fresh: bool, link_model: str | None = None) -> dict:
     """One view at one viewport on ``page`` (a tab's opening: its tab clicked on the page as it is, after the page
-    was opened when ``fresh``; a lesson link: the link opened). Returns the script's answer."""
-    if view.query is None:
+    was opened when ``fresh``; a lesson link: the link opened). With ``link_model`` every view is a link carrying
+    ``model=`` (a tab's opening: ``?tab=<tab>&model=...``), as a lecturer on a larger model opens them. Returns the
+    script's answer."""
+    present = "&present=1" if viewport.projector else ""
+    if view.query is None and link_model is not None:
+        page.goto(f"{url}?tab={view.tab}&model={link_model}{present}", wait_until="domcontentloaded")
+        page.locator(f"#tab-{view.tab} .js-plotly-plot").first.wait_for(state="visible", timeout=300_000)
+        _settle(page)
+        main = f"#tab-{view.tab} .js-plotly-plot"
+        page.evaluate("(sel) => { const el = document.querySelector(sel); if (el) el.scrollIntoView({block: 'nearest'}); }",
+                      main)
+        page.wait_for_timeout(900)
+    elif view.query is None:
         if fresh:
             _open_base(page, url, viewport)
         label = next(label for label, tab, _ in TABS if tab == view.tab)
@@ -112,7 +123,8 @@ def audit_view(page, url: str, view: View, viewport: Viewport, *, fresh: bool) -
                       main)
         page.wait_for_timeout(900)  # the page's debounced fit and thinning after the scroll
     else:
-        page.goto(f"{url}?{view.query}" + ("&present=1" if viewport.projector else ""), wait_until="domcontentloaded")
+        query = view.query + (f"&model={link_model}" if link_model else "")
+        page.goto(f"{url}?{query}{present}", wait_until="domcontentloaded")
         page.wait_for_function("() => document.body.dataset.focused", timeout=300_000)
         _settle(page)
         page.wait_for_timeout(1000)
@@ -126,24 +138,24 @@ def key(model: str, viewport: str, view: str, figure: str, check: str) -> str:
 
 
 def run_audit(url: str, *, model: str, views_: list[View] | None = None, viewports: list[Viewport] | None = None,
-              out: Path | None = None, log=print, browser=None) -> dict:
+              out: Path | None = None, log=print, browser=None, link_model: str | None = None) -> dict:
     """The audit of ``views_`` (default: all) at ``viewports`` (default: all) on the app at ``url``: one browser, one
     page per viewport. Returns {"model", "results": [{view, viewport, figures, failures}], "keys": [...]}; with
     ``out``, a screenshot of each view there. ``browser``: a Playwright browser already running (the test suite's:
     a second sync Playwright cannot start beside it), else one is launched for the audit."""
     if browser is not None:
-        return _audit(browser, url, model, views_, viewports, out, log)
+        return _audit(browser, url, model, views_, viewports, out, log, link_model)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         own = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         try:
-            return _audit(own, url, model, views_, viewports, out, log)
+            return _audit(own, url, model, views_, viewports, out, log, link_model)
         finally:
             own.close()
 
 
-def _audit(browser, url: str, model: str, views_, viewports, out, log) -> dict:
+def _audit(browser, url: str, model: str, views_, viewports, out, log, link_model=None) -> dict:
     views_ = views() if views_ is None else views_
     viewports = VIEWPORTS if viewports is None else viewports
     results, keys = [], []
@@ -155,13 +167,15 @@ def _audit(browser, url: str, model: str, views_, viewports, out, log) -> dict:
         for view in views_:
             t0 = time.monotonic()
             try:
-                answer = audit_view(page, url, view, vp, fresh=fresh)
+                answer = audit_view(page, url, view, vp, fresh=fresh, link_model=link_model)
+                failed = False
             except Exception as e:  # a view that never settled is a failure of its own, not the end
                 answer = {"figures": [], "failures": [{"figure": "page", "check": "not-drawn",
                                                        "detail": str(e).splitlines()[0][:200]}]}
+                failed = True
                 page.close()
                 page = browser.new_page(viewport={"width": vp.width, "height": vp.height})
-            fresh = view.query is not None  # after a link, the next tab opening starts from the bare page
+            fresh = view.query is not None or failed  # after a link or a new page, the next opening opens the page
             if out is not None:
                 page.screenshot(path=str(out / f"{model}-{vp.name}-{view.name}.png"))
             results.append({"view": view.name, "viewport": vp.name, **answer})
@@ -204,8 +218,10 @@ def known() -> set[str]:
 
 @contextlib.contextmanager
 def serve(model: str):
-    """``python app.py`` on a loopback port serving ``model``: "shipped" (assets/default-model) or "smol" (a
-    SmolLM2-135M-shape folder with random weights and the shipped tokenizer, written to a temporary folder)."""
+    """``python app.py`` on a loopback port serving the shipped model; with "smol" also a SmolLM2-135M-shape folder
+    (random weights, the shipped tokenizer) in a temporary model root, which every view then loads through its
+    link's ``model=`` as a lecturer's links do (the Training tab replays the shipped model's snapshots either way).
+    Yields (url, the model id the views' links carry, or None)."""
     import tempfile
 
     from explorer.bench.flood import write_smol_shape_folder
@@ -214,14 +230,14 @@ def serve(model: str):
     if model not in ("shipped", "smol"):
         raise ValueError(f'model must be "shipped" or "smol", got {model!r}.')
     with tempfile.TemporaryDirectory() as root:
-        env = {}
+        env, link_model = {}, None
         if model == "smol":
-            folder = Path(root) / "smol-shape"
-            write_smol_shape_folder(folder)
-            env = {"EXPLORER_DEFAULT_MODEL": str(folder), "EXPLORER_MODEL_ROOT": root}
+            link_model = "smol-shape"
+            write_smol_shape_folder(Path(root) / link_model)
+            env = {"EXPLORER_MODEL_ROOT": root}
         with served_app(env, start_timeout=900, until="answered") as server:
             _until_openings_settle(server)
-            yield server.url
+            yield server.url, link_model
 
 
 def _until_openings_settle(server, timeout: float = 1200.0) -> None:
@@ -246,12 +262,29 @@ def _until_openings_settle(server, timeout: float = 1200.0) -> None:
     raise RuntimeError(f"the opening examples were not computed within {timeout:.0f} s")
 
 
+def to_assets(out: Path, model: str) -> list[str]:
+    """The README's and docs' screenshots (assets/screenshots/<tab>.png) from an audit's tab openings at 1280×720 in
+    projector mode, as 256-colour PNGs; returns the names written."""
+    from tests.headless import ASSETS, _save_small_png
+
+    written = []
+    for _, tab, _ in TABS:
+        shot = out / f"{model}-projector-1280x720-tab-{tab}.png"
+        if shot.is_file():
+            _save_small_png(shot.read_bytes(), ASSETS / f"{tab}.png")
+            written.append(f"{tab}.png")
+    return written
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.layout_audit", description=__doc__.split("\n\n")[0])
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="an app already running")
     where.add_argument("--serve", choices=["shipped", "smol"], help="start python app.py on this model shape")
     parser.add_argument("--model", default=None, help="the model's name in the report (default: --serve's)")
+    parser.add_argument("--link-model", default=None, help="with --url: a model id every view's link carries")
+    parser.add_argument("--to-assets", action="store_true",
+                        help="write the tabs' openings at 1280x720 in projector mode to assets/screenshots/")
     parser.add_argument("--out", type=Path, required=True, help="folder for report.md, report.json, screenshots")
     parser.add_argument("--views", nargs="*", help="view names (default: all); e.g. tab-attention lesson-3-attention-heatmap")
     parser.add_argument("--viewports", nargs="*", choices=[vp.name for vp in VIEWPORTS])
@@ -259,11 +292,13 @@ def main(argv=None) -> int:
     chosen = [v for v in views() if not args.views or v.name in args.views]
     vps = [vp for vp in VIEWPORTS if not args.viewports or vp.name in args.viewports]
     model = args.model or args.serve or "app"
-    with (serve(args.serve) if args.serve else contextlib.nullcontext(args.url)) as url:
-        report = run_audit(url, model=model, views_=chosen, viewports=vps, out=args.out)
+    with (serve(args.serve) if args.serve else contextlib.nullcontext((args.url, args.link_model))) as (url, linked):
+        report = run_audit(url, model=model, views_=chosen, viewports=vps, out=args.out, link_model=linked)
     (args.out / "report.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
     (args.out / "report.md").write_text(report_markdown(report), encoding="utf-8")
     print(f"{len(report['keys'])} failing (view, figure, check) in {len(report['results'])} views: {args.out}/report.md")
+    if args.to_assets:
+        print("assets/screenshots/:", ", ".join(to_assets(args.out, model)))
     return 0
 
 

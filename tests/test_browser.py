@@ -1,10 +1,9 @@
 """The app in a real browser: Debian's Chromium driven by Playwright, headless, offline.
 
 Opens the page, visits every tab, waits for a rendered Plotly chart in each, runs each tab's main action,
-and fails on any console error or error toast. Screenshots go to artifacts/screenshots/ (git-ignored); with
-``EXPLORER_SCREENSHOTS_TO_ASSETS=1`` they are also written to assets/screenshots/ for the README.
+and fails on any console error or error toast. Screenshots go to artifacts/screenshots/ (git-ignored); the README's
+are taken by the layout audit (``python -m tests.layout_audit ... --to-assets``).
 """
-import os
 import time
 from pathlib import Path
 
@@ -17,9 +16,6 @@ pytestmark = BROWSER_MARKS
 
 def test_every_tab_renders_runs_and_logs_no_errors(app_url, browser):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    to_assets = os.environ.get("EXPLORER_SCREENSHOTS_TO_ASSETS") == "1"
-    if to_assets:
-        ASSETS.mkdir(parents=True, exist_ok=True)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     errors: list[str] = []
     page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
@@ -53,8 +49,6 @@ def test_every_tab_renders_runs_and_logs_no_errors(app_url, browser):
         page.wait_for_timeout(200)
         shot = page.screenshot()
         (ARTIFACTS / f"{tab_id}.png").write_bytes(shot)
-        if to_assets:
-            _save_small_png(shot, ASSETS / f"{tab_id}.png")
     assert not errors, "\n".join(errors)
     page.close()
 
