@@ -17,6 +17,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -119,7 +121,9 @@ def app_demo(served_model_dir, model_root):
     os.environ["EXPLORER_MODEL_ROOT"] = str(model_root)
     import app
 
-    return app.build_demo()
+    demo = app.build_demo()
+    _DEMOS.append(demo)
+    return demo
 
 
 @pytest.fixture(scope="session")
@@ -199,16 +203,44 @@ def pytest_runtest_call(item):
     if item.get_closest_marker("slow") is not None:
         yield
         return
+    queue_then: list[str] = []
+    timer = threading.Timer(STALL_SECONDS, lambda: queue_then.append(queue_state()))
+    timer.daemon = True
     with tempfile.TemporaryFile("w+") as dump:
         faulthandler.dump_traceback_later(STALL_SECONDS, file=dump)
+        timer.start()
         try:
             yield
         finally:
             faulthandler.cancel_dump_traceback_later()
+            timer.cancel()
             dump.seek(0)
             stacks = dump.read()
     if stacks:
-        _STALLS.append((item.nodeid, stacks))
+        _STALLS.append((item.nodeid, "".join(queue_then) + stacks))
+
+
+#: The apps this test process built (``app_demo``): a stall report shows their queues.
+_DEMOS: list = []
+
+
+def queue_state() -> str:
+    """What each app's Gradio queue holds now: its lines by concurrency id (waiting, running, limit) and the
+    sessions with events pending (the stalled request's server side; the stacks show only idle threads)."""
+    lines = []
+    for demo in _DEMOS:
+        queue = getattr(demo, "_queue", None)
+        if queue is None:
+            continue
+        for cid, line in list(getattr(queue, "event_queue_per_concurrency_id", {}).items()):
+            now = time.monotonic()
+            waiting = [(getattr(getattr(e, "fn", None), "api_name", "?"), str(e.session_hash)[:8],
+                        round(now - getattr(e, "enqueue_time", now), 1)) for e in list(line.queue)]
+            lines.append(f"queue line {cid}: running {getattr(line, 'current_concurrency', '?')} of "
+                         f"{getattr(line, 'concurrency_limit', '?')}, waiting {waiting}")
+        pending = {k[:8]: len(v) for k, v in list(getattr(queue, "pending_event_ids_session", {}).items())}
+        lines.append(f"events known {len(getattr(queue, 'event_ids_to_events', {}))}, pending by session {pending}")
+    return "\n".join(["queue state then:", *lines, ""]) + "\n"
 
 
 def pytest_terminal_summary(terminalreporter):
