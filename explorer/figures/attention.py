@@ -12,9 +12,9 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
 from .common import (FLAT_BAR, FLAT_COLORBAR, FONT, KEY_AXIS, PHONE_WIDTH, PROJECTOR_TEXT, QUALITATIVE, QUERY_AXIS,
-                     SEQUENTIAL, TITLE_TEXT, WEIGHT_COLORBAR, WEIGHT_RANGE, auto_height, base_layout, colorbar,
-                     head_label, heatmap_figure, kv_head_of, label_token_axes, text_px, thinned, tick_step, title_lines,
-                     top_title, wrap_title)
+                     SEQUENTIAL, WEIGHT_COLORBAR, WEIGHT_RANGE, auto_height, base_layout, colorbar, head_label,
+                     heatmap_figure, kv_head_of, label_token_axes, text_px, thinned, tick_step, title_lines, top_title,
+                     wrap_title)
 
 SCORE_TITLES = {
     "previous_token": "previous-token",
@@ -342,7 +342,7 @@ def gqa_figure(n_heads: int, n_kv_heads: int, *, width: int = GQA_WIDTH) -> go.F
     fig.update_yaxes(visible=False, range=[-0.6, 1.6])
     fig.update_layout(showlegend=False, margin=dict(l=20, r=20, t=36 + 24 * title_lines(wrapped), b=20),
                       title=top_title(wrapped))
-    phone = wrap_title(title, PHONE_WIDTH - 30, size=TITLE_TEXT)
+    phone = wrap_title(title, PHONE_WIDTH - 30)
     fig.update_layout(meta={"narrow": {"title": top_title(phone), "height": 236 + 24 * title_lines(phone),
                                        "margin": {"t": 36 + 24 * title_lines(phone)}}})
     return fig

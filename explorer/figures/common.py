@@ -141,7 +141,7 @@ def heatmap_figure(
     fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(title_text=y_title, autorange="reversed")
     label_token_axes(fig, x_labels, y_labels, width=width, height=fig.layout.height or 450, top=top)
-    phone = wrap_title(title, PHONE_WIDTH - 20, size=TITLE_TEXT)
+    phone = wrap_title(title, PHONE_WIDTH - 20)
     narrow = {"title": top_title(phone), "margin": {"t": 36 + 24 * title_lines(phone), "l": 60}}
     narrow.update(token_axes_layout(x_labels, y_labels, width=PHONE_WIDTH, height=fig.layout.height or 450,
                                     top=narrow["margin"]["t"], font_px=FONT["size"]))
@@ -173,7 +173,7 @@ def phone_layout(fig: go.Figure, *, size: float = FONT["size"], left: float = 70
         extra = max(extra, len(lines) - 1) if a.get("y", 1) >= 0.98 else extra
         wrapped.append(dict(a, text="<br>".join(lines), font=dict(a.get("font") or {}, size=size)))
     text = fig.layout.title.text or ""
-    phone = wrap_title(text, PHONE_WIDTH - 20, size=TITLE_TEXT)
+    phone = wrap_title(text, PHONE_WIDTH - 20)
     grown = 22 * (title_lines(phone) - title_lines(text)) + 14 * extra
     top = (fig.layout.margin.t if fig.layout.margin.t is not None else 100) + grown
     # (hung from the top: centred in the margin, a title of several lines ran down onto the subplot titles)
@@ -366,7 +366,7 @@ def parameter_bars(parts: dict[str, int], *, title: str, total: int) -> go.Figur
 def two_maps_phone(fig: go.Figure, title: str, labels: Sequence[str], right_labels: Sequence[str]) -> dict:
     """The two maps' layout for a phone (merged in under 640 px by the page): one above the other, each the
     page's width, the tokens thinned for it and the title on lines that fit."""
-    phone = wrap_title(title, PHONE_WIDTH - 20, size=TITLE_TEXT)
+    phone = wrap_title(title, PHONE_WIDTH - 20)
     top = 60 + 24 * title_lines(phone)
     side, below, font = 300, 150, FONT["size"]  # px: each map, the upright key labels and the next map's title
     height = top + 2 * side + 2 * below

@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from .common import (DIVERGING, FONT, PAGE_WIDTH, PHONE_WIDTH, PROJECTOR_TEXT, QUALITATIVE, SEQUENTIAL, TITLE_TEXT,
-                     auto_height, base_layout, colorbar, head_label, symmetric_range, text_px, thinned, tick_step,
-                     title_lines, token_ticks, top_title, wrap_title)
+from .common import (DIVERGING, FONT, PAGE_WIDTH, PHONE_WIDTH, PROJECTOR_TEXT, QUALITATIVE, SEQUENTIAL, auto_height,
+                     base_layout, colorbar, head_label, symmetric_range, text_px, thinned, tick_step, title_lines,
+                     token_ticks, top_title, wrap_title)
 
 
 LEGEND_WIDTH = 200  # px the loss figure's legend takes right of the plot, its 16 px names in projector mode
@@ -44,7 +44,7 @@ def loss_per_token_figure(targets: Sequence[str], before: np.ndarray, after: np.
     fig.update_yaxes(title_text="loss (nats per token)", rangemode="tozero")
     fig.update_layout(legend=dict(orientation="v", y=1, yanchor="top", x=1.02, xanchor="left"),
                       margin=dict(t=top), title=top_title(wrapped))
-    phone = wrap_title(full, PHONE_WIDTH - 20, size=TITLE_TEXT)
+    phone = wrap_title(full, PHONE_WIDTH - 20)
     fig.update_layout(meta={"narrow": {
         "title": top_title(phone), "height": int(300 + below + 24 * title_lines(phone)),
         "margin": {"t": 66 + 24 * title_lines(phone), "l": 60, "r": 10},  # the legend above the plot there
@@ -155,7 +155,7 @@ def patching_figure(fractions: np.ndarray, x_labels: Sequence[str], *, title: st
     fig.update_yaxes(title_text="layer", autorange="reversed",
                      **token_ticks([f"layer {layer}" for layer in range(L)], height - 240))
     fig.update_layout(margin=dict(t=90))
-    fig.update_layout(meta={"narrow": {"title": {"text": wrap_title(title, PHONE_WIDTH - 20, size=TITLE_TEXT)},
+    fig.update_layout(meta={"narrow": {"title": {"text": wrap_title(title, PHONE_WIDTH - 20)},
                                        "xaxis": token_ticks(list(x_labels), PHONE_WIDTH - 160, FONT["size"])}})
     return fig
 
