@@ -58,10 +58,9 @@ def mark_special(token: str) -> str:
     return f"{SPECIAL_OPEN}{token}{SPECIAL_CLOSE}"
 
 
-def marked(tokenizer, i: int) -> str:
-    """A special token as ``⟨<|im_end|>⟩``; an id the model has a row for but the tokenizer no token as ``⟨id 40000⟩``
-    (a vocabulary padded past the tokenizer's, or random weights at a larger vocabulary: Python's ``None`` else)."""
-    token = tokenizer.convert_ids_to_tokens(i)
+def marked(i: int, token: str | None) -> str:
+    """A special token as ``⟨<|im_end|>⟩``; an id the model has a row for but the tokenizer no token (``token`` None)
+    as ``⟨id 40000⟩``: a vocabulary padded past the tokenizer's, or random weights at a larger vocabulary."""
     return mark_special(f"id {i}" if token is None else str(token))
 
 
@@ -71,12 +70,13 @@ def token_strings(tokenizer, ids: list[int]) -> list[str]:
     special = special_ids(tokenizer)
     out = []
     for i in ids:
-        if i in special or tokenizer.convert_ids_to_tokens(i) is None:
-            out.append(marked(tokenizer, i))
+        token = tokenizer.convert_ids_to_tokens(i)
+        if i in special or token is None:
+            out.append(marked(i, token))
             continue
         s = tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if not s:
-            s = str(tokenizer.convert_ids_to_tokens(i))
+            s = str(token)
         out.append(s)
     return out
 
@@ -92,7 +92,8 @@ def decoded_segments(tokenizer, ids: list[int], after: list[int] = ()) -> list[t
     before = [i for i in after if i not in special][-1:]
     run: list[int] = []
     for i in list(ids) + [None]:
-        if i is not None and i not in special and tokenizer.convert_ids_to_tokens(i) is not None:
+        token = None if i is None else tokenizer.convert_ids_to_tokens(i)
+        if i is not None and i not in special and token is not None:
             run.append(i)
             continue
         if run:
@@ -102,7 +103,7 @@ def decoded_segments(tokenizer, ids: list[int], after: list[int] = ()) -> list[t
             out.append((whole[len(head):] if before and whole.startswith(head) else dec(run), False))
             run, before = [], []
         if i is not None:
-            out.append((marked(tokenizer, i), True))
+            out.append((marked(i, token), True))
     return out
 
 
