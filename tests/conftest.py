@@ -227,10 +227,13 @@ _DEMOS: list = []
 def queue_state() -> str:
     """What each app's Gradio queue holds now: its lines by concurrency id (waiting, running, limit) and the
     sessions with events pending (the stalled request's server side; the stacks show only idle threads)."""
+    from explorer.web import gradio_adapter
+
     lines = []
     for demo in _DEMOS:
-        queue = getattr(demo, "_queue", None)
-        if queue is None:
+        try:
+            queue = gradio_adapter.queue_of(demo)
+        except RuntimeError:  # not served yet: no queue
             continue
         for cid, line in list(getattr(queue, "event_queue_per_concurrency_id", {}).items()):
             now = time.monotonic()

@@ -103,22 +103,17 @@ def audit_view(page, url: str, view: View, viewport: Viewport, *, fresh: bool, l
     ``model=`` (a tab's opening: ``?tab=<tab>&model=...``), as a lecturer on a larger model opens them. Returns the
     script's answer."""
     present = "&present=1" if viewport.projector else ""
-    if view.query is None and link_model is not None:
-        page.goto(f"{url}?tab={view.tab}&model={link_model}{present}", wait_until="domcontentloaded")
-        page.locator(f"#tab-{view.tab} .js-plotly-plot").first.wait_for(state="visible", timeout=300_000)
-        _settle(page)
+    if view.query is None:
         main = f"#tab-{view.tab} .js-plotly-plot"
-        page.evaluate("(sel) => { const el = document.querySelector(sel); if (el) el.scrollIntoView({block: 'nearest'}); }",
-                      main)
-        page.wait_for_timeout(900)
-    elif view.query is None:
-        if fresh:
-            _open_base(page, url, viewport)
-        label = next(label for label, tab, _ in TABS if tab == view.tab)
-        page.get_by_role("tab", name=label, exact=True).click()
-        page.locator(f"#tab-{view.tab} .js-plotly-plot").first.wait_for(state="visible", timeout=300_000)
-        _settle(page, 2)
-        main = f"#tab-{view.tab} .js-plotly-plot"
+        if link_model is not None:
+            page.goto(f"{url}?tab={view.tab}&model={link_model}{present}", wait_until="domcontentloaded")
+        else:
+            if fresh:
+                _open_base(page, url, viewport)
+            label = next(label for label, tab, _ in TABS if tab == view.tab)
+            page.get_by_role("tab", name=label, exact=True).click()
+        page.locator(main).first.wait_for(state="visible", timeout=300_000)
+        _settle(page, 3 if link_model is not None else 2)
         page.evaluate("(sel) => { const el = document.querySelector(sel); if (el) el.scrollIntoView({block: 'nearest'}); }",
                       main)
         page.wait_for_timeout(900)  # the page's debounced fit and thinning after the scroll
