@@ -91,8 +91,13 @@ def _main_figure_box(page, panel):
     # the first figure shown: in projector mode an action's own figure is presented and the others fold away
     figure = panel.locator(".js-plotly-plot >> visible=true").first
     # Gradio swaps a Plot's element when a new figure arrives: the box is read once the new one is laid out
-    figure.wait_for(state="visible", timeout=15_000)
-    return figure.bounding_box()
+    for _ in range(30):
+        figure.wait_for(state="visible", timeout=15_000)
+        box = figure.bounding_box()  # None when the element was swapped out between the wait and the read
+        if box is not None:
+            return box
+        page.wait_for_timeout(200)
+    raise AssertionError("the figure's element kept being replaced for 6 s")
 
 
 def test_projector_mode_fits_each_main_figure_at_1280x720(app_url, browser):

@@ -49,7 +49,9 @@ def test_four_addresses_flooding_long_jobs_leave_a_class_of_forty_answered():
         out = flood.class_beside_long_floods(server.url, addresses=4, joins=300, class_size=40)
     from explorer.web.serving import CLIENT_LONG_CAP
 
-    assert out["long_accepted"] == [CLIENT_LONG_CAP] * 4, out
+    # the cap holds what waits or runs at once: a fine-tune that ended during its address's flood freed a place
+    for accepted, finished in zip(out["long_accepted"], out["long_finished"]):
+        assert CLIENT_LONG_CAP <= accepted <= CLIENT_LONG_CAP + finished, out
     assert out["visitor_seconds"] is not None, out
     assert out["class_answered"] == 40, out
 

@@ -58,10 +58,12 @@ def flood(url: str, fn: int, data: list, n: int, *, tag: str, workers: int = 32,
     number. With ``wait_when_full`` seconds, a join told the queue is full is sent again until accepted or that
     long has passed. Streams are never read, so the queue drops what waits longer than its grace
     (``serving.UNREAD_SECONDS``); with ``read`` each accepted join's answers are read (``keep_reading``), as a
-    script that holds its place does."""
+    script that holds its place does, and ``finished`` counts the accepted events whose answers had ended by the
+    flood's last join: each freed its place in the caps for a later join."""
     import httpx
 
     deadline = time.monotonic() + wait_when_full
+    readers: list[threading.Thread] = []
 
     def one(i: int):
         with httpx.Client() as http:
@@ -69,7 +71,7 @@ def flood(url: str, fn: int, data: list, n: int, *, tag: str, workers: int = 32,
                 session = f"{tag}-{i}-{uuid.uuid4().hex[:6]}"
                 code, text = _join(http, url, fn, data, session, headers(i) if callable(headers) else headers)
                 if code == 200 and read:
-                    keep_reading(url, session)
+                    readers.append(keep_reading(url, session))
                 if code != 503 or "Queue is full" not in text or time.monotonic() > deadline:
                     return code, text
                 time.sleep(0.25)
@@ -80,6 +82,7 @@ def flood(url: str, fn: int, data: list, n: int, *, tag: str, workers: int = 32,
     for code, _ in codes:
         by_status[code] = by_status.get(code, 0) + 1
     return {"joins": n, "by_status": by_status, "accepted": by_status.get(200, 0),
+            "finished": sum(not reader.is_alive() for reader in readers),
             "queue_stopped": sum("Queue is stopped" in text for _, text in codes),
             "examples": sorted({text for code, text in codes if code != 200})[:3]}
 
@@ -229,7 +232,7 @@ def class_beside_long_floods(url: str, *, addresses: int = 4, joins: int = 300, 
                              timeout: float = 120.0) -> dict[str, Any]:
     """``addresses`` forwarded addresses each sending ``joins`` LoRA fine-tunes from fresh session ids, then a
     class of ``class_size`` at as many addresses asking the Attention tab at once and a visitor's KV calculator:
-    how many long jobs were taken, how many of the class were answered and how fast. The server must trust one
+    how many long jobs were taken (and how many of those had ended while their address still flooded), how many of the class were answered and how fast. The server must trust one
     proxy hop (``EXPLORER_PROXY_HOPS=1``)."""
     plan = fetch_plan(url)
     ft = plan.fn_of("lora_finetune")
@@ -248,7 +251,8 @@ def class_beside_long_floods(url: str, *, addresses: int = 4, joins: int = 300, 
         answers = list(pool.map(student, range(class_size)))
     seconds = [s for s, _ in answers if s is not None]
     q = quantiles(seconds)
-    return {"long_accepted": [f["accepted"] for f in floods], "long_examples": floods[0]["examples"],
+    return {"long_accepted": [f["accepted"] for f in floods], "long_finished": [f["finished"] for f in floods],
+            "long_examples": floods[0]["examples"],
             "visitor_seconds": visitor_s, "visitor_failed": visitor_failed, "class_size": class_size,
             "class_answered": len(seconds), "class_failed": [f for _, fs in answers for f in fs][:3],
             **{f"class_{k}": None if q[k] is None else round(q[k], 2) for k in ("p50", "p95")}}
