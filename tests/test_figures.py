@@ -303,7 +303,7 @@ def test_attention_heatmap_labels_every_k_th_token_that_stands_apart_at_projecto
     labels = token_labels([f"w{i}" for i in range(40)])
     fig = fa.attention_heatmap(_rows(40), labels, layer=0, head=0, n_heads=1, n_kv_heads=1)
     squeezed = fa.go.Figure(fig)
-    fa._label_every_token(squeezed, labels, labels, height=400)  # the height a projector's window leaves
+    squeezed.update_layout(fa._every_token_part(labels, labels, height=400))  # the height a projector's window leaves
     for f in (fig, squeezed):
         for axis in (f.layout.xaxis, f.layout.yaxis):
             ticks = list(axis.tickvals)

@@ -12,9 +12,9 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
 from .common import (FLAT_BAR, FLAT_COLORBAR, FONT, KEY_AXIS, PHONE_WIDTH, PROJECTOR_TEXT, QUALITATIVE, QUERY_AXIS,
-                     SEQUENTIAL, WEIGHT_COLORBAR, WEIGHT_RANGE, auto_height, base_layout, colorbar, head_label,
-                     heatmap_figure, kv_head_of, label_token_axes, text_px, thinned, tick_step, title_lines, top_title,
-                     wrap_title)
+                     SEQUENTIAL, WEIGHT_COLORBAR, WEIGHT_RANGE, auto_height, base_layout, base_parts, colorbar,
+                     figure_of, head_label, heatmap_figure, kv_head_of, merged, text_px, thinned, tick_step,
+                     title_lines, token_axes_layout, top_title, wrap_title)
 
 SCORE_TITLES = {
     "previous_token": "previous-token",
@@ -42,16 +42,15 @@ def attention_title(layer: int, head: int, n_heads: int, n_kv_heads: int, *, cau
 HEATMAP_WIDTH = 720  # px the Attention tab gives the chosen head's map at 1280 (its wider column of two)
 
 
-def _label_every_token(fig: go.Figure, x_labels: Sequence[str], y_labels: Sequence[str], height: int,
-                       width: int = HEATMAP_WIDTH) -> None:
+def _every_token_part(x_labels: Sequence[str], y_labels: Sequence[str], height: int,
+                      width: int = HEATMAP_WIDTH) -> dict:
     """A tick for every token that fits (Plotly's own thinning of category ticks keeps about ten, and slanted
     labels overlap): a smaller font past 24 tokens, keys upright, every k-th label where neighbours drawn at the
     projector's 16 px would touch in a ``width`` × ``height`` figure. The page script thins both axes again at
     the size drawn."""
     size = 12 if max(len(x_labels), len(y_labels)) <= 24 else 9
-    label_token_axes(fig, x_labels, y_labels, width=width, height=height)
-    fig.update_xaxes(tickfont=dict(size=size))
-    fig.update_yaxes(tickfont=dict(size=size))
+    return merged(token_axes_layout(x_labels, y_labels, width=width, height=height),
+                  {"xaxis": {"tickfont": {"size": size}}, "yaxis": {"tickfont": {"size": size}}})
 
 
 def attention_heatmap(
@@ -78,17 +77,17 @@ def attention_heatmap(
     if window is not None:
         title += f" · local layer, sliding window {window}"
     height = auto_height(len(labels), per_row=16 if len(labels) > 24 else 22, hi=1200)
-    fig = heatmap_figure(
+    own = _every_token_part(keys, labels, height)
+    if window is not None and len(labels) > window:
+        own["shapes"] = [dict(type="path", path=window_edge_path(len(labels), window, 1 if sink_hidden else 0),
+                              line=dict(color="white", width=2, dash="dash"), xref="x", yref="y")]
+    return heatmap_figure(
         weights, keys, labels,
         title=title,
         x_title=KEY_AXIS + (" · key 0 hidden" if sink_hidden else ""), y_title=QUERY_AXIS, height=height,
         width=HEATMAP_WIDTH, colorbar_title=SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR, hoverongaps=False,
+        layout=own,
     )
-    _label_every_token(fig, keys, labels, height)
-    if window is not None and len(labels) > window:
-        fig.add_shape(type="path", path=window_edge_path(len(labels), window, 1 if sink_hidden else 0),
-                      line=dict(color="white", width=2, dash="dash"), xref="x", yref="y")
-    return fig
 
 
 def window_edge_path(T: int, window: int, key_offset: int = 0) -> str:
@@ -147,7 +146,7 @@ def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: i
     # in steps of 1/254, with hover off; the single-head map always has exact values.
     cells = L * H * T * S
     if cells > COMPACT_CELLS:
-        fig = go.Figure(_compact_heatmap(big, SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR))
+        trace = _compact_heatmap(big, SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR)
         note = " · overview in steps of 1/254: pick a head for exact values"
     else:
         if cells <= LABELLED_CELLS:
@@ -170,28 +169,29 @@ def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: i
                     custom[r0:r0 + T, c0:c0 + S] = np.stack(np.broadcast_arrays(
                         shown[layer], head, np.arange(T)[:, None], np.arange(S)[None, :] + (T - S)), axis=-1)
             hover = "layer %{customdata[0]} · head %{customdata[1]}<br>query %{customdata[2]} → key %{customdata[3]}"
-        fig = go.Figure(go.Heatmap(
+        trace = go.Heatmap(
             z=big.astype(np.float32), customdata=custom, colorscale=SEQUENTIAL, zmin=WEIGHT_RANGE[0],
             zmax=WEIGHT_RANGE[1], colorbar=colorbar(SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR),
             hoverongaps=False,
             hovertemplate=hover + "<br>weight %{z:.4f}<extra></extra>", xgap=0, ygap=0,
-        ))
+        )
         note = ""
     view = "causal" if causal else "bidirectional view"
     which = (f"All {total} layers" if L == total else
              f"Layers {shown[0]}–{shown[-1]} of {total}" if shown == list(range(shown[0], shown[-1] + 1)) else
              f"{L} of {total} layers")
     sink = f" · {SINK_NOTE}" if sink_hidden else ""
-    base_layout(fig, f"{which} × {H} heads · attention weights ({view}){sink}{note}",
-                height=int(min(1400, max(320, 150 + 1000 * L / H))))
     centres_x = [h * kstep + (S - 1) / 2 for h in range(H)]
     centres_y = [layer * step + (T - 1) / 2 for layer in range(L)]
-    fig.update_xaxes(title_text="head (each small map: key →)", tickvals=centres_x,
-                     ticktext=[head_label(h, H, n_kv_heads) for h in range(H)], showgrid=False, zeroline=False)
-    fig.update_yaxes(title_text="layer (each small map: query ↓)", tickvals=centres_y,
-                     ticktext=[f"layer {layer}" for layer in shown], autorange="reversed", showgrid=False,
-                     zeroline=False, scaleanchor="x", constrain="domain")
-    return fig
+    return figure_of(
+        [trace],
+        base_parts(f"{which} × {H} heads · attention weights ({view}){sink}{note}",
+                   height=int(min(1400, max(320, 150 + 1000 * L / H)))),
+        {"xaxis": dict(title={"text": "head (each small map: key →)"}, tickvals=centres_x,
+                       ticktext=[head_label(h, H, n_kv_heads) for h in range(H)], showgrid=False, zeroline=False),
+         "yaxis": dict(title={"text": "layer (each small map: query ↓)"}, tickvals=centres_y,
+                       ticktext=[f"layer {layer}" for layer in shown], autorange="reversed", showgrid=False,
+                       zeroline=False, scaleanchor="x", constrain="domain")})
 
 
 def _compact_heatmap(big: np.ndarray, colorbar_title: str = WEIGHT_COLORBAR) -> go.Heatmap:
@@ -274,7 +274,7 @@ def head_scores_figure(
         raise ValueError("no head scores to draw.")
     L, H = np.asarray(scores[names[0]]).shape
     # Axes laid out by hand: make_subplots cost tens of milliseconds, paid on every layer or head switch.
-    fig = go.Figure()
+    traces = []
     heads = [head_label(h, H, n_kv_heads) for h in range(H)]
     layers = [f"layer {layer}" for layer in range(L)]
     for i, name in enumerate(names):
@@ -282,27 +282,25 @@ def head_scores_figure(
         if z.shape != (L, H):
             raise ValueError(f"score {name!r} has shape {z.shape}, expected {(L, H)}.")
         axes = dict(xaxis="x" if i == 0 else f"x{i + 1}", yaxis="y" if i == 0 else f"y{i + 1}")
-        fig.add_trace(go.Heatmap(
+        traces.append(go.Heatmap(
             z=z, x=heads, y=layers, coloraxis="coloraxis", **axes,
             hovertemplate=f"{SCORE_TITLES.get(name, name)} score<br>%{{y}} · %{{x}}<br>%{{z:.3f}}<extra></extra>",
         ))
         if selected is not None:
             layer, head = selected
-            fig.add_trace(go.Scatter(
+            traces.append(go.Scatter(
                 x=[heads[head]], y=[layers[layer]], mode="markers", showlegend=False, hoverinfo="skip",
                 marker=dict(symbol="square-open", size=22, color="#e4572e", line=dict(width=3)), **axes,
             ))
     title = "Head scores · mean attention weight where each head type looks"
     if subtitle:
         title += f"<br><sup>{subtitle}</sup>"
-    base_layout(fig, title)
-    fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=1, colorbar=colorbar("score (0–1)")))
-    fig.update_layout(_scores_layout(names, L, H, heads, layers, title, width, PROJECTOR_TEXT))
     narrow = _scores_layout(names, L, H, heads, layers, title, PHONE_WIDTH, FONT["size"], tallest=320)
     narrow["margin"].update(l=70, r=10, b=narrow["margin"]["b"] + FLAT_BAR)
     narrow.update(height=narrow["height"] + FLAT_BAR, coloraxis={"colorbar": FLAT_COLORBAR})  # beside: 156 px panels
-    fig.update_layout(meta={"narrow": narrow})
-    return fig
+    return figure_of(traces, base_parts(title),
+                     {"coloraxis": dict(colorscale=SEQUENTIAL, cmin=0, cmax=1, colorbar=colorbar("score (0–1)"))},
+                     _scores_layout(names, L, H, heads, layers, title, width, PROJECTOR_TEXT), {"meta": {"narrow": narrow}})
 
 
 GQA_WIDTH = 480  # px the Attention tab gives this figure at 1280 (its narrower column of two)

@@ -76,15 +76,44 @@ def provenance_text(device: str, dtype: str, torch_version: str, kind: str = "me
     return f"{kind} · {device} · {dtype} · torch {torch_version}"
 
 
-def base_layout(fig: go.Figure, title: str, *, height: int | None = None, width: int | None = None) -> go.Figure:
-    if pio.templates.default != TEMPLATE:  # someone changed Plotly's default: set ours the slow way
-        fig.update_layout(template=TEMPLATE)
-    fig.update_layout(title=dict(text=title, x=0.01, xanchor="left"), font=FONT, margin=dict(l=70, r=20, t=60, b=70))
+def base_parts(title: str, *, height: int | None = None, width: int | None = None) -> dict:
+    """Every figure's title, font and margins (and its size where given), as a layout part for ``figure_of``."""
+    part: dict = {"title": {"text": title, "x": 0.01, "xanchor": "left"}, "font": FONT,
+                  "margin": {"l": 70, "r": 20, "t": 60, "b": 70}}
     if height is not None:
-        fig.update_layout(height=height)
+        part["height"] = height
     if width is not None:
-        fig.update_layout(width=width)
+        part["width"] = width
+    return part
+
+
+def base_layout(fig: go.Figure, title: str, *, height: int | None = None, width: int | None = None) -> go.Figure:
+    fig.update_layout(merged(_template_part(), base_parts(title, height=height, width=width)))
     return fig
+
+
+def _template_part() -> dict:
+    # someone changed Plotly's default: set ours the slow way
+    return {} if pio.templates.default == TEMPLATE else {"template": TEMPLATE}
+
+
+def merged(*parts: dict) -> dict:
+    """Layout parts merged in order as successive ``update_layout`` calls merge them: a nested dict key by key,
+    anything else (a list of annotations, an array) replaced. The parts are left as they were."""
+    out: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, dict):
+                value = merged(out[key], value) if isinstance(out.get(key), dict) else merged(value)
+            out[key] = value
+    return out
+
+
+def figure_of(traces: Sequence, *parts: dict) -> go.Figure:
+    """A figure built once from its traces and its layout's parts (``merged``): Plotly re-walks the whole layout on
+    each ``update_layout`` of a built figure, so a figure laid out in five of them cost a class's Attention answers
+    most of their server time; built at once it validates each value once (bench/notes/figures.md)."""
+    return go.Figure(data=list(traces), layout=merged(_template_part(), *parts))
 
 
 def heatmap_trace(
@@ -128,26 +157,26 @@ def heatmap_figure(
     y_title: str = QUERY_AXIS,
     height: int | None = None,
     width: int = PAGE_WIDTH,
+    layout: dict | None = None,
     **trace_kwargs,
 ) -> go.Figure:
     """A single heatmap with categorical axes (one row per label, row 0 at the top), laid out for ``width`` px:
     the title wrapped to it, every ``k``-th token labelled that stands apart at projector size; a phone's layout
-    in ``layout.meta.narrow``."""
-    fig = go.Figure(heatmap_trace(z, x_labels, y_labels, **trace_kwargs))
+    in ``layout.meta.narrow``; ``layout``: a caller's own layout part, merged last."""
     wrapped = wrap_title(title, width - 20)
     top = 36 + 24 * title_lines(wrapped)
-    base_layout(fig, wrapped, height=height)
-    fig.update_layout(margin=dict(t=top), title=top_title(wrapped))
-    fig.update_xaxes(title_text=x_title)
-    fig.update_yaxes(title_text=y_title, autorange="reversed")
-    label_token_axes(fig, x_labels, y_labels, width=width, height=fig.layout.height or 450, top=top)
+    drawn = height or 450  # Plotly's own height where none is given
     phone = wrap_title(title, PHONE_WIDTH - 20)
     narrow = {"title": top_title(phone), "margin": {"t": 36 + 24 * title_lines(phone), "l": 60}}
-    narrow.update(token_axes_layout(x_labels, y_labels, width=PHONE_WIDTH, height=fig.layout.height or 450,
+    narrow.update(token_axes_layout(x_labels, y_labels, width=PHONE_WIDTH, height=drawn,
                                     top=narrow["margin"]["t"], font_px=FONT["size"]))
-    # "top": the top margin meant (Gradio raises a titled figure's to 100 px for its label; the page puts it back)
-    fig.update_layout(meta={"narrow": narrow, "top": top})
-    return fig
+    return figure_of(
+        [heatmap_trace(z, x_labels, y_labels, **trace_kwargs)],
+        base_parts(wrapped, height=height), {"margin": {"t": top}, "title": top_title(wrapped)},
+        {"xaxis": {"title": {"text": x_title}}, "yaxis": {"title": {"text": y_title}, "autorange": "reversed"}},
+        token_axes_layout(x_labels, y_labels, width=width, height=drawn, top=top),
+        # "top": the top margin meant (Gradio raises a titled figure's to 100 px for its label; the page puts it back)
+        {"meta": {"narrow": narrow, "top": top}}, layout or {})
 
 
 def phone_layout(fig: go.Figure, *, size: float = FONT["size"], left: float = 70, right: float = 20,
@@ -217,11 +246,6 @@ def token_axes_layout(x_labels: Sequence[str], y_labels: Sequence[str], *, width
     plot_w = (width - left - 20 - 90) * share  # the query labels, the right margin, the colour bar
     return {f"xaxis{suffix}": dict(tickangle=-90, **token_ticks(x_labels, plot_w, font_px)),
             f"yaxis{suffix}": token_ticks(y_labels, plot_h, font_px)}
-
-
-def label_token_axes(fig: go.Figure, x_labels: Sequence[str], y_labels: Sequence[str], **kwargs) -> None:
-    """``token_axes_layout`` applied to ``fig``'s axes."""
-    fig.update_layout(token_axes_layout(x_labels, y_labels, **kwargs))
 
 
 TICK_GAP = 1.2  # labels at least this many font heights apart, centre to centre, so neighbours never touch
