@@ -206,3 +206,24 @@ def test_after_a_model_load_the_roofline_of_the_previous_model_is_cleared_and_na
     table, top, roofline, notes, summary, numbers = formats_after_load(state)
     assert table == [] and top == [] and roofline is None and numbers is None
     assert f"measure **{session.default_model_name()}** now" in notes
+
+
+# A Python format field left in a sentence ("{room_store.ROOM_MINUTES:g}"): a string that lost its f prefix
+_FIELD = re.compile(r"(?<!%)\{[A-Za-z_][\w.]*(?:\[[^\]]*\])?(?:![rsa])?(?::[^{}]*)?\}")
+
+
+def test_no_text_on_the_page_shows_an_unfilled_format_field(config):
+    def texts(value):
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            for v in value.values():
+                yield from texts(v)
+        elif isinstance(value, list):
+            for v in value:
+                yield from texts(v)
+
+    assert _FIELD.search("Rooms last {room_store.ROOM_MINUTES:g} minutes")  # the check sees what it looks for
+    found = [(c.get("type"), m.group(0)) for c in config["components"] if c.get("type") != "plot"
+             for text in texts(c.get("props", {})) for m in _FIELD.finditer(text)]
+    assert not found, found

@@ -313,8 +313,8 @@ def ask_section(demo: gr.Blocks, tab: str, question_fn, inputs: list, *, what: s
         gr.Markdown("Students predict on their phones before the model answers: **Ask** shows a question with "
                     "choices computed from the model for the settings above, **Reveal** shows the model's answer "
                     "beside the votes. The page's first question opens a room; later ones, from any tab or after a "
-                    "reload, reuse it, and joined phones get them by themselves. Rooms last {room_store.ROOM_MINUTES:g} minutes, "
-                    f"at most {room_store.MAX_VOTES} votes each.")
+                    f"reload, reuse it, and joined phones get them by themselves. Rooms last {room_store.ROOM_MINUTES:g} "
+                    f"minutes, at most {room_store.MAX_VOTES} votes each.")
         with gr.Row():
             ask = gr.Button("Ask the class", variant="primary", elem_id=f"ask-{tab}-go")
             show = gr.Button("Reveal the model's answer", elem_id=f"ask-{tab}-reveal")
