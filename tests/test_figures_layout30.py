@@ -138,18 +138,27 @@ def test_the_estimate_finds_what_slanted_token_labels_did():
     assert len(overlaps(fig, width=fx.LOSS_WIDTH)) > 10
 
 
-def test_a_deep_lens_puts_the_last_layer_on_top_and_keeps_its_rows():
+def test_a_deep_lens_stands_in_two_columns_of_layers_and_keeps_its_rows():
     rows = ["embedding"] + [f"layer {i}" for i in range(L)]
     probs = np.random.default_rng(0).random((L + 1, 5))
-    tokens = [["a"] * 5] * (L + 1)
+    tokens = [[f"t{r}"] * 5 for r in range(L + 1)]
     fig = fw.lens_figure(rows, tokens, np.zeros((L + 1, 5), int), probs, "a", probs[:, 0], title="lens")
-    assert list(fig.data[0].y) == rows  # the data as before: row i is the stream after layer i - 1
-    np.testing.assert_array_equal(np.asarray(fig.data[0].z), probs.astype(np.float32))
-    assert fig.layout.yaxis.autorange is None  # category 0 at the bottom: the last layer is drawn on top
+    later, later_p, earlier, earlier_p = fig.data
+    # the data as before, split: the later half (the left column) then the earlier; row i is after layer i - 1
+    assert list(earlier.y) + list(later.y) == rows and list(later_p.y) == list(later.y)
+    np.testing.assert_array_equal(np.vstack([earlier.z, later.z]), probs.astype(np.float32))
+    np.testing.assert_array_equal(np.concatenate([np.ravel(earlier_p.z), np.ravel(later_p.z)]),
+                                  probs[:, 0].astype(np.float32))
+    assert [row[0] for row in list(earlier.text) + list(later.text)] == [f"t{r}" for r in range(L + 1)]
+    assert fig.layout.yaxis.autorange is None and fig.layout.yaxis2.autorange is None  # the last layer on top
     assert "last layer on top" in fig.layout.yaxis.title.text
+    assert fig.layout.xaxis.domain[1] < fig.layout.xaxis3.domain[0]  # side by side, the later layers on the left
+    narrow = fig.layout.meta["narrow"]
+    assert narrow["yaxis"]["domain"][0] > narrow["yaxis2"]["domain"][1]  # a phone: stacked, the later half above
+    assert [p["text"][0][0] for p in fig.layout.meta["narrow_traces"][::2]] == [f"t{L // 2}", "t0"]
     shallow = fw.lens_figure(rows[:5], tokens[:5], np.zeros((5, 5), int), probs[:5], "a", probs[:5, 0], title="x")
     assert shallow.layout.yaxis.autorange == "reversed"
-    assert fig.layout.height < 800  # rows of 20 px: room for 16 px cell text, in less than the old 956 px
+    assert fig.layout.height < 600  # 16 rows of 20 px: room for 16 px cell text, in less than the old 956 px
 
 
 # --- the tiny model's figures keep their data and their titles --------------------------------------------

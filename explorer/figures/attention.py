@@ -300,7 +300,8 @@ def head_scores_figure(
     narrow.update(height=narrow["height"] + FLAT_BAR, coloraxis={"colorbar": FLAT_COLORBAR})  # beside: 156 px panels
     return figure_of(traces, base_parts(title),
                      {"coloraxis": dict(colorscale=SEQUENTIAL, cmin=0, cmax=1, colorbar=colorbar("score (0–1)"))},
-                     _scores_layout(names, L, H, heads, layers, title, width, PROJECTOR_TEXT), {"meta": {"narrow": narrow}})
+                     _scores_layout(names, L, H, heads, layers, title, width, PROJECTOR_TEXT),
+                     {"meta": {"narrow": narrow}})
 
 
 GQA_WIDTH = 480  # px the Attention tab gives this figure at 1280 (its narrower column of two)

@@ -77,9 +77,14 @@ def next_token_figure(
     if settings:
         fig.add_annotation(text=settings, xref="paper", yref="paper", x=0, y=1.0, yshift=6, xanchor="left",
                            yanchor="bottom", showarrow=False, font=dict(size=11, color="#666"))
-    # a phone: the settings line wrapped, and a taller plot so the long y axis title stays beside it
+    # a phone: the settings line wrapped, and a taller plot so the long y axis title stays beside it; each label's
+    # rank above its token and room past 1 for a bar's value ("#10 ⟨id 36006⟩" left the bars 177 px, and the
+    # "1.000" after the top bar ran past the edge)
     narrow = phone_layout(fig, size=11)
     narrow["height"] = narrow.get("height", fig.layout.height) + 140
+    narrow["yaxis"] = {"tickmode": "array", "tickvals": labels,
+                       "ticktext": [f"#{r + 1}<br>{display_token(t)}" for r, t in zip(ranks, tokens)]}
+    narrow["xaxis"] = {"range": [0, 1.22]}
     fig.update_layout(meta={"narrow": narrow})
     return fig
 

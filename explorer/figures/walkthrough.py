@@ -14,8 +14,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import (DIVERGING, FONT, PAGE_WIDTH, PHONE_WIDTH, SEQUENTIAL, WEIGHT_RANGE, base_layout,
-                     colorbar, display_token, phone_layout, symmetric_range, token_ticks, wrap_title)
+from .common import (DIVERGING, FLAT_BAR, FLAT_COLORBAR, FONT, PAGE_WIDTH, PHONE_WIDTH, PROJECTOR_TEXT, SEQUENTIAL,
+                     WEIGHT_RANGE, base_layout, base_parts, colorbar, display_token, figure_of, phone_layout,
+                     symmetric_range, text_px, title_lines, token_ticks, top_title, wrap_title)
 
 VALUE_FORMAT = ".7g"  # float32 carries about 7 significant digits
 STEP_WIDTH = 720  # px the walkthrough gives a step's figure at 1280 (its wider column of two)
@@ -108,11 +109,14 @@ def _stacked_phone(fig: go.Figure, panels: Sequence[Panel]) -> dict:
     for i, p in enumerate(panels):
         suffix = i + 1 if i else ""
         narrow[f"coloraxis{suffix}"] = {"colorbar": {"thickness": 8, "xpad": 4}}
+        if len(panels) == 1:  # its bar flat under the figure: upright, a small model's "−0.02" ticks left 196 px
+            narrow["coloraxis"] = {"colorbar": FLAT_COLORBAR}
+            narrow["margin"].update(b=narrow["margin"].get("b", 70) + FLAT_BAR, r=10)
         if any(" (" in str(r) for r in p.rows) and len(p.rows) <= 16:
             narrow[f"yaxis{suffix}"] = {"tickmode": "array", "tickvals": list(p.rows),
                                         "ticktext": [str(r).replace(" (", "<br>(", 1) for r in p.rows]}
-    height = narrow.get("height", fig.layout.height)
-    narrow["height"] = height + max(0, 300 - (height - narrow["margin"]["t"] - 70))
+    height = narrow.get("height", fig.layout.height) + (FLAT_BAR if len(panels) == 1 else 0)
+    narrow["height"] = height + max(0, 300 - (height - narrow["margin"]["t"] - narrow["margin"].get("b", 70)))
     return narrow
 
 
@@ -217,7 +221,7 @@ def top_tokens_figure(tokens: Sequence[str], ids: Sequence[int], values: Sequenc
 LENS_CHARS = 7  # characters of a token in a lens cell (hover has it whole): 16 px text fits a projector's cell
 LENS_TEXT = 12  # px of the cells' text; the page script draws it at 16 px in projector mode
 LENS_PHONE_CHARS = 5  # ... and on a phone's 358 px
-LENS_DEEP = 16  # rows past this: the last layer on top
+LENS_DEEP = 16  # rows past this: two columns of layers, each with its last layer on top
 LENS_ROW_DEEP = 20  # px a row of a deep model's lens: the 16 px cell text still fits
 
 
@@ -235,6 +239,8 @@ def lens_figure(rows: Sequence[str], tokens: Sequence[Sequence[str]], ids: np.nd
     text = [[display_token(t, LENS_CHARS) for t in row] for row in tokens]
     custom = [[f"{display_token(t)} · id {int(i)}" for t, i in zip(trow, irow)] for trow, irow in zip(tokens, ids)]
     shown = display_token(final_token)
+    if n > LENS_DEEP:
+        return _two_column_lens(list(rows), list(tokens), text, custom, probs, final_probs, shown, title=title)
     fig = make_subplots(rows=1, cols=2, column_widths=[0.8, 0.2], shared_yaxes=True, horizontal_spacing=0.03,
                         subplot_titles=[f"top {k} tokens if the model stopped here", f"P({shown})"])
     fig.add_trace(go.Heatmap(
@@ -249,16 +255,12 @@ def lens_figure(rows: Sequence[str], tokens: Sequence[Sequence[str]], ids: np.nd
         textfont=dict(size=LENS_TEXT),
         hovertemplate="%{y}<br>P(" + shown + ") %{z:" + VALUE_FORMAT + "}<extra></extra>",
     ), row=1, col=2)
-    # a deep model's rows with the last layer on top: the layers where the prediction appears are the first in
-    # view, not below a projector's fold (a shallow one reads top down, like the walkthrough's other figures)
-    deep = n > LENS_DEEP
-    fig.update_yaxes(type="category", autorange=None if deep else "reversed")
-    fig.update_yaxes(title_text="residual stream after" + (" (last layer on top)" if deep else ""), row=1, col=1)
+    fig.update_yaxes(type="category", autorange="reversed")  # a shallow lens reads top down, like the other steps
+    fig.update_yaxes(title_text="residual stream after", row=1, col=1)
     fig.update_xaxes(type="category")
     fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=1,
                                      colorbar=colorbar(PROB_COLORBAR, thickness=14)))
-    base_layout(fig, wrap_title(title, PAGE_WIDTH - 20),
-                height=int(min(1100, max(300, 150 + (LENS_ROW_DEEP if deep else 26) * n))))
+    base_layout(fig, wrap_title(title, PAGE_WIDTH - 20), height=int(min(1100, max(300, 150 + 26 * n))))
     narrow = phone_layout(fig, left=70, right=4, scale_off=True)
     # a phone: no colour bar (the cells carry their numbers), the top tokens given all but the last column
     narrow.update(xaxis={"domain": [0, 0.8]}, xaxis2={"domain": [0.82, 1]}, coloraxis={"showscale": False})
@@ -267,6 +269,81 @@ def lens_figure(rows: Sequence[str], tokens: Sequence[Sequence[str]], ids: np.nd
     short = {"text": [[display_token(t, LENS_PHONE_CHARS) for t in row] for row in tokens], "textfont": {"size": 11}}
     fig.update_layout(meta={"narrow": narrow, "narrow_traces": [short, {"textfont": {"size": 11}}]})
     return fig
+
+
+def _two_column_lens(rows: list[str], tokens: Sequence[Sequence[str]], text: list, custom: list, probs: np.ndarray,
+                     final_probs: np.ndarray, shown: str, *, title: str) -> go.Figure:
+    """A deep model's lens in two columns of layers, the later half on the left and each column's last layer on
+    top: the layers where the prediction appears are the first read, and 31 rows keep room for 16 px cell text in
+    a projector's 720 px window (in one column they needed ~620 px of plot where the window leaves ~465). A phone
+    stacks the columns (``layout.meta.narrow``). Every row, token and probability is the one-column lens's."""
+    n, k = probs.shape
+    split = n // 2
+    blocks = [slice(split, n), slice(0, split)]
+    ranks = [f"#{j + 1}" for j in range(k)]
+    axes = [("x", "x2", "y"), ("x3", "x4", "y2")]
+    traces = []
+    for (rank_x, final_x, y), rows_of in zip(axes, blocks):
+        names = rows[rows_of]
+        traces += [
+            go.Heatmap(z=probs[rows_of], x=ranks, y=names, text=text[rows_of], texttemplate="%{text}",
+                       textfont=dict(size=LENS_TEXT), customdata=custom[rows_of], coloraxis="coloraxis", xgap=1,
+                       ygap=1, xaxis=rank_x, yaxis=y,
+                       hovertemplate="%{y} · rank %{x}<br>%{customdata}<br>probability %{z:" + VALUE_FORMAT
+                                     + "}<extra></extra>"),
+            go.Heatmap(z=final_probs[rows_of, None], x=[shown], y=names, coloraxis="coloraxis", xgap=1, ygap=1,
+                       text=[[f"{100 * float(p):.1f}%"] for p in final_probs[rows_of]], texttemplate="%{text}",
+                       textfont=dict(size=LENS_TEXT), xaxis=final_x, yaxis=y,
+                       hovertemplate="%{y}<br>P(" + shown + ") %{z:" + VALUE_FORMAT + "}<extra></extra>"),
+        ]
+    titles = (f"top {k} tokens if the model stopped here", f"P({shown})")
+
+    def panels(plot: float, column: float, gap: float, size: float, stacked: bool) -> dict:
+        """The axes and the panels' titles for a plot ``plot`` px wide: columns side by side, or ``stacked``."""
+        out: dict = {"annotations": []}
+        upper = (n - split) / n  # the later half's share of a stacked plot's height
+        for c, (rank_x, final_x, y) in enumerate(axes):
+            x0 = 0.0 if stacked else c * (column + gap)
+            cut = x0 + 0.8 * (column - 0.02)
+            spans = {rank_x: (x0, cut), final_x: (cut + 0.02, x0 + column)}
+            for axis, (a, b) in spans.items():
+                out["xaxis" + axis[1:]] = dict(domain=[a, b], anchor=y, type="category",
+                                               showticklabels=not stacked or c == 1)
+            rows_y = [0, 1] if not stacked else [1 - upper + 0.005, 1] if c == 0 else [0, 1 - upper - 0.005]
+            out["yaxis" + y[1:]] = dict(domain=rows_y, anchor=rank_x, type="category", automargin=True)
+            if stacked and c == 1:
+                continue  # one pair of titles over the stacked column
+            for axis, words in zip((rank_x, final_x), titles):
+                a, b = spans[axis]
+                out["annotations"].append(dict(
+                    text=wrap_title(words, (b - a) * plot - 8, size), x=(a + b) / 2, y=1.0, xref="paper",
+                    yref="paper", xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=size)))
+        out["yaxis"]["title"] = {"text": "residual stream after (last layer on top)"}
+        return out
+
+    def top_margin(wrapped: str, parts: dict, line: float) -> int:
+        return int(36 + 24 * title_lines(wrapped) + line * max(title_lines(a["text"]) for a in parts["annotations"]))
+
+    plot = PAGE_WIDTH - 200  # the figure less the row names, the y title and the colour bar
+    gap = (max(text_px(r, PROJECTOR_TEXT) for r in rows) + 30) / plot  # room for the right column's row names
+    layout = panels(plot, (1 - gap) / 2, gap, PROJECTOR_TEXT, stacked=False)
+    wrapped = wrap_title(title, PAGE_WIDTH - 20)
+    top = top_margin(wrapped, layout, 20)
+    bar = colorbar(PROB_COLORBAR, thickness=14)
+    layout.update(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=1, colorbar=bar),
+                  margin={"t": top}, title=top_title(wrapped), height=top + 70 + LENS_ROW_DEEP * (n - split))
+    # a phone: the later half above the earlier in one column, no colour bar (the cells carry their numbers)
+    narrow = panels(PHONE_WIDTH - 74, 1.0, 0.0, 11, stacked=True)
+    phone = wrap_title(title, PHONE_WIDTH - 20)
+    narrow_top = top_margin(phone, narrow, 16)
+    narrow.update(coloraxis={"showscale": False}, title=top_title(phone), height=narrow_top + 80 + 22 * n,
+                  margin={"t": narrow_top, "l": 70, "r": 4})
+    # a phone's cells are 45 px wide: tokens cut to 5 characters at 11 px there, or they run into each other
+    short = [{"text": [[display_token(t, LENS_PHONE_CHARS) for t in row] for row in tokens[rows_of]],
+              "textfont": {"size": 11}} for rows_of in blocks]
+    small = {"textfont": {"size": 11}}
+    return figure_of(traces, base_parts(wrapped), layout,
+                     {"meta": {"narrow": narrow, "narrow_traces": [short[0], small, short[1], small]}})
 
 
 def step_figure(key: str, arrays: Mapping[str, np.ndarray], *, title: str, keys: Sequence[str],
