@@ -1,5 +1,6 @@
-"""The layout audit (issue 37): every tab's opening figure and every lesson view of docs/lesson.md, opened in
-Chromium at three viewports, each figure in the window read from its SVG as drawn (tests/layout_audit.js).
+"""The layout audit (issue 37): every tab's opening figure, every lesson view of docs/lesson.md, the README's deck
+step and a class room (live and revealed), opened in Chromium at three viewports, each figure in the window read from
+its SVG as drawn (tests/layout_audit.js); a room on a phone is the phone's own page (its texts and width).
 
 The rules, per viewport:
 
@@ -53,8 +54,11 @@ class Viewport:
     min_font: float  # px: every figure text
 
     def rules(self, view: "View") -> dict:
-        """The script's thresholds; a presented figure (a lesson view in projector mode) must be wholly in view."""
-        return {"minPlot": self.min_plot, "minFont": self.min_font, "inWindow": self.projector and view.query is not None}
+        """The script's thresholds; a presented figure (a lesson view in projector mode) must be wholly in view. A
+        room's tally (a few bars, each ~36 px thick) is held to the phone's 200 px plot: the room's question and
+        count share the window with it and the QR code."""
+        least = min(self.min_plot, 200) if view.room else self.min_plot
+        return {"minPlot": least, "minFont": self.min_font, "inWindow": self.projector and view.query is not None}
 
 
 VIEWPORTS = [Viewport("projector-1280x720", 1280, 720, True, 300, 14),
@@ -67,6 +71,7 @@ class View:
     name: str
     tab: str
     query: str | None  # a lesson link's query (opened as a link); None: the tab's opening (its tab clicked)
+    room: str | None = None  # "live" / "reveal": a class room's tally after two phones voted (``room_view``)
 
 
 def lesson_links() -> list[str]:
@@ -75,14 +80,79 @@ def lesson_links() -> list[str]:
     return re.findall(r"`\?([^`]+)`", text[text.index("## A 50-minute lesson"):])
 
 
+#: The deck's step the README shows (assets/screenshots/deck.png): the intro deck's head scores, its bar beneath.
+DECK_STEP = ("intro", 6, "attention", "scores")
+
+
 def views() -> list[View]:
-    """Every tab's opening, then every lesson view (``lesson-N-tab-focus``)."""
+    """Every tab's opening, then every lesson view (``lesson-N-tab-focus``), then the README's deck step
+    (``deck-intro-N-tab-focus``, opened as the deck opens it)."""
     out = [View(f"tab-{tab}", tab, None) for _, tab, _ in TABS]
     for i, query in enumerate(lesson_links()):
         tab = re.search(r"tab=(\w+)", query)[1]
         focus = re.search(r"focus=(\w+)", query)
         out.append(View(f"lesson-{i + 1}-{tab}" + (f"-{focus[1]}" if focus else ""), tab, query))
-    return out
+    deck, step, tab, focus = DECK_STEP
+    out.append(View(f"deck-{deck}-{step}-{tab}-{focus}", tab, f"lesson={deck}&step={step}"))
+    return out + [View("room-live", "walkthrough", None, "live"), View("room-reveal", "walkthrough", None, "reveal")]
+
+
+#: What a phone page (no figure) must keep: every text at least the viewport's smallest size, no sideways scroll.
+PAGE_TEXT = """(minFont) => {
+  const small = [...document.querySelectorAll('body *')].filter(e => e.childElementCount === 0 &&
+      e.textContent.trim() && e.getBoundingClientRect().width > 0 && parseFloat(getComputedStyle(e).fontSize) < minFont);
+  const failures = small.slice(0, 3).map(e => ({figure: 'page', check: 'font',
+      detail: `${e.textContent.trim().slice(0, 40)} ${getComputedStyle(e).fontSize}`}));
+  if (document.documentElement.scrollWidth > window.innerWidth)
+    failures.push({figure: 'page', check: 'past-edge', detail: `page ${document.documentElement.scrollWidth} px wide`});
+  return {figures: [], failures};
+}"""
+
+
+def room_view(page, url: str, view: View, viewport: Viewport, link_model: str | None = None) -> dict:
+    """A class room as a lecture runs it: the projector page asks the walkthrough's question and two phones vote;
+    "live" is the tally then, "reveal" after the model's answer is shown beside it. On a projector viewport the
+    tally figure is audited on ``page``; on a phone viewport ``page`` is a phone's own page (no figure: its texts
+    and width are), and the projector is a page of its own at 1280x720. ``link_model``: the model the page loads."""
+    phone_vp = not viewport.projector
+    teacher = page.context.browser.new_page(viewport={"width": 1280, "height": 720}) if phone_vp else page
+    phones = [page] if phone_vp else []
+    try:
+        open_room = teacher.evaluate("() => { const e = document.querySelector('#ask-walkthrough-link textarea, "
+                                     "#ask-walkthrough-link input'); return !!(e && e.value.includes('vote?code=')); }")
+        if view.room == "live" or not open_room:
+            teacher.goto(url + "?present=1" + (f"&model={link_model}" if link_model else ""),
+                         wait_until="domcontentloaded")
+            teacher.get_by_text("Ask the class: which token comes next?").click(timeout=300_000)
+            teacher.locator("#ask-walkthrough-go").click()
+            teacher.wait_for_function("() => { const e = document.querySelector('#ask-walkthrough-link textarea, "
+                                      "#ask-walkthrough-link input'); return e && e.value.includes('vote?code='); }",
+                                      timeout=120_000)
+            link = teacher.locator("#ask-walkthrough-link textarea, #ask-walkthrough-link input").first.input_value()
+            browser = page.context.browser
+            phones += [browser.new_page(viewport={"width": 390, "height": 844}) for _ in range(2 - len(phones))]
+            for i, phone in enumerate(phones):
+                phone.goto(link, wait_until="domcontentloaded")
+                phone.locator(f"#choice-{i}").click(timeout=60_000)
+                phone.wait_for_function("() => document.querySelector('#status').textContent.startsWith('Your vote')",
+                                        timeout=30_000)
+            teacher.wait_for_function("() => (document.querySelector('#ask-walkthrough-counts') || {}).innerText"
+                                      "?.includes('2 votes')", timeout=30_000)
+        if view.room == "reveal":
+            teacher.locator("#ask-walkthrough-reveal").click()
+            teacher.wait_for_function("() => (document.querySelector('#ask-walkthrough-counts') || {}).innerText"
+                                      "?.includes('the model gave it')", timeout=30_000)
+            if phone_vp:
+                page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('Look at')",
+                                       timeout=30_000)
+        teacher.evaluate("() => document.querySelector('#ask-walkthrough').scrollIntoView({block: 'start'})")
+        teacher.wait_for_timeout(1500)  # the projector's timer redraws every second; the page's fit after the scroll
+        if phone_vp:
+            return page.evaluate(PAGE_TEXT, viewport.min_font)
+        return page.evaluate(SCRIPT, {"main": "#ask-walkthrough-tally", **viewport.rules(view)})
+    finally:
+        for other in ([teacher] if phone_vp else []) + [p for p in phones if p is not page]:
+            other.close()
 
 
 def _settle(page, rounds=3):
@@ -103,6 +173,8 @@ def audit_view(page, url: str, view: View, viewport: Viewport, *, fresh: bool, l
     ``model=`` (a tab's opening: ``?tab=<tab>&model=...``), as a lecturer on a larger model opens them. Returns the
     script's answer."""
     present = "&present=1" if viewport.projector else ""
+    if view.room is not None:
+        return room_view(page, url, view, viewport, link_model)
     if view.query is None:
         main = f"#tab-{view.tab} .js-plotly-plot"
         if link_model is not None:
@@ -170,7 +242,8 @@ def _audit(browser, url: str, model: str, views_, viewports, out, log, link_mode
                 failed = True
                 page.close()
                 page = browser.new_page(viewport={"width": vp.width, "height": vp.height})
-            fresh = view.query is not None or failed  # after a link or a new page, the next opening opens the page
+            # after a link, a room or a new page, the next opening opens the page
+            fresh = view.query is not None or view.room is not None or failed
             if out is not None:
                 page.screenshot(path=str(out / f"{model}-{vp.name}-{view.name}.png"))
             results.append({"view": view.name, "viewport": vp.name, **answer})
@@ -258,16 +331,21 @@ def _until_openings_settle(server, timeout: float = 1200.0) -> None:
 
 
 def to_assets(out: Path, model: str) -> list[str]:
-    """The README's and docs' screenshots (assets/screenshots/<tab>.png) from an audit's tab openings at 1280×720 in
-    projector mode, as 256-colour PNGs; returns the names written."""
+    """The README's and docs' screenshots from an audit at 1280×720 in projector mode, as 256-colour PNGs: each tab's
+    opening (assets/screenshots/<tab>.png) and the deck's step (deck.png); returns the names written."""
     from tests.headless import ASSETS, _save_small_png
 
+    deck = next(v.name for v in views() if v.name.startswith("deck-"))
+    shots = [("projector-1280x720", f"tab-{tab}", f"{tab}.png") for _, tab, _ in TABS] + [
+        ("projector-1280x720", deck, "deck.png"), ("projector-1280x720", "room-live", "vote-projector-live.png"),
+        ("projector-1280x720", "room-reveal", "vote-projector-reveal.png"),
+        ("phone-390x844", "room-live", "vote-phone.png")]
     written = []
-    for _, tab, _ in TABS:
-        shot = out / f"{model}-projector-1280x720-tab-{tab}.png"
+    for viewport, view, name in shots:
+        shot = out / f"{model}-{viewport}-{view}.png"
         if shot.is_file():
-            _save_small_png(shot.read_bytes(), ASSETS / f"{tab}.png")
-            written.append(f"{tab}.png")
+            _save_small_png(shot.read_bytes(), ASSETS / name)
+            written.append(name)
     return written
 
 
@@ -279,7 +357,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default=None, help="the model's name in the report (default: --serve's)")
     parser.add_argument("--link-model", default=None, help="with --url: a model id every view's link carries")
     parser.add_argument("--to-assets", action="store_true",
-                        help="write the tabs' openings at 1280x720 in projector mode to assets/screenshots/")
+                        help="write the tabs' openings and the deck's step at 1280x720 in projector mode to "
+                             "assets/screenshots/")
     parser.add_argument("--out", type=Path, required=True, help="folder for report.md, report.json, screenshots")
     parser.add_argument("--views", nargs="*", help="view names (default: all); e.g. tab-attention lesson-3-attention-heatmap")
     parser.add_argument("--viewports", nargs="*", choices=[vp.name for vp in VIEWPORTS])

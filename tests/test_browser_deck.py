@@ -9,12 +9,10 @@ question; every later question must reach them without a re-join, and the tally 
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from explorer.web import link_model
-from tests.headless import ARTIFACTS, ASSETS, BROWSER_MARKS, _save_small_png, _wait_idle, browser  # noqa: F401 (fixture)
+from tests.headless import ARTIFACTS, BROWSER_MARKS, _wait_idle, browser  # noqa: F401 (fixture)
 
 pytestmark = BROWSER_MARKS
 WIDTH, HEIGHT = 1280, 720
@@ -109,9 +107,7 @@ def drive(browser, url: str, model_name: str, tag: str) -> None:  # noqa: F811 (
                 and box["x"] + box["width"] <= WIDTH
             assert inside, f"{where}: {element_id} not above the deck's bar in the window: {box}, bar {bar}"
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        png = page.screenshot(path=str(ARTIFACTS / f"deck-{tag}-{k:02d}-{step.tab}.png"))
-        if tag == "shipped" and step.focus == "scores" and os.environ.get("EXPLORER_SCREENSHOTS_TO_ASSETS") == "1":
-            _save_small_png(png, ASSETS / "deck.png")  # the README's picture of a lesson
+        page.screenshot(path=str(ARTIFACTS / f"deck-{tag}-{k:02d}-{step.tab}.png"))
         if step.question:
             on_question(browser, page, step, phones)
         if k < n:  # the arrow key, and now and then the button

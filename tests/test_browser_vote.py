@@ -2,23 +2,18 @@
 390x844 open the phone page (its own few KB, no Gradio) by link, by typed code and by the old ?join= address; a
 reload votes again and the tally moves by one; Reveal shows the model beside the class and the phone says "look at
 the screen"; a question from another tab reuses the room and reaches the joined phone by itself; the CSV holds the
-counts; Close ends the room on the phone. Screenshots go to artifacts/screenshots/ (and assets/screenshots/ with
-EXPLORER_SCREENSHOTS_TO_ASSETS=1)."""
+counts; Close ends the room on the phone. Screenshots go to artifacts/screenshots/ (the README's come from the layout
+audit's room views)."""
 from __future__ import annotations
 
-import os
-
-from tests.test_browser import ARTIFACTS, ASSETS, BROWSER_MARKS, _save_small_png, browser  # noqa: F401 (fixture)
+from tests.test_browser import ARTIFACTS, BROWSER_MARKS, browser  # noqa: F401 (fixture)
 
 pytestmark = BROWSER_MARKS
 
 
 def _shot(page, name: str, *, full: bool = False) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    png = page.screenshot(full_page=full)
-    (ARTIFACTS / name).write_bytes(png)
-    if os.environ.get("EXPLORER_SCREENSHOTS_TO_ASSETS") == "1":
-        _save_small_png(png, ASSETS / name)
+    (ARTIFACTS / name).write_bytes(page.screenshot(full_page=full))
 
 
 def _status(page) -> str:

@@ -67,13 +67,16 @@
       let b = box(els);
       const excess = b.bottom - b.top - room;
       // (a phone scrolls: its figures keep their height, squeezed into the window two stacked maps ran into each
-      // other; a deck's step must end above the deck's bar, on a phone too, so there they still give it up)
+      // other; a deck's step must end above the deck's bar, on a phone too, so there they still give it up, but
+      // for stacked panels)
       const deck = bar() > 0;
       if (excess > 0 && window.Plotly && (deck || window.innerWidth >= 640)) {  // side by side or alone, each gives up the excess
         for (const gd of els.flatMap(el => [...el.querySelectorAll('.js-plotly-plot')])) {
           // outside a deck never shorter than keeps its plot area readable (a phone's two maps fell to 65 px each):
           // the figure then runs past the window's bottom, its top in view
           const h = window.explorerHeight(gd), least = window.explorerLeast ? window.explorerLeast(gd) : 240;
+          // (a phone's stacked panels keep their height in a deck too: squeezed, 30 layers' head scores overlapped)
+          if (deck && window.innerWidth < 640 && window.explorerStacked && window.explorerStacked(gd)) continue;
           const want = deck ? (h - excess >= 240 ? Math.floor(h - excess) : h) : Math.floor(Math.max(h - excess, least, 240));
           if (h && want < h - 2) await window.explorerPlace(gd, want);
         }

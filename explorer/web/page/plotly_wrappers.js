@@ -11,6 +11,7 @@
 //   explorerDrawn, explorerHeight   whether a figure is drawn and its drawn height (a link's focus=<name> placing).
 //   explorerPlace(gd, h)  a deck's step drew this figure at h px, so that it and its sentence end above the deck's
 //                         bar: redraws and fits keep that height (until the next step) instead of the 300 px rule.
+//   explorerStacked(gd)   whether a figure's panels stand one above another (a phone's deck keeps their height).
 (() => {
   // Projector mode sets its 16 px in each figure's layout, not only in CSS: Plotly then places colour-bar titles,
   // margins and tick spacing for the text as drawn (CSS-enlarged text overlapped the titles Plotly had placed)
@@ -276,6 +277,14 @@
   window.explorerLeast = (gd) => {
     const L = gd._fullLayout, least = document.body.classList.contains('projector') ? MIN_PLOT : 210;
     return L ? L.height - L._size.h + Math.ceil(least / plotShare(gd)) + 2 : 240;
+  };
+  // panels one above another (their y domains differ): squeezed, the gaps between them shrink with the figure and
+  // each panel's ticks run into the next one's title
+  window.explorerStacked = (gd) => {
+    const L = gd._fullLayout;
+    if (!L) return false;
+    const tops = new Set(Object.keys(L).filter(k => /^yaxis\d*$/.test(k)).map(k => (L[k].domain || [0, 1]).join()));
+    return tops.size > 1;
   };
   window.explorerPlace = (gd, h) => {
     if (document.body.classList.contains('deck')) gd.explorerPlaced = h;
