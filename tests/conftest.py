@@ -159,6 +159,17 @@ def fresh_client(app_url):
 
 
 @pytest.fixture(scope="session")
+def smol_shape(model_root) -> str:
+    """A SmolLM2-135M-shape folder (random weights, the shipped tokenizer) under the app's model root: its id."""
+    from explorer.bench.flood import write_smol_shape_folder
+
+    folder = model_root / "smol-shape"
+    if not (folder / "config.json").is_file():
+        write_smol_shape_folder(folder)
+    return folder.name
+
+
+@pytest.fixture(scope="session")
 def quick_folder(tmp_path_factory) -> tuple[Path, str]:
     """``python -m training --quick`` once per session: (its output folder, its stdout). Read it, never change it
     (copy it first): tests/test_train.py and tests/test_encoder_model.py share it."""

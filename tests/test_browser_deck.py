@@ -18,17 +18,6 @@ pytestmark = BROWSER_MARKS
 WIDTH, HEIGHT = 1280, 720
 
 
-@pytest.fixture(scope="module")
-def smol_shape(model_root) -> str:
-    """A SmolLM2-135M-shape folder (random weights, the shipped tokenizer) under the app's model root: its id."""
-    from explorer.bench.flood import write_smol_shape_folder
-
-    folder = model_root / "smol-shape"
-    if not (folder / "config.json").is_file():
-        write_smol_shape_folder(folder)
-    return folder.name
-
-
 BUSY = ".progress-text, .progress-level, .eta-bar, .meta-text, .meta-text-center"
 
 

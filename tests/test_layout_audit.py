@@ -1,8 +1,8 @@
 """The layout audit (tests/layout_audit.py): that it names what is wrong with a figure drawn badly on purpose, and
-that every tab's opening figure and every lesson view pass it at three viewports on the shipped model, but for the
+that every view (each tab's opening, each lesson view, the deck's step, a class room) passes it at three viewports,
+on the shipped model and with every link loading a model at SmolLM2-135M's shape (random weights), but for the
 failures listed in tests/layout_known.txt (a failure not on it fails the test; a listed one that passes is named
-in a warning, to be taken off). At SmolLM2-135M's shape the audit runs from its command
-(``python -m tests.layout_audit --serve smol --out DIR``); no list is recorded for it yet (docs/not-done.md)."""
+in a warning, to be taken off)."""
 import warnings
 from pathlib import Path
 
@@ -75,3 +75,15 @@ def test_every_view_passes_the_audit_on_the_shipped_model(app_url, served_model_
     assert len(report["results"]) == len(VIEWPORTS) * len(views()) and len(views()) >= 10 + 12
     if model == "shipped":
         _compare(report, model)
+
+
+def test_every_view_passes_the_audit_at_smollm2_135m_shape(app_url, served_model_dir, smol_shape, browser,  # noqa: F811
+                                                          tmp_path):
+    """30 layers, 9 heads, a 49k vocabulary: each view opened as a link carrying ``model=`` (what a lecturer's deck
+    on a larger model does; the Training tab replays the shipped run's snapshots either way)."""
+    if served_model_dir.name != "default-model":
+        pytest.skip("the tiny fixture model is served: its tokenizer is not the shipped one the shape folder takes")
+    report = run_audit(app_url, model="smol", viewports=VIEWPORTS, out=tmp_path, log=lambda *_: None, browser=browser,
+                       link_model=smol_shape)
+    assert len(report["results"]) == len(VIEWPORTS) * len(views())
+    _compare(report, "smol")

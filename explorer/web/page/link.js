@@ -81,6 +81,16 @@
           if (h && want < h - 2) await window.explorerPlace(gd, want);
         }
         b = box(els);
+      } else if (deck && excess < -8 && window.Plotly && document.body.classList.contains('projector')) {
+        // a projected deck's figure grows into the room above the bar, as a presented one takes the window (a
+        // small model's figures are drawn for a desk: 4 layers of head scores had a 150 px plot); rows share it
+        const gds = els.flatMap(el => [...el.querySelectorAll('.js-plotly-plot')]).filter(gd => window.explorerDrawn(gd));
+        const rows = new Set(gds.map(gd => Math.round(gd.getBoundingClientRect().top / 20))).size;
+        for (const gd of gds) {
+          const h = window.explorerHeight(gd);
+          if (h) await window.explorerPlace(gd, Math.floor(h - excess / rows));
+        }
+        b = box(els);
       }
       window.scrollTo(0, Math.max(0, b.top + window.scrollY - 8));
       document.body.dataset.focused = ids.join(' ');  // what the link landed on (tests read it)
