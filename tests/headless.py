@@ -67,3 +67,14 @@ def _open(browser, url, *, tab, width=1280, height=720, scale=1):
         page.wait_for_timeout(700)
         _wait_idle(page)
     return page, panel
+
+
+def ask_the_class(page, tab: str, accordion: str, *, timeout: int = 60_000) -> str:
+    """On a teacher's page: open ``tab``'s "Ask the class" accordion (its header text ``accordion``), press Ask, and
+    return the room's join link once the page shows it."""
+    page.get_by_text(accordion).click(timeout=timeout)
+    page.locator(f"#ask-{tab}-go").click()
+    field = f"#ask-{tab}-link textarea, #ask-{tab}-link input"
+    page.wait_for_function(f"() => {{ const e = document.querySelector('{field}'); "
+                           "return e && e.value.includes('vote?code='); }", timeout=120_000)
+    return page.locator(field).first.input_value()

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.headless import ARGS, CHROMIUM, TABS, _wait_idle  # noqa: E402
+from tests.headless import ARGS, CHROMIUM, TABS, _wait_idle, ask_the_class  # noqa: E402
 
 SCRIPT = (Path(__file__).parent / "layout_audit.js").read_text(encoding="utf-8")
 KNOWN = Path(__file__).parent / "layout_known.txt"
@@ -123,12 +123,7 @@ def room_view(page, url: str, view: View, viewport: Viewport, link_model: str | 
         if view.room == "live" or not open_room:
             teacher.goto(url + "?present=1" + (f"&model={link_model}" if link_model else ""),
                          wait_until="domcontentloaded")
-            teacher.get_by_text("Ask the class: which token comes next?").click(timeout=300_000)
-            teacher.locator("#ask-walkthrough-go").click()
-            teacher.wait_for_function("() => { const e = document.querySelector('#ask-walkthrough-link textarea, "
-                                      "#ask-walkthrough-link input'); return e && e.value.includes('vote?code='); }",
-                                      timeout=120_000)
-            link = teacher.locator("#ask-walkthrough-link textarea, #ask-walkthrough-link input").first.input_value()
+            link = ask_the_class(teacher, "walkthrough", "Ask the class: which token comes next?", timeout=300_000)
             browser = page.context.browser
             phones += [browser.new_page(viewport={"width": 390, "height": 844}) for _ in range(2 - len(phones))]
             for i, phone in enumerate(phones):

@@ -6,6 +6,7 @@ counts; Close ends the room on the phone. Screenshots go to artifacts/screenshot
 audit's room views)."""
 from __future__ import annotations
 
+from tests.headless import ask_the_class
 from tests.test_browser import ARTIFACTS, BROWSER_MARKS, browser  # noqa: F401 (fixture)
 
 pytestmark = BROWSER_MARKS
@@ -25,13 +26,7 @@ def test_projector_asks_phones_vote_reload_and_get_the_next_question(app_url, br
     teacher = browser.new_page(viewport={"width": 1280, "height": 720})
     teacher.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     teacher.goto(app_url + "?present=1", wait_until="domcontentloaded")
-    teacher.get_by_text("Ask the class: which token comes next?").click(timeout=60_000)
-    teacher.locator("#ask-walkthrough-go").click()
-    link = teacher.locator("#ask-walkthrough-link textarea, #ask-walkthrough-link input").first
-    teacher.wait_for_function("() => { const e = document.querySelector('#ask-walkthrough-link textarea, "
-                              "#ask-walkthrough-link input'); return e && e.value.includes('vote?code='); }",
-                              timeout=120_000)
-    url = link.input_value()
+    url = ask_the_class(teacher, "walkthrough", "Ask the class: which token comes next?")
     code = url.rsplit("=", 1)[1]
     assert url == f"{app_url}vote?code={code}"
     assert teacher.locator("#ask-walkthrough-qr img").count() == 1
@@ -103,12 +98,7 @@ def test_projector_asks_phones_vote_reload_and_get_the_next_question(app_url, br
 
     # the next question, from another tab of the same page: the same room, and the joined phone shows it by itself
     teacher.get_by_role("tab", name="Attention", exact=True).click()
-    teacher.get_by_text("Ask the class: which token does this head look at?").click(timeout=30_000)
-    teacher.locator("#ask-attention-go").click()
-    teacher.wait_for_function("() => { const e = document.querySelector('#ask-attention-link textarea, "
-                              "#ask-attention-link input'); return e && e.value.includes('vote?code='); }",
-                              timeout=120_000)
-    again = teacher.locator("#ask-attention-link textarea, #ask-attention-link input").first.input_value()
+    again = ask_the_class(teacher, "attention", "Ask the class: which token does this head look at?", timeout=30_000)
     assert again == url  # one room for the lecture: the same code and join link
     phone.wait_for_function("() => document.querySelector('#question').textContent.startsWith('Layer')",
                             timeout=30_000)
@@ -140,12 +130,7 @@ def _ask_in_browser(page, app_url: str, tab: str = "walkthrough") -> str:
     page.goto(app_url, wait_until="domcontentloaded")
     if tab != "walkthrough":  # the walkthrough is the first tab
         page.get_by_role("tab", name=label, exact=True).click(timeout=60_000)
-    page.get_by_text(accordion).click(timeout=60_000)
-    page.locator(f"#ask-{tab}-go").click()
-    page.wait_for_function(f"() => {{ const e = document.querySelector('#ask-{tab}-link textarea, "
-                           f"#ask-{tab}-link input'); return e && e.value.includes('vote?code='); }}",
-                           timeout=120_000)
-    return page.locator(f"#ask-{tab}-link textarea, #ask-{tab}-link input").first.input_value()
+    return ask_the_class(page, tab, accordion)
 
 
 def test_a_reload_asks_in_the_same_room_and_a_loopback_server_says_phones_cannot_reach_it(app_url, browser):  # noqa: F811
