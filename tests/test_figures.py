@@ -326,3 +326,20 @@ def test_head_scores_number_the_heads_and_fold_panels_into_rows_where_the_width_
     assert len(tops(narrow)) == 3  # a phone: one a row
     assert [narrow[f"yaxis{s}"]["showticklabels"] for s in ("", "2", "3")] == [True, True, True]
     assert len(tops(fa.head_scores_figure(scores, n_kv_heads=2, width=600).layout.to_plotly_json())) == 2
+
+
+def test_figure_of_builds_what_the_same_parts_give_applied_one_update_at_a_time():
+    from explorer.figures.common import base_layout, base_parts, figure_of, merged
+
+    parts = [{"margin": {"t": 90}, "title": {"y": 1, "yanchor": "top"}},
+             {"xaxis": {"title": {"text": "key"}, "tickvals": ["a"]}, "annotations": [{"text": "one"}]},
+             {"xaxis": {"tickvals": ["a", "b"]}, "annotations": [{"text": "two"}], "meta": {"narrow": {"height": 9}}}]
+    trace = fa.go.Heatmap(z=[[0.1, 0.2]], x=["a", "b"], y=["q"])
+    stepwise = base_layout(fa.go.Figure(trace), "Title", height=300)
+    for part in parts:
+        stepwise.update_layout(part)
+    once = figure_of([trace], base_parts("Title", height=300), *parts)
+    assert once.to_plotly_json() == stepwise.to_plotly_json()
+    assert once.layout.xaxis.tickvals == ("a", "b") and [a.text for a in once.layout.annotations] == ["two"]
+    assert parts[1]["xaxis"]["tickvals"] == ["a"]  # the parts themselves are left as they were
+    assert merged({"a": {"b": 1}}, {"a": {"c": 2}}) == {"a": {"b": 1, "c": 2}}
