@@ -232,8 +232,8 @@ def class_beside_long_floods(url: str, *, addresses: int = 4, joins: int = 300, 
                              timeout: float = 120.0) -> dict[str, Any]:
     """``addresses`` forwarded addresses each sending ``joins`` LoRA fine-tunes from fresh session ids, then a
     class of ``class_size`` at as many addresses asking the Attention tab at once and a visitor's KV calculator:
-    how many long jobs were taken (and how many of those had ended while their address still flooded), how many of the class were answered and how fast. The server must trust one
-    proxy hop (``EXPLORER_PROXY_HOPS=1``)."""
+    how many long jobs were taken (and how many of those had ended while their address still flooded), how many
+    of the class were answered and how fast. The server must trust one proxy hop (``EXPLORER_PROXY_HOPS=1``)."""
     plan = fetch_plan(url)
     ft = plan.fn_of("lora_finetune")
     floods = [flood(url, ft, plan.values[ft], joins, tag=f"long{a}", headers={"X-Forwarded-For": f"10.5.0.{a + 1}"},

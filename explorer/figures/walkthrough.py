@@ -109,12 +109,12 @@ def _stacked_phone(fig: go.Figure, panels: Sequence[Panel]) -> dict:
     for i, p in enumerate(panels):
         suffix = i + 1 if i else ""
         narrow[f"coloraxis{suffix}"] = {"colorbar": {"thickness": 8, "xpad": 4}}
-        if len(panels) == 1:  # its bar flat under the figure: upright, a small model's "−0.02" ticks left 196 px
-            narrow["coloraxis"] = {"colorbar": FLAT_COLORBAR}
-            narrow["margin"].update(b=narrow["margin"].get("b", 70) + FLAT_BAR, r=10)
         if any(" (" in str(r) for r in p.rows) and len(p.rows) <= 16:
             narrow[f"yaxis{suffix}"] = {"tickmode": "array", "tickvals": list(p.rows),
                                         "ticktext": [str(r).replace(" (", "<br>(", 1) for r in p.rows]}
+    if len(panels) == 1:  # its bar flat under the figure: upright, a small model's "−0.02" ticks left 196 px
+        narrow["coloraxis"] = {"colorbar": FLAT_COLORBAR}
+        narrow["margin"].update(b=narrow["margin"].get("b", 70) + FLAT_BAR, r=10)
     height = narrow.get("height", fig.layout.height) + (FLAT_BAR if len(panels) == 1 else 0)
     narrow["height"] = height + max(0, 300 - (height - narrow["margin"]["t"] - narrow["margin"].get("b", 70)))
     return narrow
