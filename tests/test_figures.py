@@ -100,7 +100,11 @@ def test_attention_grid_tiles_every_layer_and_head():
     assert list(fig.layout.xaxis.ticktext) == [head_label(h, H, 2) for h in range(H)]
     assert list(fig.layout.yaxis.ticktext) == [f"layer {l}" for l in range(L)]
     assert fig.layout.yaxis.autorange == "reversed"
-    assert "layer 1 · head 2 (KV 1)" in tr.customdata[1 * step][2 * step]
+    # hover names layer, head and both tokens from the axes' labels, one per row and column, not one per cell
+    assert tr.y[1 * step + 2] == f"layer 1 · query {labels[2]}" and tr.x[2 * step] == f"head 2 (KV 1) · key {labels[0]}"
+    assert len(set(tr.x)) == len(tr.x) == z.shape[1] and len(set(tr.y)) == len(tr.y) == z.shape[0]
+    assert tr.hovertemplate.startswith("%{y}<br>%{x}<br>weight %{z:.4f}") and tr.customdata is None
+    assert fig.layout.xaxis.type == fig.layout.yaxis.type == "category"
     _serialises(fig)
 
 
@@ -110,7 +114,7 @@ def test_a_short_last_grid_page_stays_small():
     p = np.stack([np.stack([_rows(64, seed=4 * l + h) for h in range(4)]) for l in range(2)])
     fig = fa.attention_grid(p, token_labels(["token"] * 64), n_kv_heads=1, layer_names=[16, 17], n_layers=18)
     assert len(fig.to_json()) < 1_000_000
-    assert "query %{customdata[2]}" in fig.data[0].hovertemplate
+    assert fig.data[0].y[-1] == "layer 17 · query 63·token" and fig.data[0].hovertemplate.startswith("%{y}<br>%{x}")
 
 
 def test_attention_grid_rejects_wrong_shapes():
@@ -343,3 +347,24 @@ def test_figure_of_builds_what_the_same_parts_give_applied_one_update_at_a_time(
     assert once.layout.xaxis.tickvals == ("a", "b") and [a.text for a in once.layout.annotations] == ["two"]
     assert parts[1]["xaxis"]["tickvals"] == ["a"]  # the parts themselves are left as they were
     assert merged({"a": {"b": 1}}, {"a": {"c": 2}}) == {"a": {"b": 1, "c": 2}}
+
+
+def test_the_template_is_plotly_whites_for_every_trace_type_the_figures_draw():
+    import re
+    from pathlib import Path
+
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    from explorer.figures import common
+
+    drawn = {name.lower() for path in Path("explorer").rglob("*.py")
+             for name in re.findall(r"\bgo\.([A-Z][A-Za-z]+)\(", path.read_text())} - {"figure"}
+    assert drawn and drawn <= set(common.DRAWN_TRACES), f"add {sorted(drawn - set(common.DRAWN_TRACES))}"
+    white, ours = pio.templates["plotly_white"].to_plotly_json(), pio.templates[common.TEMPLATE].to_plotly_json()
+    assert {k: white["data"][k] for k in common.DRAWN_TRACES} == ours["data"]
+    assert {k: v for k, v in white["layout"].items() if k in ours["layout"]} == ours["layout"]
+    assert set(white["layout"]) - set(ours["layout"]) == {"polar", "ternary", "scene", "geo"}
+    fig = fa.attention_heatmap(_rows(4), token_labels(["a", "b", "c", "d"]), layer=0, head=0, n_heads=1, n_kv_heads=1)
+    assert fig.layout.template.to_plotly_json() == ours
+    assert len(json.dumps(go.Figure().to_plotly_json()["layout"])) < 3000

@@ -27,8 +27,6 @@ SCORE_TITLES = {
 SINK_NOTE = "sink hidden: key 0 removed, each row renormalised"
 SINK_COLORBAR = "share of the weight not on key 0 (0–1)"
 COMPACT_CELLS = 120_000  # above this many weights the grid goes out as one byte a weight (see attention_grid)
-# up to this many weights each cell's hover names its tokens: about 80 bytes a cell, so at most about 0.7 MB
-LABELLED_CELLS = 8_000
 GRID_PAGE = 8  # layers per page of the all-heads grid: 8 rows of maps stay legible at any model depth
 
 
@@ -139,41 +137,24 @@ def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: i
     for layer in range(L):
         for head in range(H):
             big[layer * step:layer * step + T, head * kstep:head * kstep + S] = p[layer, head]
-    # What one update may send to the browser is bounded (2 MB, with the other figures): small grids name the
-    # tokens on hover (not a 2-layer last page of 4 heads at 64 tokens: 32,768 labels would weigh 2.8 MB),
-    # mid-size ones send float32 weights and int8 indices (8 bytes a cell, about 1.3 MB at 120,000 cells once
-    # base64-encoded), and bigger ones (a page of 6-8 layers x 9 heads x 64 tokens) send each weight as one byte,
-    # in steps of 1/254, with hover off; the single-head map always has exact values.
+    # What one update may send to the browser is bounded (2 MB, with the other figures): up to COMPACT_CELLS the
+    # weights go out as float32 and the hover names the tokens from the axes' labels (one per row and column, not
+    # one per cell: 80 bytes a cell made the shipped model's opening grid 340 KB of labels); bigger grids (a page of
+    # 6-8 layers x 9 heads x 64 tokens) send each weight as one byte, in steps of 1/254, with hover off; the
+    # single-head map always has exact values.
     cells = L * H * T * S
+    rows = cols = None
     if cells > COMPACT_CELLS:
         trace = _compact_heatmap(big, SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR)
         note = " · overview in steps of 1/254: pick a head for exact values"
     else:
-        if cells <= LABELLED_CELLS:
-            custom = np.empty(big.shape, dtype=object)
-            custom[:] = ""
-            for layer in range(L):
-                hl = [head_label(head, H, n_kv_heads) for head in range(H)]
-                for head in range(H):
-                    r0, c0 = layer * step, head * kstep
-                    for t in range(T):
-                        for s in range(S):
-                            custom[r0 + t, c0 + s] = (f"layer {shown[layer]} · {hl[head]}<br>query {labels[t]}<br>"
-                                                      f"key {key_labels[s]}")
-            hover = "%{customdata}"
-        else:
-            custom = np.full(big.shape + (4,), -1, dtype=np.int8)  # T <= 127 here (64-token prompts)
-            for layer in range(L):
-                for head in range(H):
-                    r0, c0 = layer * step, head * kstep
-                    custom[r0:r0 + T, c0:c0 + S] = np.stack(np.broadcast_arrays(
-                        shown[layer], head, np.arange(T)[:, None], np.arange(S)[None, :] + (T - S)), axis=-1)
-            hover = "layer %{customdata[0]} · head %{customdata[1]}<br>query %{customdata[2]} → key %{customdata[3]}"
+        rows = _tiled_labels([[f"layer {layer} · query {labels[t]}" for t in range(T)] for layer in shown])
+        cols = _tiled_labels([[f"{head_label(head, H, n_kv_heads)} · key {key}" for key in key_labels]
+                              for head in range(H)])
         trace = go.Heatmap(
-            z=big.astype(np.float32), customdata=custom, colorscale=SEQUENTIAL, zmin=WEIGHT_RANGE[0],
+            z=big.astype(np.float32), x=cols, y=rows, colorscale=SEQUENTIAL, zmin=WEIGHT_RANGE[0],
             zmax=WEIGHT_RANGE[1], colorbar=colorbar(SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR),
-            hoverongaps=False,
-            hovertemplate=hover + "<br>weight %{z:.4f}<extra></extra>", xgap=0, ygap=0,
+            hoverongaps=False, hovertemplate="%{y}<br>%{x}<br>weight %{z:.4f}<extra></extra>", xgap=0, ygap=0,
         )
         note = ""
     view = "causal" if causal else "bidirectional view"
@@ -188,10 +169,24 @@ def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: i
         base_parts(f"{which} × {H} heads · attention weights ({view}){sink}{note}",
                    height=int(min(1400, max(320, 150 + 1000 * L / H)))),
         {"xaxis": dict(title={"text": "head (each small map: key →)"}, tickvals=centres_x,
-                       ticktext=[head_label(h, H, n_kv_heads) for h in range(H)], showgrid=False, zeroline=False),
+                       ticktext=[head_label(h, H, n_kv_heads) for h in range(H)], showgrid=False, zeroline=False,
+                       **({} if cols is None else {"type": "category"})),
          "yaxis": dict(title={"text": "layer (each small map: query ↓)"}, tickvals=centres_y,
                        ticktext=[f"layer {layer}" for layer in shown], autorange="reversed", showgrid=False,
-                       zeroline=False, scaleanchor="x", constrain="domain")})
+                       zeroline=False, scaleanchor="x", constrain="domain",
+                       **({} if rows is None else {"type": "category"}))})
+
+
+def _tiled_labels(blocks: list[list[str]]) -> list[str]:
+    """One axis of the tiled grid: each small map's labels, a blank between maps. Each blank is a different run of
+    zero-width spaces, since a category axis merges equal labels; the ticks sit at numeric positions, as before."""
+    out: list[str] = []
+    for i, block in enumerate(blocks):
+        out += ["\u200b" * i] if i else []
+        out += block
+    if len(set(out)) != len(out):
+        raise ValueError("the grid's token labels must be unique: give token_labels(tokens), which number them.")
+    return out
 
 
 def _compact_heatmap(big: np.ndarray, colorbar_title: str = WEIGHT_COLORBAR) -> go.Heatmap:
