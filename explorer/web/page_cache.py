@@ -9,11 +9,15 @@ an address never seen before costs a substitution (about a millisecond), renders
 out; one naming no valid address is refused with 400 and a sentence.
 
 The kept copy is also split at the placeholder and each piece deflated once, so a browser that accepts gzip gets
-the pieces joined around its own root URL, deflated on the spot (bytes), without compressing the page again.
+the pieces joined around its own root URL, deflated on the spot (bytes), without compressing the page again. The
+gzipped answer is then kept for that root (a bounded number of bytes, least recently served out first), and once
+a root has been served ``WHOLE_AFTER`` times its page is compressed whole, in a thread: the pieces, each deflated
+without the others' history, came to a fifth more bytes. A new address still costs only the join.
 """
 from __future__ import annotations
 
 import asyncio
+import gzip
 import re
 import struct
 import zlib
@@ -90,6 +94,10 @@ class PageCache:
     plain page while one for a query is left."""
     PATHS = ("/", "/config", "/gradio_api/config")
     MAX_ENTRIES = 32
+    #: The gzipped answers kept for the roots served, at most this many bytes in all (a page is about 0.3 MB).
+    ZIPPED_BYTES = 8 * 2**20
+    #: Served this many times for one root, a page is compressed whole (about 22 ms for 1.4 MB on 2 cores).
+    WHOLE_AFTER = 8
     #: Bumped when the page changes after start-up (the opening examples computed after the server answered:
     #: ``explorer.web.serving.start_openings``): copies kept before are no longer served.
     version = 0
@@ -102,6 +110,9 @@ class PageCache:
         self.app = app
         self._kept: "OrderedDict[tuple, Kept]" = OrderedDict()
         self._rendering: dict[tuple, asyncio.Lock] = {}  # a class arriving at once waits for one render, not 40
+        # (key, root) -> [gzipped answer, times served, compressed whole], least recently served first
+        self._zipped: "OrderedDict[tuple, list]" = OrderedDict()
+        self._zipped_bytes = 0
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] != "GET" or scope["path"] not in self.PATHS:
@@ -127,16 +138,35 @@ class PageCache:
                 return await self.app(scope, receive, send)
         else:
             self._kept.move_to_end(key)
-        body = kept.body(root.encode())
         if b"gzip" in headers.get(b"accept-encoding", b"").lower() and b"content-encoding" not in \
                 {k.lower() for k, _ in kept.start.get("headers", [])}:
-            zipped = kept.gzipped(root.encode(), body)
+            zipped = await self._gzipped(key, kept, root.encode())
             await send(_start(kept.start, len(zipped), True))
             await send({"type": "http.response.body", "body": zipped, "more_body": False})
             return None
+        body = kept.body(root.encode())
         await send(_start(kept.start, len(body), False))
         await send({"type": "http.response.body", "body": body, "more_body": False})
         return None
+
+    async def _gzipped(self, key: tuple, kept: Kept, root: bytes) -> bytes:
+        """``kept`` for ``root``, gzipped: kept from an earlier answer, else joined from the deflated pieces; at the
+        ``WHOLE_AFTER``-th answer for this root, compressed whole."""
+        entry = self._zipped.pop((key, root), None)
+        if entry is None:
+            entry = [kept.gzipped(root, kept.body(root)), 0, False]
+            self._zipped_bytes += len(entry[0])
+        entry[1] += 1
+        self._zipped[(key, root)] = entry
+        if entry[1] == self.WHOLE_AFTER and not entry[2]:
+            whole = await asyncio.to_thread(gzip.compress, kept.body(root), 6, mtime=0)
+            if self._zipped.get((key, root)) is entry:  # not pushed out while it was compressed
+                self._zipped_bytes += len(whole) - len(entry[0])
+                entry[0], entry[2] = whole, True
+            return whole
+        while self._zipped_bytes > self.ZIPPED_BYTES and len(self._zipped) > 1:
+            self._zipped_bytes -= len(self._zipped.popitem(last=False)[1][0])
+        return entry[0]
 
     async def _render(self, scope, receive, key) -> Kept | None:
         """Gradio's answer for the placeholder address, kept under ``key`` (None when it is not one to keep)."""
