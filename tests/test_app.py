@@ -189,13 +189,13 @@ def test_load_model_refuses(fresh_client, source, message):
 
 @pytest.mark.slow
 def test_loaded_model_is_per_user(app_url, served, model_root):
-    from gradio_client import Client
+    from tests.loopback import loopback_client
 
     from models import load_pretrained
     from models.loading import load_tokenizer
 
     default, _ = served
-    alice, bob = Client(app_url, verbose=False), Client(app_url, verbose=False)
+    alice, bob = loopback_client(app_url), loopback_client(app_url)
     status, bars, config, card, differs = alice.predict("tiny-local", api_name="/load_model")
     assert "Loaded" in status and "tiny-local" in status
     rows = dict(map(tuple, config["data"]))
@@ -273,10 +273,10 @@ def test_load_model_refuses_a_checkpoint_too_big_before_reading_weights(fresh_cl
 def test_every_tab_answers_for_the_model_this_session_loaded(app_url, served, model_root):
     """After a load, each tab's endpoint answers on the loaded model (3 layers, head_dim 8) with its labels,
     ranges and hints, not the default model's; back to the default, they follow it again."""
-    from gradio_client import Client
+    from tests.loopback import loopback_client
 
     default, _ = served
-    c = Client(app_url, verbose=False)
+    c = loopback_client(app_url)
     c.predict("tiny-local", api_name="/load_model")
     att = named(AttentionView, c.predict(PROMPT, 2, 1, CAUSAL, api_name="/attention"))
     assert "tiny-local" in att.info

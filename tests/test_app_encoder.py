@@ -100,10 +100,10 @@ def test_fill_in_blank_refuses_bad_positions(client):
 
 @pytest.mark.slow
 def test_another_tokenizer_is_said_plainly(app_url, model_root, encoder_and_tokenizer):
-    from gradio_client import Client
+    from tests.loopback import loopback_client
 
     encoder, tok = encoder_and_tokenizer
-    c = Client(app_url, verbose=False)
+    c = loopback_client(app_url)
     c.predict(str(model_root / "tiny-local"), api_name="/load_model")
     ids = _ids(tok, SENTENCE)
     position = ids.index(tok.convert_tokens_to_ids("▁red"))

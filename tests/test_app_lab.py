@@ -241,11 +241,11 @@ def test_lora_refuses_bad_settings(client, args, message):
 
 @pytest.mark.slow
 def test_one_sessions_adapter_leaves_other_sessions_unchanged(app_url, served):
-    from gradio_client import Client
+    from tests.loopback import loopback_client
 
     model, _ = served
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    a, b = Client(app_url, verbose=False), Client(app_url, verbose=False)
+    a, b = loopback_client(app_url), loopback_client(app_url)
     greedy = ("Tom has a red", 8, 0.0, None, 1.0, 0)
     base_b = b.predict(*greedy, api_name="/generate")[6]["data"]
     base_a = a.predict(*greedy, api_name="/generate")[6]["data"]
@@ -306,10 +306,10 @@ def test_one_sessions_adapter_leaves_other_sessions_unchanged(app_url, served):
 def test_finetune_is_cancellable_and_stops_training(app_url):
     import time
 
-    from gradio_client import Client
+    from tests.loopback import loopback_client
     from gradio_client.utils import Status
 
-    a = Client(app_url, verbose=False)
+    a = loopback_client(app_url)
     t0 = time.perf_counter()
     job = a.submit(4, 8, ["q_proj", "v_proj"], "Tom has a red ball. " * 30, 200, 1e-3, 60,
                    api_name="/lora_finetune")

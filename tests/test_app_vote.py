@@ -18,6 +18,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from explorer.state import rooms as room_store
+from tests.loopback import loopback_client
 from tests.plotly_payload import arr, fig
 
 PROMPT = "Tom gave the red ball to Anna. Anna gave the red ball to"
@@ -54,7 +55,7 @@ def voter_id(i) -> str:
 
 @pytest.mark.slow
 def test_forty_phones_vote_at_once_and_the_tally_is_exact(app_url):
-    teacher = Client(app_url, verbose=False)
+    teacher = loopback_client(app_url)
     code, counts, figure = ask(teacher)
     choices, shares = bars(figure, 0)
     assert 2 <= len(choices) <= 6 and not shares.any() and "0 votes" in counts
@@ -90,7 +91,7 @@ def test_forty_phones_vote_at_once_and_the_tally_is_exact(app_url):
     assert [int(t.split(" ")[0]) for t in fig(plot)["data"][0]["text"]] == expected.tolist()
 
     # a page that asked nothing holds no room: it can neither reveal nor close, nor read the tally
-    other = Client(app_url, verbose=False)
+    other = loopback_client(app_url)
     for api in ("/class_reveal_walkthrough", "/class_close_walkthrough"):
         with pytest.raises(AppError, match="No question is open on this page"):
             other.predict(api_name=api)
@@ -104,7 +105,7 @@ def test_forty_phones_vote_at_once_and_the_tally_is_exact(app_url):
 
 @pytest.mark.slow
 def test_a_question_from_another_tab_reuses_the_room_and_reaches_a_joined_phone(app_url):
-    teacher = Client(app_url, verbose=False)
+    teacher = loopback_client(app_url)
     code, _, _ = ask(teacher)
     first = state(app_url, code, voter_id(7))
     cast(app_url, code, first["qid"], 0, voter_id(7))
@@ -138,7 +139,7 @@ def test_a_question_from_another_tab_reuses_the_room_and_reaches_a_joined_phone(
 def test_reveal_equals_transformers_softmax_and_attention(app_url, served_model_dir):
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    teacher = Client(app_url, verbose=False)
+    teacher = loopback_client(app_url)
     tok = AutoTokenizer.from_pretrained(served_model_dir)
     ref = LlamaForCausalLM.from_pretrained(served_model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     ids = tok(PROMPT, return_tensors="pt")["input_ids"]
@@ -171,7 +172,7 @@ def test_reveal_equals_transformers_softmax_and_attention(app_url, served_model_
 
 
 def test_knockout_question_bins_the_measured_change(app_url):
-    teacher = Client(app_url, verbose=False)
+    teacher = loopback_client(app_url)
     code, counts, figure = ask(teacher, "experiments", PROMPT, ["1.0"], "zero (output set to 0)")
     labels, _ = bars(figure, 0)
     assert labels[0] == "The loss goes down" and len(labels) == 4
@@ -190,7 +191,7 @@ def test_bad_codes_get_a_sentence(app_url, typed, message):
 
 
 def test_an_expired_room_gets_sentences(app_url, monkeypatch):
-    teacher = Client(app_url, verbose=False)
+    teacher = loopback_client(app_url)
     code, _, _ = ask(teacher)
     qid = state(app_url, code, voter_id("late"))["qid"]
     store = room_store.rooms
@@ -208,10 +209,10 @@ def test_caps_on_rooms_and_votes_hold_through_the_app(app_url, monkeypatch):
     monkeypatch.setattr(store, "max_rooms", len(store) + 1)
     monkeypatch.setattr(store, "max_votes", 2)
     monkeypatch.setattr(store, "address_share", 1.0)  # every voter here comes from loopback
-    teacher = Client(app_url, verbose=False)
+    teacher = loopback_client(app_url)
     code, _, _ = ask(teacher)
     with pytest.raises(AppError, match="class rooms, its limit"):
-        ask(Client(app_url, verbose=False))
+        ask(loopback_client(app_url))
     qid = state(app_url, code, voter_id("cap0"))["qid"]
     cast(app_url, code, qid, 0, voter_id("cap0"))
     cast(app_url, code, qid, 1, voter_id("cap1"))

@@ -78,7 +78,7 @@ def write_family(root, name: str):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_tab_answers_on_each_family_at_its_real_shape(family_server, family_root, name):
-    from gradio_client import Client
+    from tests.loopback import loopback_client
 
     from models import ModelConfig
 
@@ -86,7 +86,7 @@ def test_every_tab_answers_on_each_family_at_its_real_shape(family_server, famil
     config = measure.real_config(name)
     assert ModelConfig.from_hf(__import__("json").loads((folder / "config.json").read_text())) \
         .differences_from_llama() == config.differences_from_llama()  # transformers wrote the published shape
-    c = Client(family_server.url, verbose=False)
+    c = loopback_client(family_server.url)
     try:
         status, *_ = c.predict(name, api_name="/load_model")  # the handler the header picker's button runs
         assert "Loaded" in status and config.family in status, status

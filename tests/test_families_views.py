@@ -269,7 +269,7 @@ def test_the_app_loads_a_gemma_checkpoint_and_shows_its_switches_and_bands(app_u
     layers are local and marks the window on a local layer's map."""
     import shutil
 
-    from gradio_client import Client
+    from tests.loopback import loopback_client
 
     from explorer.figures.attention import window_edge_path
     from explorer.panels.attention import AttentionView
@@ -291,7 +291,7 @@ def test_the_app_loads_a_gemma_checkpoint_and_shows_its_switches_and_bands(app_u
         for f in (model_root / "tiny-local").iterdir():
             if f.name not in ("config.json", "model.safetensors"):
                 shutil.copy(f, folder / f.name)
-    c = Client(app_url, verbose=False)
+    c = loopback_client(app_url)
     status, bars, config, card, differs = c.predict("tiny-gemma", api_name="/load_model")
     assert "Loaded" in status and "gemma3_text** differs from Llama by 10 switches" in status
     rows = {row[0]: row for row in differs["data"]}

@@ -7,9 +7,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tests never reach the networ
 import time
 
 import pytest
-from gradio_client import Client
 
 from explorer.jobs import live_training
+from tests.loopback import loopback_client
 
 CAUSAL = "causal (as trained)"
 PROMPT = "The cat sat on the mat. The cat sat on the mat."
@@ -17,7 +17,7 @@ PROMPT = "The cat sat on the mat. The cat sat on the mat."
 
 @pytest.mark.slow
 def test_a_live_run_leaves_other_visitors_answered_and_ends_loadable(app_url):
-    trainer = Client(app_url, verbose=False)
+    trainer = loopback_client(app_url)
     stream = trainer.submit(60, 0, api_name="/training_live")
     deadline = time.time() + 60
     while time.time() < deadline and not any("Training: step" in str(o[-1]) for o in stream.outputs()):
@@ -29,7 +29,7 @@ def test_a_live_run_leaves_other_visitors_answered_and_ends_loadable(app_url):
         time.sleep(0.1)
     assert live_training.records(run)[-1]["step"] > 0 and not run.finished.is_set()
 
-    other = Client(app_url, verbose=False)
+    other = loopback_client(app_url)
     started = time.time()
     other.predict(PROMPT, 0, 0, CAUSAL, api_name="/attention")
     took = time.time() - started

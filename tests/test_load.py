@@ -94,7 +94,7 @@ def _clear_memos():
 
 
 def test_32_clients_at_once_get_the_answers_they_get_alone(app_url, monkeypatch):
-    from gradio_client import Client
+    from tests.loopback import loopback_client
 
     from explorer.web import serving
 
@@ -102,7 +102,7 @@ def test_32_clients_at_once_get_the_answers_they_get_alone(app_url, monkeypatch)
     monkeypatch.setattr(serving, "CLIENT_LONG_CAP", 1000)
 
     deadline = time.monotonic() + OVERALL_SECONDS
-    alone_client = Client(app_url, verbose=False)
+    alone_client = loopback_client(app_url)
     alone = []
     for api, args, key in REQUESTS:
         alone.append(key(alone_client.predict(*args, api_name=api)))
@@ -111,7 +111,7 @@ def test_32_clients_at_once_get_the_answers_they_get_alone(app_url, monkeypatch)
     def one(i: int):
         api, args, key = REQUESTS[i % len(REQUESTS)]
         # its own session; the page info may wait behind the 31 others' work on 2 busy cores (httpx waits 5 s)
-        c = Client(app_url, verbose=False, httpx_kwargs={"timeout": 60})
+        c = loopback_client(app_url, httpx_kwargs={"timeout": 60})
         job = c.submit(*args, api_name=api)
         return i, key(job.result(timeout=max(1.0, deadline - time.monotonic())))
 
@@ -133,7 +133,7 @@ def test_32_clients_at_once_get_the_answers_they_get_alone(app_url, monkeypatch)
     with urllib.request.urlopen(app_url + "config", timeout=10) as r:
         assert r.status == 200
     api, args, key = REQUESTS[0]
-    assert key(Client(app_url, verbose=False).predict(*args, api_name=api)) == alone[0]
+    assert key(loopback_client(app_url).predict(*args, api_name=api)) == alone[0]
     assert time.monotonic() < deadline
 
 
@@ -141,9 +141,9 @@ def test_requests_queued_behind_a_sweep_are_all_answered(app_url):
     """A memory sweep, a second one from another page, and quick requests from the first page while they run:
     none dropped. (One page holds one long job at a time, issue 31: its second is refused, so each sweep has its own
     page.)"""
-    from gradio_client import Client
+    from tests.loopback import loopback_client
 
-    c, other = Client(app_url, verbose=False), Client(app_url, verbose=False)
+    c, other = loopback_client(app_url), loopback_client(app_url)
     jobs = [page.submit(256, 2, 16, 2, ["naive", "sdpa"], True, "float32", api_name="/memory_compare")
             for page in (c, other)]
     jobs += [c.submit(4, 8, ["q_proj"], api_name="/lora") for _ in range(3)]

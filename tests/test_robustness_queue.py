@@ -49,7 +49,7 @@ def _join(app_url: str, fn_index: int, data: list, session_hash: str) -> tuple[i
 def test_one_session_flooding_the_queue_is_capped_and_others_are_answered(app_url):
     """A client that joins the queue in a loop and never reads its results holds at most SESSION_QUEUE_CAP
     places; its extra joins get a sentence, and another session's request is still answered."""
-    from gradio_client import Client
+    from tests.loopback import loopback_client
 
     from explorer.web import serving
 
@@ -61,7 +61,7 @@ def test_one_session_flooding_the_queue_is_capped_and_others_are_answered(app_ur
     assert len(accepted) <= serving.SESSION_QUEUE_CAP
     assert refused and all(c == 503 for c, _ in codes if c != 200)
     assert "requests waiting or running" in refused[0]
-    answer = Client(app_url, verbose=False).predict(*args, api_name="/memory_budget")
+    answer = loopback_client(app_url).predict(*args, api_name="/memory_budget")
     assert "Predicted to fit" in answer
 
 
@@ -87,10 +87,10 @@ def test_events_run_in_groups_by_what_they_hold():
 def test_values_gradio_refuses_get_a_short_sentence(app_url, api_name, args):
     """Gradio checks a Slider's number and a Dropdown's choice before the handler: the answer is a sentence,
     not a bare "Error", and it echoes only a short prefix of what was sent."""
-    from gradio_client import Client
+    from tests.loopback import loopback_client
 
     with pytest.raises(Exception) as caught:
-        Client(app_url, verbose=False).predict(*args, api_name=api_name)
+        loopback_client(app_url).predict(*args, api_name=api_name)
     message = str(caught.value)
     assert "is not one its controls accept" in message, message[:300]
     assert len(message) < 700
@@ -99,7 +99,7 @@ def test_values_gradio_refuses_get_a_short_sentence(app_url, api_name, args):
 @pytest.mark.slow
 def test_opening_examples_are_computed_once_and_shared(app_url):
     """Two sessions' page loads: the second is served from explorer.state.cache (no new computation), same answer."""
-    from gradio_client import Client
+    from tests.loopback import loopback_client
 
     from explorer.state.cache import results
 
@@ -114,10 +114,10 @@ def test_opening_examples_are_computed_once_and_shared(app_url):
         return [components[i]["props"].get("value") for i in dep["inputs"] if components[i]["type"] != "state"]
 
     calls = ["walkthrough_example", "encoder_decoder_example", "model_card", "memory_budget"]
-    first = Client(app_url, verbose=False)
+    first = loopback_client(app_url)
     answers = [first.predict(*page_values(api), api_name="/" + api) for api in calls]
     misses = results.stats()["misses"]
-    second = Client(app_url, verbose=False)
+    second = loopback_client(app_url)
     again = [second.predict(*page_values(api), api_name="/" + api) for api in calls]
     assert results.stats()["misses"] == misses  # nothing computed for the second session
     with results._guard:
@@ -132,9 +132,9 @@ def test_memory_lab_stop_ends_the_event_long_before_the_size_it_is_in(app_url):
     a few seconds, not when the size does. The 1 s target is the benchmark's row (``robust_stop_seconds``)."""
     import time as clock
 
-    from gradio_client import Client
+    from tests.loopback import loopback_client
 
-    c = Client(app_url, verbose=False)
+    c = loopback_client(app_url)
     job = c.submit(4096, 8, 64, 8, ["naive", "tiled"], True, "float32", api_name="/memory_compare")
 
     def measured_up_to():  # the longest length in the rows streamed so far (a skipped update carries none)

@@ -67,7 +67,7 @@ def test_close_waits_for_a_handler_still_computing_then_the_process_exits_cleanl
         import threading
 
         import gradio as gr
-        from gradio_client import Client
+        from tests.loopback import loopback_client
 
         from explorer.bench.server import free_port
         from explorer.web import serving, sweeper
@@ -88,7 +88,7 @@ def test_close_waits_for_a_handler_still_computing_then_the_process_exits_cleanl
         port = free_port()
         demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
         sweeper.start_sweeper(demo)
-        Client(f"http://127.0.0.1:{port}/", verbose=False).submit(3, api_name="/work")
+        loopback_client(f"http://127.0.0.1:{port}/").submit(3, api_name="/work")
         assert started.wait(60), "the handler never started"
         running = serving.close(demo, timeout=120)
         print("running after close:", running, "finished:", finished.is_set())
