@@ -121,8 +121,11 @@ def app_demo(served_model_dir, model_root):
     os.environ["EXPLORER_MODEL_ROOT"] = str(model_root)
     import app
 
+    from explorer.web import serving
+
     demo = app.build_demo()
     _DEMOS.append(demo)
+    serving.freeze_start_up()  # as python app.py does once its openings are computed
     return demo
 
 
@@ -145,17 +148,17 @@ def app_url(app_demo):
 
 @pytest.fixture(scope="session")
 def client(app_url):
-    from gradio_client import Client
+    from tests.loopback import loopback_client
 
-    return Client(app_url, verbose=False)
+    return loopback_client(app_url)
 
 
 @pytest.fixture()
 def fresh_client(app_url):
     """A client with its own session (its own per-user state)."""
-    from gradio_client import Client
+    from tests.loopback import loopback_client
 
-    return Client(app_url, verbose=False)
+    return loopback_client(app_url)
 
 
 @pytest.fixture(scope="session")
@@ -185,6 +188,17 @@ def quick_folder(tmp_path_factory) -> tuple[Path, str]:
 # Markers that follow from the fixtures a test uses (directly or through another fixture), set here so that they
 # cannot drift: the app over HTTP (in this process, or `python app.py` in tests/test_load.py) and a training run.
 FIXTURE_MARKERS = {"app_url": ("server",), "server": ("server",), "quick_folder": ("train", "slow")}
+
+
+def pytest_collection_finish(session):
+    """The test modules and the libraries they import (torch, gradio, transformers: about a million objects) live
+    for the whole run: frozen, Python's full collections leave them out (they took 13 s of the fast tier)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    # what the tests leave behind (some 400,000 objects by the end) was walked in full 57 times; a tenth as often
+    gc.set_threshold(700, 10, 100)
 
 
 def pytest_collection_modifyitems(config, items):
