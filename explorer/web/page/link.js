@@ -85,10 +85,9 @@
         // a projected deck's figure grows into the room above the bar, as a presented one takes the window (a
         // small model's figures are drawn for a desk: 4 layers of head scores had a 150 px plot); rows share it
         const gds = els.flatMap(el => [...el.querySelectorAll('.js-plotly-plot')]).filter(gd => window.explorerDrawn(gd));
-        const rows = new Set(gds.map(gd => Math.round(gd.getBoundingClientRect().top / 20))).size;
-        for (const gd of gds) {
-          const h = window.explorerHeight(gd);
-          if (h) await window.explorerPlace(gd, Math.floor(h - excess / rows));
+        const shared = window.explorerShared(gds, -excess);
+        for (const [i, gd] of gds.entries()) {
+          if (window.explorerHeight(gd)) await window.explorerPlace(gd, shared[i]);
         }
         b = box(els);
       }

@@ -12,6 +12,8 @@
 //   explorerPlace(gd, h)  a deck's step drew this figure at h px, so that it and its sentence end above the deck's
 //                         bar: redraws and fits keep that height (until the next step) instead of the 300 px rule.
 //   explorerStacked(gd)   whether a figure's panels stand one above another (a phone's deck keeps their height).
+//   explorerShared(gds, more)  each drawn figure's height once they share `more` px (or give them up): figures
+//                              side by side (tops within 20 px) share a row's part (presenting; a projected deck).
 (() => {
   // Projector mode sets its 16 px in each figure's layout, not only in CSS: Plotly then places colour-bar titles,
   // margins and tick spacing for the text as drawn (CSS-enlarged text overlapped the titles Plotly had placed)
@@ -285,6 +287,10 @@
     if (!L) return false;
     const tops = new Set(Object.keys(L).filter(k => /^yaxis\d*$/.test(k)).map(k => (L[k].domain || [0, 1]).join()));
     return tops.size > 1;
+  };
+  window.explorerShared = (gds, more) => {
+    const rows = new Set(gds.map(gd => Math.round(gd.getBoundingClientRect().top / 20))).size;
+    return gds.map(gd => Math.floor(window.explorerHeight(gd) + more / rows));
   };
   window.explorerPlace = (gd, h) => {
     if (document.body.classList.contains('deck')) gd.explorerPlaced = h;

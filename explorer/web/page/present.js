@@ -42,11 +42,10 @@
     const b = rect();
     const room = window.innerHeight - GAP - b.top;
     const gds = plots().filter(gd => window.explorerDrawn(gd));
-    const rows = new Set(gds.map(gd => Math.round(gd.getBoundingClientRect().top / 20)));
     if (!gds.length || Math.abs(room - (b.bottom - b.top)) <= 2) return;
-    const share = (room - (b.bottom - b.top)) / rows.size;
-    for (const gd of gds) {
-      const want = Math.max(300, Math.floor(window.explorerHeight(gd) + share));
+    const shared = window.explorerShared(gds, room - (b.bottom - b.top));
+    for (const [i, gd] of gds.entries()) {
+      const want = Math.max(300, shared[i]);
       const block = gd.closest('.block');
       if (block && block.id) heights[block.id] = want;
       if (Math.abs(window.explorerHeight(gd) - want) > 2) await window.Plotly.relayout(gd, {height: want});
