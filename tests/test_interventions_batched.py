@@ -6,6 +6,8 @@ The references run ``run_with_hooks`` on the full prompt from the embedding, one
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -47,14 +49,20 @@ def grouping(request, monkeypatch):
     return request.param
 
 
+# The references (one edit per forward) do not depend on the grouping: each is computed once and compared with the
+# batched result of every grouping.
+@functools.cache
+def _knocked_one_at_a_time(how: str) -> torch.Tensor:
+    model, (x, _) = tiny(1), pair()
+    return torch.stack([torch.stack([token_losses(iv.ablate_heads(model, x, [(layer, h)], how), x)[0]
+                                     for h in range(H)]) for layer in range(L)])
+
+
 @pytest.mark.parametrize("how", ["zero", "mean"])
 def test_the_sweep_equals_one_knock_out_at_a_time(grouping, how):
     model, (x, _) = tiny(1), pair()
     got = iv.knockout_sweep(model, x, how)["knocked"]
-    for layer in range(L):
-        for h in range(H):
-            want = token_losses(iv.ablate_heads(model, x, [(layer, h)], how), x)[0]
-            torch.testing.assert_close(got[layer, h], want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, _knocked_one_at_a_time(how), rtol=1e-4, atol=1e-4)
     assert (got.std(dim=(0, 1)) > 1e-3).all()  # the heads matter: a wrong row would show
 
 
@@ -66,6 +74,13 @@ def _by_one_edit(model, corrupt, name, put, answer):
 def test_resid_patching_equals_one_patch_at_a_time(grouping, changed):
     model, (clean, corrupt), answer = tiny(2), pair(changed=changed), (4, 9)
     got = iv.patched_metrics(model, corrupt, clean, "resid_pre", answer)
+    torch.testing.assert_close(got, _resid_patched_one_at_a_time(changed), rtol=1e-4, atol=1e-4)
+
+
+@functools.cache
+def _resid_patched_one_at_a_time(changed: tuple) -> torch.Tensor:
+    model, (clean, corrupt), answer = tiny(2), pair(changed=changed), (4, 9)
+    want = torch.zeros(L, clean.shape[1])
     src = {}
     with torch.no_grad():
         handles = [model.blocks[i].hook_resid_pre.register_forward_hook(
@@ -79,14 +94,22 @@ def test_resid_patching_equals_one_patch_at_a_time(grouping, changed):
                 x = x.clone()
                 x[:, pos] = src[layer][:, pos]
                 return x
-            want = _by_one_edit(model, corrupt, f"blocks.{layer}.hook_resid_pre", put, answer)
-            torch.testing.assert_close(got[layer, pos], want, rtol=1e-4, atol=1e-4)
+            want[layer, pos] = _by_one_edit(model, corrupt, f"blocks.{layer}.hook_resid_pre", put, answer)
+    return want
 
 
 @pytest.mark.parametrize("changed", [(5, 8), (0,)])
 def test_head_patching_from_the_first_changed_token_equals_one_patch_at_a_time(grouping, changed):
     model, (clean, corrupt), answer = tiny(3), pair(changed=changed), (4, 9)
     got = iv.patched_metrics(model, corrupt, clean, "head", answer)
+    torch.testing.assert_close(got, _heads_patched_one_at_a_time(changed), rtol=1e-4, atol=1e-4)
+    assert got.std() > 1e-3
+
+
+@functools.cache
+def _heads_patched_one_at_a_time(changed: tuple) -> torch.Tensor:
+    model, (clean, corrupt), answer = tiny(3), pair(changed=changed), (4, 9)
+    want = torch.zeros(L, H)
     z = {}
     with torch.no_grad():
         handles = [model.blocks[i].attn.hook_z.register_forward_hook(
@@ -100,9 +123,8 @@ def test_head_patching_from_the_first_changed_token_equals_one_patch_at_a_time(g
                 x = x.clone()
                 x[:, h] = z[layer][:, h]
                 return x
-            want = _by_one_edit(model, corrupt, f"blocks.{layer}.attn.hook_z", put, answer)
-            torch.testing.assert_close(got[layer, h], want, rtol=1e-4, atol=1e-4)
-    assert got.std() > 1e-3
+            want[layer, h] = _by_one_edit(model, corrupt, f"blocks.{layer}.attn.hook_z", put, answer)
+    return want
 
 
 def test_a_sliding_window_model_patched_mid_prompt_equals_one_patch_at_a_time(monkeypatch):
