@@ -143,11 +143,12 @@ def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: i
     # 6-8 layers x 9 heads x 64 tokens) send each weight as one byte, in steps of 1/254, with hover off; the
     # single-head map always has exact values.
     cells = L * H * T * S
-    rows = cols = None
+    labelled: dict = {}  # the axes' type where they carry the labels the hover reads
     if cells > COMPACT_CELLS:
         trace = _compact_heatmap(big, SINK_COLORBAR if sink_hidden else WEIGHT_COLORBAR)
         note = " · overview in steps of 1/254: pick a head for exact values"
     else:
+        labelled = {"type": "category"}
         rows = _tiled_labels([[f"layer {layer} · query {labels[t]}" for t in range(T)] for layer in shown])
         cols = _tiled_labels([[f"{head_label(head, H, n_kv_heads)} · key {key}" for key in key_labels]
                               for head in range(H)])
@@ -170,11 +171,10 @@ def attention_grid(patterns: np.ndarray, labels: Sequence[str], *, n_kv_heads: i
                    height=int(min(1400, max(320, 150 + 1000 * L / H)))),
         {"xaxis": dict(title={"text": "head (each small map: key →)"}, tickvals=centres_x,
                        ticktext=[head_label(h, H, n_kv_heads) for h in range(H)], showgrid=False, zeroline=False,
-                       **({} if cols is None else {"type": "category"})),
+                       **labelled),
          "yaxis": dict(title={"text": "layer (each small map: query ↓)"}, tickvals=centres_y,
                        ticktext=[f"layer {layer}" for layer in shown], autorange="reversed", showgrid=False,
-                       zeroline=False, scaleanchor="x", constrain="domain",
-                       **({} if rows is None else {"type": "category"}))})
+                       zeroline=False, scaleanchor="x", constrain="domain", **labelled)})
 
 
 def _tiled_labels(blocks: list[list[str]]) -> list[str]:

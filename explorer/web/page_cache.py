@@ -110,7 +110,7 @@ class PageCache:
         self.app = app
         self._kept: "OrderedDict[tuple, Kept]" = OrderedDict()
         self._rendering: dict[tuple, asyncio.Lock] = {}  # a class arriving at once waits for one render, not 40
-        # (key, root) -> [gzipped answer, times served, compressed whole], least recently served first
+        # (key, root) -> [gzipped answer, times served], least recently served first
         self._zipped: "OrderedDict[tuple, list]" = OrderedDict()
         self._zipped_bytes = 0
 
@@ -154,15 +154,15 @@ class PageCache:
         ``WHOLE_AFTER``-th answer for this root, compressed whole."""
         entry = self._zipped.pop((key, root), None)
         if entry is None:
-            entry = [kept.gzipped(root, kept.body(root)), 0, False]
+            entry = [kept.gzipped(root, kept.body(root)), 0]
             self._zipped_bytes += len(entry[0])
         entry[1] += 1
         self._zipped[(key, root)] = entry
-        if entry[1] == self.WHOLE_AFTER and not entry[2]:
+        if entry[1] == self.WHOLE_AFTER:  # once: the count only grows while the entry is kept
             whole = await asyncio.to_thread(gzip.compress, kept.body(root), 6, mtime=0)
             if self._zipped.get((key, root)) is entry:  # not pushed out while it was compressed
                 self._zipped_bytes += len(whole) - len(entry[0])
-                entry[0], entry[2] = whole, True
+                entry[0] = whole
             return whole
         while self._zipped_bytes > self.ZIPPED_BYTES and len(self._zipped) > 1:
             self._zipped_bytes -= len(self._zipped.popitem(last=False)[1][0])
