@@ -64,14 +64,39 @@ def test_a_25_mb_join_is_refused_with_413_before_its_body_is_read(app_url):
 ])
 def test_the_kept_page_with_its_root_substituted_is_gradios_own_page(app_url, path, headers):
     """Gradio's own answer (a request with credentials goes past the page cache) against the cached copy rendered
-    for the placeholder address with this request's root URL substituted: the same bytes."""
+    for the placeholder address with this request's root URL substituted: the same bytes, but for the code
+    snippets of the inlined API description."""
     import httpx
+
+    from explorer.web import gradio_adapter as adapter
 
     kept = httpx.get(app_url + path, headers=headers, timeout=60)
     own = httpx.get(app_url + path, headers={**headers, "Authorization": "Bearer none"}, timeout=60)
     assert kept.status_code == own.status_code == 200
     assert "explorer-page.invalid" not in kept.text
-    assert kept.content == own.content
+    assert kept.content == adapter.without_code_snippets(own.content)
+
+
+def _inlined_api_info(html: str) -> dict:
+    start = html.index("<script>window.gradio_api_info = ") + len("<script>window.gradio_api_info = ")
+    return json.loads(html[start:html.index(";</script>", start)])
+
+
+def test_the_page_inlines_every_endpoints_parameters_and_the_api_page_still_gets_the_snippets(app_url):
+    """What the browser's client reads of the inlined API description (each endpoint's parameters and returns) is
+    Gradio's own; the snippets, which only the "Use via API" page shows, it fetches from /gradio_api/info."""
+    import httpx
+
+    page = httpx.get(app_url, timeout=60).text
+    own = httpx.get(app_url, headers={"Authorization": "Bearer none"}, timeout=60).text
+    inlined, gradios = _inlined_api_info(page), _inlined_api_info(own)
+    assert len(page) < len(own) - 30_000 and page.count(app_url.rstrip("/")) <= 2
+    assert inlined["named_endpoints"].keys() == gradios["named_endpoints"].keys() and inlined["named_endpoints"]
+    for name, endpoint in gradios["named_endpoints"].items():
+        assert "code_snippets" in endpoint and "code_snippets" not in inlined["named_endpoints"][name]
+        assert {**endpoint, "code_snippets": None} == {**inlined["named_endpoints"][name], "code_snippets": None}
+    info = httpx.get(app_url + "gradio_api/info", timeout=60).json()
+    assert all(e["code_snippets"]["python"].startswith("from gradio_client") for e in info["named_endpoints"].values())
 
 
 def test_a_fine_tune_text_over_the_limit_is_refused_when_it_joins_not_when_it_runs(app_url):

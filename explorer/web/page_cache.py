@@ -9,15 +9,14 @@ an address never seen before costs a substitution (about a millisecond), renders
 out; one naming no valid address is refused with 400 and a sentence.
 
 The kept copy is also split at the placeholder and each piece deflated once, so a browser that accepts gzip gets
-the pieces joined around its own root URL, deflated on the spot (bytes), without compressing the page again. The
-gzipped answer is then kept for that root (a bounded number of bytes, least recently served out first), and once
-a root has been served ``WHOLE_AFTER`` times its page is compressed whole, in a thread: the pieces, each deflated
-without the others' history, came to a fifth more bytes. A new address still costs only the join.
+the pieces joined around its own root URL, deflated on the spot (bytes), without compressing the page again; the
+gzipped answer is then kept for that root (a bounded number of bytes, least recently served out first). The page
+names its root URL once: Gradio also wrote it into four code snippets per endpoint of the API description it
+inlines, which the browser never reads there (``gradio_adapter.without_code_snippets``), so they are left out.
 """
 from __future__ import annotations
 
 import asyncio
-import gzip
 import re
 import struct
 import zlib
@@ -94,10 +93,8 @@ class PageCache:
     plain page while one for a query is left."""
     PATHS = ("/", "/config", "/gradio_api/config")
     MAX_ENTRIES = 32
-    #: The gzipped answers kept for the roots served, at most this many bytes in all (a page is about 0.3 MB).
+    #: The gzipped answers kept for the roots served, at most this many bytes in all (a page is about 0.25 MB).
     ZIPPED_BYTES = 8 * 2**20
-    #: Served this many times for one root, a page is compressed whole (about 22 ms for 1.4 MB on 2 cores).
-    WHOLE_AFTER = 8
     #: Bumped when the page changes after start-up (the opening examples computed after the server answered:
     #: ``explorer.web.serving.start_openings``): copies kept before are no longer served.
     version = 0
@@ -110,8 +107,8 @@ class PageCache:
         self.app = app
         self._kept: "OrderedDict[tuple, Kept]" = OrderedDict()
         self._rendering: dict[tuple, asyncio.Lock] = {}  # a class arriving at once waits for one render, not 40
-        # (key, root) -> [gzipped answer, times served], least recently served first
-        self._zipped: "OrderedDict[tuple, list]" = OrderedDict()
+        # (key, root) -> gzipped answer, least recently served first
+        self._zipped: "OrderedDict[tuple, bytes]" = OrderedDict()
         self._zipped_bytes = 0
 
     async def __call__(self, scope, receive, send) -> None:
@@ -140,7 +137,7 @@ class PageCache:
             self._kept.move_to_end(key)
         if b"gzip" in headers.get(b"accept-encoding", b"").lower() and b"content-encoding" not in \
                 {k.lower() for k, _ in kept.start.get("headers", [])}:
-            zipped = await self._gzipped(key, kept, root.encode())
+            zipped = self._gzipped(key, kept, root.encode())
             await send(_start(kept.start, len(zipped), True))
             await send({"type": "http.response.body", "body": zipped, "more_body": False})
             return None
@@ -149,24 +146,16 @@ class PageCache:
         await send({"type": "http.response.body", "body": body, "more_body": False})
         return None
 
-    async def _gzipped(self, key: tuple, kept: Kept, root: bytes) -> bytes:
-        """``kept`` for ``root``, gzipped: kept from an earlier answer, else joined from the deflated pieces; at the
-        ``WHOLE_AFTER``-th answer for this root, compressed whole."""
-        entry = self._zipped.pop((key, root), None)
-        if entry is None:
-            entry = [kept.gzipped(root, kept.body(root)), 0]
-            self._zipped_bytes += len(entry[0])
-        entry[1] += 1
-        self._zipped[(key, root)] = entry
-        if entry[1] == self.WHOLE_AFTER:  # once: the count only grows while the entry is kept
-            whole = await asyncio.to_thread(gzip.compress, kept.body(root), 6, mtime=0)
-            if self._zipped.get((key, root)) is entry:  # not pushed out while it was compressed
-                self._zipped_bytes += len(whole) - len(entry[0])
-                entry[0] = whole
-            return whole
+    def _gzipped(self, key: tuple, kept: Kept, root: bytes) -> bytes:
+        """``kept`` for ``root``, gzipped: kept from an earlier answer, else joined from the deflated pieces."""
+        zipped = self._zipped.pop((key, root), None)
+        if zipped is None:
+            zipped = kept.gzipped(root, kept.body(root))
+            self._zipped_bytes += len(zipped)
+        self._zipped[(key, root)] = zipped
         while self._zipped_bytes > self.ZIPPED_BYTES and len(self._zipped) > 1:
-            self._zipped_bytes -= len(self._zipped.popitem(last=False)[1][0])
-        return entry[0]
+            self._zipped_bytes -= len(self._zipped.popitem(last=False)[1])
+        return zipped
 
     async def _render(self, scope, receive, key) -> Kept | None:
         """Gradio's answer for the placeholder address, kept under ``key`` (None when it is not one to keep)."""
@@ -187,7 +176,7 @@ class PageCache:
         names = {k.lower() for k, _ in captured.get("headers", [])}
         if captured.get("status") != 200 or b"set-cookie" in names or placeholder_root is None:
             return None
-        kept = Kept(dict(captured), b"".join(chunks), placeholder_root)
+        kept = Kept(dict(captured), adapter.without_code_snippets(b"".join(chunks)), placeholder_root)
         self._kept[key] = kept
         while len(self._kept) > self.MAX_ENTRIES:  # pages for a query go first: any link may name a new one
             oldest = next((k for k in self._kept if k[3]), next(iter(self._kept)))

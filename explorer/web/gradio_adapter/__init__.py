@@ -12,7 +12,7 @@ frequency from ``GRADIO_ANALYTICS_CACHE_FREQUENCY`` (``explorer.web.serving``). 
     sessions   a session's configuration copies made on demand; what Gradio keeps per session, read and dropped
     events     the event graph; the page's opening (page loads detached, answers written into the page)
     values     a refused value as a sentence; what an update carries; a Plotly figure sent as JSON text
-    pages      the root URL Gradio writes into its page for a request's headers
+    pages      the root URL Gradio writes into its page for a request's headers; its inlined API description
 
 The names below are the package's face; each module's docstring says what its functions do.
 """
@@ -22,7 +22,7 @@ from explorer.web.gradio_adapter.checks import TESTED_GRADIO, check_gradio, defa
 from explorer.web.gradio_adapter.events import (answer_into_page, detach_page_loads, event_function, event_lane,
                                                 event_name, event_outputs, events_after, page_load_events,
                                                 rebuild_page_config, server_events, set_initial)
-from explorer.web.gradio_adapter.pages import page_root
+from explorer.web.gradio_adapter.pages import page_root, without_code_snippets
 from explorer.web.gradio_adapter.queue import (QueueRules, SessionBooks, cap_per_session, cap_queue, drop_unread,
                                                events_held, keep_sessions_with_events, queue_of,
                                                session_books_size)
@@ -35,4 +35,5 @@ __all__ = ["QueueRules", "SessionBooks", "TESTED_GRADIO", "answer_into_page", "c
            "event_lane", "event_name", "event_outputs", "events_after", "events_held", "forget_session",
            "fresh_state_value", "keep_sessions_with_events", "page_load_events", "page_root", "plotly_payload",
            "queue_of", "rebuild_page_config", "sentence_for_bad_values", "server_events", "session_books_size",
-           "session_values", "sessions_last_used", "set_initial", "shape_problems", "update_props"]
+           "session_values", "sessions_last_used", "set_initial", "shape_problems", "update_props",
+           "without_code_snippets"]

@@ -23,6 +23,7 @@ try:
     from gradio.components.plot import PlotData
     from gradio.queueing import Event, EventQueue, Queue
     from gradio.route_utils import get_root_url
+    from gradio.routes import toorjson
     from gradio.server_messages import ProcessCompletedMessage
     from gradio.state_holder import SessionState, StateHolder
     from gradio.utils import LRUCache
@@ -32,7 +33,7 @@ except ImportError as exc:  # a module moved: say which version this was written
 
 __all__ = ["BlockFunction", "Blocks", "Event", "EventQueue", "LRUCache", "PlotData", "ProcessCompletedMessage",
            "Queue", "SessionState", "StateHolder", "TESTED_GRADIO", "check_gradio", "default_group", "get_root_url",
-           "shape_problems"]
+           "shape_problems", "toorjson"]
 
 #: The classes whose methods and attributes are used here.
 CLASSES = {"Blocks": Blocks, "Queue": Queue, "BlockFunction": BlockFunction, "StateHolder": StateHolder,
